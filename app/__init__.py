@@ -1,0 +1,1 @@
+"""kvmosaic application layer: settings, HTTP API, web demo and the command line."""

@@ -1,0 +1,46 @@
+"""The `kvmosaic` command. Each subcommand lives in its own module with `add_parser(subparsers)`.
+
+Adding a subcommand is one new module plus one line in `SUBCOMMANDS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from app.cli import bench
+
+SUBCOMMANDS = [bench]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvmosaic", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for module in SUBCOMMANDS:
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from engine.errors import InvalidRequest, KvMosaicError
+
+    try:
+        return int(args.handler(args) or 0)
+    except InvalidRequest as exc:
+        print(f"kvmosaic: error: {exc}", file=sys.stderr)
+        return 2
+    except KvMosaicError as exc:
+        print(f"kvmosaic: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""`kvmosaic bench fidelity ...`: benchmarks that print ratios measured in the same run."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+def add_parser(subparsers) -> None:
+    bench = subparsers.add_parser("bench", help="run a benchmark")
+    kinds = bench.add_subparsers(dest="bench", required=True)
+    fidelity = kinds.add_parser("fidelity", help="TTFT and fidelity of every mode against full prefill")
+    add_engine_arguments(fidelity)
+    fidelity.add_argument("--dataset", type=Path, required=True, help="JSON list of {question, answers, ctxs}")
+    fidelity.add_argument("--start", type=int, default=0, help="first record (default 0)")
+    fidelity.add_argument("--n", type=int, default=20, help="number of records (default 20)")
+    fidelity.add_argument("--chunks", type=int, default=6, help="passages per prompt (default 6)")
+    fidelity.add_argument("--modes", default="full,naive,epic,cacheblend", help="comma-separated modes")
+    fidelity.add_argument("--ratio", type=float, default=None, help="recompute ratio r (default from config)")
+    fidelity.add_argument("--max-new-tokens", type=int, default=32)
+    fidelity.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    fidelity.set_defaults(handler=run_fidelity)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("KVMOSAIC_DATA_DIR", "data")))
+    parser.add_argument("--model", default=os.environ.get("KVMOSAIC_MODEL_PATH") or None,
+                        help="local Hugging Face checkpoint (default: embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--device", default=os.environ.get("KVMOSAIC_DEVICE", "cpu"))
+    parser.add_argument("--dtype", default=os.environ.get("KVMOSAIC_DTYPE", "auto"))
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--check-layers", default="1", help="cacheblend check layers, e.g. 1 or 1,2,3")
+    parser.add_argument("--check-multipliers", default=None,
+                        help="ratio multiplier per check layer, e.g. 2,1.5,1 (default all 1)")
+    parser.add_argument("--deviation", choices=["value", "key"], default="value")
+    parser.add_argument("--epic-tokens", type=int, default=16)
+
+
+def engine_config(args):
+    from engine import EngineConfig
+
+    layers = tuple(int(x) for x in args.check_layers.split(","))
+    multipliers = (tuple(float(x) for x in args.check_multipliers.split(","))
+                   if args.check_multipliers else tuple(1.0 for _ in layers))
+    return EngineConfig(data_dir=args.data_dir, model_path=args.model, device=args.device, dtype=args.dtype,
+                        num_threads=args.threads, check_layers=layers, check_ratio_multipliers=multipliers,
+                        deviation=args.deviation, epic_tokens=args.epic_tokens)
+
+
+def run_fidelity(args) -> int:
+    from engine.bench.fidelity import FidelityOptions, format_table, run_fidelity, write_json
+    from engine.engine import Engine
+
+    options = FidelityOptions(dataset=args.dataset, start=args.start, n=args.n, chunks=args.chunks,
+                              modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
+                              ratio=args.ratio, max_new_tokens=args.max_new_tokens)
+    engine = Engine.load(engine_config(args))
+    summaries = run_fidelity(engine, options)
+    print(f"records {options.start}..{options.start + options.n - 1} of {options.dataset.name}, "
+          f"{options.chunks} chunks, model {engine.fingerprint}, device {engine.device}")
+    print(format_table(summaries))
+    if args.json:
+        write_json(summaries, options, args.json)
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,23 @@
+"""kvmosaic engine: runs a Llama-family model layer by layer and reuses chunk KV at any position.
+
+The engine knows nothing about HTTP, retrieval or the catalog's storage schema; `app/` and
+`retrieval/` build on it, never the other way round.
+"""
+
+from engine.config import EngineConfig
+from engine.errors import (
+    InvalidRequest,
+    KvMosaicError,
+    PromptTooLong,
+    ReuseUnavailable,
+    UnknownMode,
+)
+
+__all__ = [
+    "EngineConfig",
+    "InvalidRequest",
+    "KvMosaicError",
+    "PromptTooLong",
+    "ReuseUnavailable",
+    "UnknownMode",
+]

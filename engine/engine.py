@@ -1,0 +1,149 @@
+"""The Engine facade: load once, encode chunks, prefill by mode, decode.
+
+    engine = Engine.load(EngineConfig())
+    kv = engine.encode_chunk(engine.chunk_ids("Some passage ..."))
+    result = engine.prefill([ChunkInput("c1", kv.token_ids, kv)], "Question?", mode="cacheblend")
+    text = "".join(engine.generate(result, SamplingParams(max_new_tokens=32)))
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from engine.config import EngineConfig
+from engine.decode import SamplingParams, generate_ids, stream_text
+from engine.errors import InvalidRequest, PromptTooLong
+from engine.kv import ChunkKV
+from engine.layers import DecoderStack
+from engine.model import LoadedModel, load_model
+from engine.planners import create_planner
+from engine.planners.base import CachedSpan, ChunkInput, Plan, PlanRequest
+from engine.prompt import PromptBuilder
+from engine.result import PrefillResult, chunk_reports
+from engine.runner import LayerRunner
+from engine.selfcheck import rope_shift_selfcheck
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    """Thread-safe for concurrent prefill/generate calls (the model is read-only)."""
+
+    def __init__(self, config: EngineConfig, loaded: LoadedModel):
+        self.config = config
+        self.loaded = loaded
+        self.stack = DecoderStack(loaded)
+        self.runner = LayerRunner(self.stack)
+        self.prompts = PromptBuilder(loaded.tokenizer, config.system_prompt, config.instruction)
+        with torch.inference_mode():
+            self.prefix_kv = self._encode(self.prompts.prefix_ids, start=0)
+        self.selfcheck = rope_shift_selfcheck(self.stack) if config.selfcheck else None
+        if self.selfcheck is not None:
+            (log.info if self.selfcheck.ok else log.error)(self.selfcheck.message)
+
+    @classmethod
+    def load(cls, config: EngineConfig) -> "Engine":
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        return cls(config, load_model(config.data_dir, config.model_path, config.device, config.dtype))
+
+    # -- facts ---------------------------------------------------------------------------------
+
+    @property
+    def fingerprint(self) -> str:
+        return self.loaded.fingerprint
+
+    @property
+    def reuse_available(self) -> bool:
+        return self.selfcheck is None or self.selfcheck.ok
+
+    @property
+    def device(self) -> torch.device:
+        return self.loaded.device
+
+    # -- chunks --------------------------------------------------------------------------------
+
+    def chunk_ids(self, text: str, title: str = "") -> tuple[int, ...]:
+        return self.prompts.chunk_ids(text, title)
+
+    def encode_chunk(self, token_ids: Sequence[int]) -> ChunkKV:
+        """KV of one chunk computed alone right after the system prefix (its base variant)."""
+        if not token_ids:
+            raise InvalidRequest("cannot encode an empty chunk")
+        if self.prompts.prefix_len + len(token_ids) > self.loaded.spec.max_positions:
+            raise PromptTooLong("the chunk does not fit in the model's context")
+        with torch.inference_mode():
+            return self._encode(tuple(token_ids), start=self.prompts.prefix_len)
+
+    def _encode(self, token_ids: tuple[int, ...], start: int) -> ChunkKV:
+        """Run prefix[:start] + token_ids with the prefix cached; keep rows [start, end)."""
+        ids = torch.tensor(self.prompts.prefix_ids[:start] + token_ids, device=self.device)
+        total = ids.numel()
+        spans = [CachedSpan(0, self.prefix_kv)] if start else []
+        plan = Plan(spans, torch.arange(start, total), pinned=torch.ones(total, dtype=torch.bool))
+        out = self.runner.run(ids, plan, capacity=total, want_logits=False)
+        return ChunkKV(token_ids=token_ids, kv=out.cache.rows(start, total), base_position=start,
+                       fingerprint=self.fingerprint, prefix_digest=self.prompts.prefix_digest)
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def prefill(self, chunks: Sequence[ChunkInput], question: str, mode: str = "cacheblend",
+                ratio: float | None = None, max_new_tokens: int = 64) -> PrefillResult:
+        """Prefill [prefix][chunks...][question] by `mode`; TTFT ends at the first logits.
+
+        Raises InvalidRequest (or a subclass) for bad input. If the RoPE self-check failed,
+        reuse modes fall back to `full` and the result says why.
+        """
+        started = time.perf_counter()
+        ratio = self.config.recompute_ratio if ratio is None else float(ratio)
+        if not 0.0 <= ratio <= 1.0:
+            raise InvalidRequest(f"ratio must lie in [0, 1], got {ratio}")
+        planner = create_planner(mode, self.config)
+        fallback = None
+        if planner.reuses_cache and not self.reuse_available:
+            planner, fallback = create_planner("full", self.config), self.selfcheck.message
+        layout = self.prompts.layout([tuple(c.token_ids) for c in chunks], question)
+        self._check_fits(layout.total_len, max_new_tokens)
+        self._check_sources(chunks)
+        request = PlanRequest(layout, tuple(chunks), self.prefix_kv, ratio, self.config,
+                              self.loaded.spec.num_layers)
+        with torch.inference_mode():
+            out = self.runner.run(layout.token_tensor(self.device), planner.plan(request),
+                                  capacity=layout.total_len + max_new_tokens)
+            _synchronize(self.device)
+        ttft = time.perf_counter() - started
+        reports = chunk_reports(chunks, layout, out, self.loaded.spec.num_layers)
+        return PrefillResult(planner.name, layout, out.cache, out.logits, ttft, reports, fallback)
+
+    def generate(self, result: PrefillResult, params: SamplingParams | None = None) -> Iterator[str]:
+        """Stream the answer as text pieces; generated ids collect in result.generated_ids."""
+        result.claim_for_decode()
+        ids = generate_ids(self.stack, result.cache, result.logits, params or SamplingParams(),
+                           self.loaded.eos_token_ids)
+        yield from stream_text(self.loaded.tokenizer, ids, collected=result.generated_ids)
+
+    def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
+        limit = self.loaded.spec.max_positions
+        if prompt_len + max_new_tokens > limit:
+            raise PromptTooLong(f"prompt of {prompt_len} tokens plus {max_new_tokens} new tokens "
+                                f"exceeds the model's context of {limit}")
+
+    def _check_sources(self, chunks: Sequence[ChunkInput]) -> None:
+        for chunk in chunks:
+            kv = chunk.kv
+            if kv is None:
+                continue
+            if kv.fingerprint != self.fingerprint or kv.prefix_digest != self.prompts.prefix_digest:
+                raise InvalidRequest(f"cached KV of chunk {chunk.chunk_id} belongs to another model or prefix")
+            if kv.num_tokens != len(chunk.token_ids):
+                raise InvalidRequest(f"cached KV of chunk {chunk.chunk_id} has {kv.num_tokens} rows "
+                                     f"for {len(chunk.token_ids)} tokens")
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

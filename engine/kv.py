@@ -1,0 +1,89 @@
+"""KV tensors: a chunk's cached KV, the request's assembled cache, and the source protocol.
+
+A chunk's KV is computed once, alone, right after the system prefix, so it sits at positions
+`base_position .. base_position + tokens - 1` with K already rotated by RoPE there. At use,
+the runner copies it layer by layer into the request's cache and rotates K by the position
+delta; V is position-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+class KVSource(Protocol):
+    """Anything that yields one layer of a chunk's cached KV at a time.
+
+    `layer(i)` returns [2, kv_heads, tokens, head_dim] (K then V). Implementations may load
+    lazily (the store prefetches layer i + 1 while the runner computes layer i); the runner
+    asks for layers in increasing order and may skip layers.
+    `fingerprint` (model) and `prefix_digest` (system prefix) must match the engine's, and
+    `context` is the ordered ids of the chunks that preceded the chunk when it was computed.
+    """
+
+    num_tokens: int
+    base_position: int
+    fingerprint: str
+    prefix_digest: str
+    context: tuple[str, ...]
+
+    def layer(self, index: int) -> torch.Tensor: ...
+
+
+@dataclass
+class ChunkKV:
+    """One chunk's cached KV in memory, with what is needed to reuse it safely.
+
+    kv: [layers, 2, kv_heads, tokens, head_dim]; index 0 of dim 1 is K (after RoPE at
+    base_position + t), index 1 is V.
+    `context` is the ordered ids of the chunks that preceded it when it was computed
+    (empty for the base variant, computed alone after the system prefix).
+    """
+
+    token_ids: tuple[int, ...]
+    kv: torch.Tensor
+    base_position: int
+    fingerprint: str
+    prefix_digest: str
+    context: tuple[str, ...] = ()
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.kv.shape[3]
+
+    @property
+    def num_bytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()
+
+    def layer(self, index: int) -> torch.Tensor:
+        return self.kv[index]
+
+
+class KVCache:
+    """The request's assembled cache, preallocated for prompt plus generated tokens.
+
+    data: [layers, 2, kv_heads, capacity, head_dim]; rows [0, length) are valid.
+    """
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.data = torch.empty(num_layers, 2, num_kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.data.shape[3]
+
+    def keys(self, layer: int, end: int) -> torch.Tensor:
+        return self.data[layer, 0, :, :end]
+
+    def values(self, layer: int, end: int) -> torch.Tensor:
+        return self.data[layer, 1, :, :end]
+
+    def rows(self, start: int, end: int) -> torch.Tensor:
+        """A copy of rows [start, end) of every layer: [layers, 2, kv_heads, end - start, head_dim]."""
+        return self.data[:, :, :, start:end].clone()

@@ -1,0 +1,83 @@
+"""A thin view over a Hugging Face Llama-family model's modules, one decoder step at a time.
+
+The runner drives these steps itself (embed -> per layer: norm, q/k/v, RoPE, attention,
+o_proj, MLP -> final norm -> lm_head) so that each layer can run on a different subset of
+token rows. The model's own modules and weights do the math; nothing is reimplemented
+except the glue, which mirrors `LlamaDecoderLayer.forward`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention import causal_attention
+from engine.model import LoadedModel
+
+
+class DecoderStack:
+    """Per-row building blocks of the decoder. Hidden rows are [m, hidden]."""
+
+    def __init__(self, loaded: LoadedModel):
+        body = loaded.model.model
+        self.spec = loaded.spec
+        self.embed_tokens = body.embed_tokens
+        self.layers = body.layers
+        self.final_norm = body.norm
+        self.lm_head = loaded.model.lm_head
+        self.rotary = body.rotary_emb
+        attn = self.layers[0].self_attn
+        self.scale = float(getattr(attn, "scaling", self.spec.head_dim ** -0.5))
+
+    @property
+    def inv_freq(self) -> torch.Tensor:
+        return self.rotary.inv_freq
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(ids)
+
+    def rope_tables(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [m, head_dim] for the given positions, exactly as the model computes them."""
+        cos, sin = self.rotary(like, positions[None])
+        return cos[0], sin[0]
+
+    def input_norm(self, index: int, h: torch.Tensor) -> torch.Tensor:
+        return self.layers[index].input_layernorm(h)
+
+    def project_kv(self, index: int, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """K (after RoPE) and V of normed rows x: each [kv_heads, m, head_dim]."""
+        attn = self.layers[index].self_attn
+        k = self._heads(attn.k_proj(x), self.spec.num_kv_heads)
+        if hasattr(attn, "k_norm"):  # Qwen3 normalises per head before RoPE
+            k = attn.k_norm(k)
+        v = self._heads(attn.v_proj(x), self.spec.num_kv_heads)
+        return _rope(k, cos, sin), v
+
+    def project_q(self, index: int, x: torch.Tensor, cos, sin) -> torch.Tensor:
+        """Q (after RoPE) of normed rows x: [heads, m, head_dim]."""
+        attn = self.layers[index].self_attn
+        q = self._heads(attn.q_proj(x), self.spec.num_heads)
+        if hasattr(attn, "q_norm"):
+            q = attn.q_norm(q)
+        return _rope(q, cos, sin)
+
+    def attend_and_mlp(self, index: int, h: torch.Tensor, q: torch.Tensor, keys: torch.Tensor,
+                       values: torch.Tensor, q_pos: torch.Tensor) -> torch.Tensor:
+        """Finish layer `index` for rows h: attention over the cache, o_proj, residual, MLP."""
+        layer = self.layers[index]
+        attn_out = causal_attention(q, keys, values, q_pos, self.scale)
+        h = h + layer.self_attn.o_proj(attn_out)
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def logits(self, h_last: torch.Tensor) -> torch.Tensor:
+        """Next-token logits [rows, vocab] in float32 from final hidden rows."""
+        return self.lm_head(self.final_norm(h_last)).float()
+
+    def _heads(self, x: torch.Tensor, num_heads: int) -> torch.Tensor:
+        return x.view(x.shape[0], num_heads, self.spec.head_dim).transpose(0, 1)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF's rotate_half RoPE on x [heads, m, head_dim] with cos, sin [m, head_dim]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

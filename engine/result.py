@@ -1,0 +1,79 @@
+"""What a prefill returns: the cache to decode from, the first logits, TTFT and per-chunk facts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.errors import InvalidRequest
+from engine.kv import KVCache
+from engine.planners.base import ChunkInput
+from engine.prompt import PromptLayout
+
+
+@dataclass(frozen=True)
+class ChunkReport:
+    """How one chunk was handled.
+
+    recomputed: rows whose KV was recomputed through the last layer of selection (all rows
+    for `full`, none for `naive`); reused = tokens - recomputed.
+    compute_share: layer-rows computed for this chunk / (tokens * layers).
+    """
+
+    chunk_id: str
+    tokens: int
+    recomputed: int
+    compute_share: float
+    cached: bool
+
+    @property
+    def reused(self) -> int:
+        return self.tokens - self.recomputed
+
+
+@dataclass
+class PrefillResult:
+    mode: str
+    layout: PromptLayout
+    cache: KVCache
+    logits: torch.Tensor  # [vocab] float32: the first generated token's distribution
+    ttft_s: float
+    chunks: list[ChunkReport]
+    fallback_reason: str | None = None
+    generated_ids: list[int] = field(default_factory=list)
+    _decoding: bool = False
+
+    @property
+    def context_tokens(self) -> int:
+        return sum(c.tokens for c in self.chunks)
+
+    @property
+    def recomputed_tokens(self) -> int:
+        return sum(c.recomputed for c in self.chunks)
+
+    @property
+    def recompute_share(self) -> float:
+        """Recomputed context rows / context rows."""
+        return self.recomputed_tokens / max(1, self.context_tokens)
+
+    def claim_for_decode(self) -> None:
+        """Decoding appends to the cache, so a result decodes once."""
+        if self._decoding:
+            raise InvalidRequest("this prefill result has already been decoded")
+        self._decoding = True
+
+
+def chunk_reports(chunks: Sequence[ChunkInput], layout: PromptLayout, out, num_layers: int) -> list[ChunkReport]:
+    reports = []
+    for chunk, (start, end) in zip(chunks, layout.chunk_spans):
+        tokens = end - start
+        reports.append(ChunkReport(
+            chunk_id=chunk.chunk_id,
+            tokens=tokens,
+            recomputed=int(out.selected[start:end].sum()),
+            compute_share=float(out.layers_computed[start:end].sum()) / (tokens * num_layers),
+            cached=chunk.kv is not None,
+        ))
+    return reports

@@ -1,0 +1,61 @@
+"""Start-up self-check: does shifting cached K by a delta equal fresh RoPE at the new place?
+
+Layer-0 K depends only on the token and its position, so it isolates RoPE: compute K at
+positions base..base+n-1, shift it by several deltas (forward, backward, far), and compare
+with K computed fresh at the shifted positions. Rope types whose rotation does not compose
+(dynamic NTK scaling, some long-context schemes) fail here, and reuse is then refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine import ops
+from engine.layers import DecoderStack
+
+# Relative max error allowed (float32 / half precision). Fresh float32 RoPE itself carries
+# ~1e-4 relative angle error at 8k positions; the shift must stay within a few times that.
+TOLERANCE = {torch.float32: 2e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+
+
+@dataclass(frozen=True)
+class SelfCheckResult:
+    ok: bool
+    max_error: float
+    message: str
+
+
+def rope_shift_selfcheck(stack: DecoderStack, num_tokens: int = 32) -> SelfCheckResult:
+    spec = stack.spec
+    device = stack.embed_tokens.weight.device
+    dtype = stack.embed_tokens.weight.dtype
+    ids = torch.arange(num_tokens, device=device) % spec.vocab_size
+    base = 7
+    last_start = spec.max_positions - num_tokens
+    deltas = [1, 37, 1000 - base, last_start - base, -base]
+    worst = 0.0
+    with torch.inference_mode():
+        original = _layer0_keys(stack, ids, base)
+        for delta in deltas:
+            if not 0 <= base + delta <= last_start:
+                continue
+            shifted = ops.rope_shift_(original.clone(), delta, stack.inv_freq)
+            fresh = _layer0_keys(stack, ids, base + delta)
+            error = float((shifted.float() - fresh.float()).abs().max() / fresh.float().abs().max().clamp_min(1e-6))
+            worst = max(worst, error)
+    tolerance = TOLERANCE.get(dtype, 5e-2)
+    if worst <= tolerance:
+        return SelfCheckResult(True, worst, f"RoPE shift self-check passed (max relative error {worst:.2e})")
+    return SelfCheckResult(False, worst, (
+        f"RoPE shift self-check failed: shifted keys differ from fresh ones by {worst:.2e} "
+        f"(tolerance {tolerance:.0e}); this model's rope type does not compose, so KV reuse is off"))
+
+
+def _layer0_keys(stack: DecoderStack, ids: torch.Tensor, start: int) -> torch.Tensor:
+    positions = torch.arange(start, start + ids.numel(), device=ids.device)
+    x = stack.input_norm(0, stack.embed(ids))
+    cos, sin = stack.rope_tables(positions, x)
+    k, _ = stack.project_kv(0, x, cos, sin)
+    return k

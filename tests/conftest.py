@@ -1,0 +1,90 @@
+"""Shared fixtures: a tiny random-weight Llama for exact checks, the real SmolLM2 for slow ones.
+
+Model files live in one test data dir (`KVMOSAIC_TEST_DATA`, default `.cache/test-data` in
+the repo), so the embedded GGUF is converted once per machine, not once per test.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+TEST_DATA = Path(os.environ.get("KVMOSAIC_TEST_DATA", REPO / ".cache" / "test-data"))
+MUSIQUE = Path(os.environ.get("KVMOSAIC_MUSIQUE", REPO.parent / "shared" / "data" / "cacheblend" / "musique_s.json"))
+
+
+@pytest.fixture(scope="session")
+def test_data_dir() -> Path:
+    TEST_DATA.mkdir(parents=True, exist_ok=True)
+    return TEST_DATA
+
+
+@pytest.fixture(scope="session")
+def smol_checkpoint(test_data_dir) -> Path:
+    """The embedded SmolLM2 converted to safetensors (converted on first use, then cached)."""
+    from engine.model import embedded_checkpoint
+
+    return embedded_checkpoint(test_data_dir)
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer(smol_checkpoint):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smol_checkpoint, local_files_only=True)
+
+
+def build_tiny_model(vocab_size: int, seed: int = 0, **overrides):
+    """A random-weight Llama with a few small layers; weights scaled up so attention is peaked."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    settings = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                    rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    settings.update(overrides)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**settings))
+    with torch.no_grad():  # std 0.02 gives near-uniform attention; make the test sharper
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(8)
+            layer.self_attn.k_proj.weight.mul_(8)
+    return model.eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="session")
+def tiny_loaded(smol_tokenizer):
+    from engine.model import wrap_model
+
+    return wrap_model(build_tiny_model(len(smol_tokenizer)), smol_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_loaded, tmp_path_factory):
+    from engine import EngineConfig
+    from engine.engine import Engine
+
+    return Engine(EngineConfig(data_dir=tmp_path_factory.mktemp("tiny"), epic_tokens=4), tiny_loaded)
+
+
+@pytest.fixture(scope="session")
+def smol_engine(test_data_dir, smol_checkpoint):
+    from engine import EngineConfig
+    from engine.engine import Engine
+
+    return Engine.load(EngineConfig(data_dir=test_data_dir))
+
+
+@pytest.fixture(scope="session")
+def musique() -> list[dict]:
+    import json
+
+    if not MUSIQUE.exists():
+        pytest.skip(f"MuSiQue data not found at {MUSIQUE}")
+    return json.loads(MUSIQUE.read_text())

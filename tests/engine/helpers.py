@@ -1,0 +1,31 @@
+"""Helpers for engine tests: passages, chunk inputs, KL."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.planners.base import ChunkInput
+
+PASSAGES = [
+    ("Ada", "Ada Lovelace wrote the first published algorithm for Babbage's Analytical Engine in 1843."),
+    ("Tea", "Green tea is made from leaves that are steamed or pan-fired soon after picking, so they do not oxidise."),
+    ("Rivers", "The Danube flows through ten countries and four capital cities before it reaches the Black Sea."),
+    ("Bees", "A honey bee colony keeps its brood near 35 degrees Celsius by clustering and fanning its wings."),
+]
+QUESTION = "Who wrote the first published algorithm?"
+
+
+def chunk_inputs(engine, passages=PASSAGES, cached: bool = True) -> list[ChunkInput]:
+    """Chunks with their base-variant KV (computed alone after the system prefix)."""
+    chunks = []
+    for i, (title, text) in enumerate(passages):
+        ids = engine.chunk_ids(text, title)
+        chunks.append(ChunkInput(f"c{i}", ids, engine.encode_chunk(ids) if cached else None))
+    return chunks
+
+
+def kl(reference_logits: torch.Tensor, logits: torch.Tensor) -> float:
+    """KL(reference || other) of the softmax distributions."""
+    p = torch.log_softmax(reference_logits.double(), -1)
+    q = torch.log_softmax(logits.double(), -1)
+    return float((p.exp() * (p - q)).sum())
