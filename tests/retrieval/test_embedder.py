@@ -1,0 +1,30 @@
+"""MiniLM embeddings load offline, are unit length, and rank a paraphrase above an unrelated text."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from retrieval.embedder import Embedder
+
+
+@pytest.fixture(scope="module")
+def embedder() -> Embedder:
+    return Embedder()
+
+
+def test_vectors_are_normalised(embedder):
+    vectors = embedder.encode(["The harbour freezes in winter.", "Bees make honey."])
+    assert vectors.shape == (2, embedder.dim) and vectors.dtype == np.float32
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+def test_paraphrase_is_closer_than_unrelated_text(embedder):
+    query, near, far = embedder.encode(["When does the port freeze?", "The harbour freezes in winter.",
+                                        "Bees make honey from nectar."])
+    assert query @ near > query @ far + 0.2
+
+
+def test_no_texts_and_stable_name(embedder):
+    assert embedder.encode([]).shape == (0, embedder.dim)
+    assert embedder.name == Embedder(embedder.model_path).name
