@@ -1,0 +1,61 @@
+"""The catalog: documents, chunks and chunk KV variants, in SQLite or PostgreSQL.
+
+Public API (stable; the service and the chunk cache build on it):
+
+- `CatalogConfig(url=None, data_dir=Path("data"), migrate=True, echo=False)`: where the
+  database lives; `url` None = SQLite file `<data_dir>/catalog.db` (WAL, foreign keys on).
+- `Catalog.open(config)` migrates to head and connects; `Catalog(engine)` wraps a pool.
+  Documents: `add_document(source, title, content_hash, [NewChunk])` (atomic) →
+  `AddedDocument`, `get_document`, `list_documents`, `find_documents_by_hash`,
+  `delete_document` (cascades; returns the store keys to drop).
+  Chunks: `get_chunk`, `get_chunks`, `chunks_of_document`, `chunks_by_embedding_rows`
+  (FAISS row → chunk), `set_embedding_rows`, `max_embedding_row`.
+  Variants: `put_variant(NewVariant)` (insert or refresh by store key), `get_variant`,
+  `variants_of_chunk`, `record_access`, `update_variant_stats`, `set_variant_tier`,
+  `mark_missing`, `delete_variants`, `variant_statuses`. Totals: `stats()`.
+- `upgrade_to_head(url)` / `downgrade_to_base(url)`: Alembic migrations from code.
+- `context_signature(chunk_ids)`: the stored form of a variant's context ("" = base).
+
+The catalog stores no KV bytes; those live in `engine.store` under each variant's key.
+"""
+
+from engine.catalog.db import CatalogConfig, create_db_engine, default_sqlite_url
+from engine.catalog.migrate import downgrade_to_base, upgrade_to_head
+from engine.catalog.models import MISSING, READY
+from engine.catalog.records import (
+    AddedDocument,
+    CatalogStats,
+    ChunkRecord,
+    DeletedDocument,
+    DocumentRecord,
+    NewChunk,
+    NewVariant,
+    VariantRecord,
+    VariantStats,
+    context_signature,
+    parse_context_signature,
+)
+from engine.catalog.repository import Catalog, CatalogError
+
+__all__ = [
+    "MISSING",
+    "READY",
+    "AddedDocument",
+    "Catalog",
+    "CatalogConfig",
+    "CatalogError",
+    "CatalogStats",
+    "ChunkRecord",
+    "DeletedDocument",
+    "DocumentRecord",
+    "NewChunk",
+    "NewVariant",
+    "VariantRecord",
+    "VariantStats",
+    "context_signature",
+    "create_db_engine",
+    "default_sqlite_url",
+    "downgrade_to_base",
+    "parse_context_signature",
+    "upgrade_to_head",
+]

@@ -1,0 +1,1 @@
+"""Alembic migrations of the kvmosaic catalog (see `engine.catalog.migrate`)."""
