@@ -20,6 +20,7 @@ class ChunkReport:
     recomputed: rows whose KV was recomputed through the last layer of selection (all rows
     for `full`, none for `naive`); reused = tokens - recomputed.
     compute_share: layer-rows computed for this chunk / (tokens * layers).
+    recomputed_offsets: offsets within the chunk of the recomputed rows (for display).
     """
 
     chunk_id: str
@@ -27,6 +28,7 @@ class ChunkReport:
     recomputed: int
     compute_share: float
     cached: bool
+    recomputed_offsets: tuple[int, ...] = ()
 
     @property
     def reused(self) -> int:
@@ -75,5 +77,6 @@ def chunk_reports(chunks: Sequence[ChunkInput], layout: PromptLayout, out, num_l
             recomputed=int(out.selected[start:end].sum()),
             compute_share=float(out.layers_computed[start:end].sum()) / (tokens * num_layers),
             cached=chunk.kv is not None,
+            recomputed_offsets=tuple(int(i) for i in out.selected[start:end].nonzero().flatten()),
         ))
     return reports
