@@ -4,14 +4,20 @@ Each op has a PyTorch twin that runs anywhere (the reference, used on CPU) and m
 CUDA kernel from `engine/csrc/` used when the tensors are on a GPU and the kernel library is
 built. The engine calls only these functions, never the kernels directly.
 
+Dispatch: `kernels.for_tensor(x)` gives the kernel library for a GPU tensor (None on CPU, with
+`KVMOSAIC_KERNELS=off`, or when the library cannot be built); `kernels.launch.supports_*`
+says whether the kernel takes this call (dtype, layout); otherwise the `*_twin` runs. The
+twins are the reference: the tests hold every kernel to its twin.
+
 Layouts: K/V of one layer is `[kv_heads, tokens, head_dim]`; hidden states `[tokens, hidden]`.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
+
+from engine import kernels
+from engine.kernels import launch
 
 
 def rope_shift_(k: torch.Tensor, delta: int | torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -23,6 +29,16 @@ def rope_shift_(k: torch.Tensor, delta: int | torch.Tensor, inv_freq: torch.Tens
     RoPE rotations compose, so RoPE(p + delta) = R(delta) @ RoPE(p); the angles are formed in
     float64 so the shift adds no error beyond what a fresh RoPE in float32 has itself.
     """
+    if isinstance(delta, int) and delta == 0:
+        return k
+    library = kernels.for_tensor(k)
+    if library is not None and launch.supports_rope_shift(k, delta, inv_freq):
+        return launch.rope_shift_(library, k, delta, inv_freq)
+    return rope_shift_twin_(k, delta, inv_freq)
+
+
+def rope_shift_twin_(k: torch.Tensor, delta: int | torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """The PyTorch reference of `rope_shift_`, any device."""
     if isinstance(delta, int) and delta == 0:
         return k
     cos, sin = _shift_cos_sin(delta, inv_freq, k.device)
@@ -49,6 +65,14 @@ def kv_deviation(fresh: torch.Tensor, cached: torch.Tensor) -> torch.Tensor:
 
     fresh, cached: [kv_heads, tokens, head_dim] -> [tokens]
     """
+    library = kernels.for_tensor(fresh)
+    if library is not None and launch.supports_kv_deviation(fresh, cached):
+        return launch.kv_deviation(library, fresh, cached)
+    return kv_deviation_twin(fresh, cached)
+
+
+def kv_deviation_twin(fresh: torch.Tensor, cached: torch.Tensor) -> torch.Tensor:
+    """The PyTorch reference of `kv_deviation`, any device."""
     diff = fresh.float() - cached.float()
     return diff.square().sum(dim=(0, 2))
 
@@ -57,24 +81,64 @@ def top_rows(scores: torch.Tensor, count: int, eligible: torch.Tensor | None = N
     """Indices of the `count` highest scores among `eligible` rows, ascending.
 
     scores: [tokens]; eligible: bool [tokens] or None (all). Ties keep the earlier row.
-    Asking for more rows than are eligible returns all eligible rows.
+    Asking for more rows than are eligible returns all eligible rows. NaN counts as the
+    highest score (as in torch.sort) and -0.0 equals 0.0.
     """
+    library = kernels.for_tensor(scores)
+    if library is not None and launch.supports_top_rows(scores, eligible):
+        return launch.top_rows(library, scores, count, eligible)
+    return top_rows_twin(scores, count, eligible)
+
+
+def top_rows_twin(scores: torch.Tensor, count: int, eligible: torch.Tensor | None = None) -> torch.Tensor:
+    """The PyTorch reference of `top_rows`, any device.
+
+    A stable descending sort over the eligible rows only: torch.topk does not keep the
+    earlier row on ties, and masking ineligible rows to -inf would let them tie with
+    eligible rows scored -inf.
+    """
+    candidates = torch.arange(scores.numel(), device=scores.device)
     if eligible is not None:
-        scores = scores.masked_fill(~eligible, -math.inf)
-        count = min(count, int(eligible.sum()))
-    count = max(0, min(count, scores.numel()))
+        candidates = candidates[eligible.to(scores.device)]
+    count = max(0, min(count, candidates.numel()))
     if count == 0:
         return torch.empty(0, dtype=torch.long, device=scores.device)
-    picked = torch.topk(scores, count, sorted=False).indices
-    return picked.sort().values
+    order = torch.sort(scores[candidates], descending=True, stable=True).indices[:count]
+    return candidates[order].sort().values
+
+
+def deviation_top_rows(fresh: torch.Tensor, cached: torch.Tensor, count: int,
+                       eligible: torch.Tensor | None = None) -> torch.Tensor:
+    """`top_rows(kv_deviation(fresh, cached), count, eligible)`, with the deviation kept on the GPU.
+
+    fresh, cached: [kv_heads, tokens, head_dim]; eligible: bool [tokens] or None.
+    Returns the ascending indices of the `count` eligible tokens of highest deviation.
+    """
+    return top_rows(kv_deviation(fresh, cached), count, eligible)
 
 
 def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Rows `index` of x along dim -2: x [..., tokens, d] -> [..., len(index), d]."""
+    library = kernels.for_tensor(x)
+    if library is not None and launch.supports_gather_rows(x, index):
+        return launch.gather_rows(library, x, index)
+    return gather_rows_twin(x, index)
+
+
+def gather_rows_twin(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The PyTorch reference of `gather_rows`, any device."""
     return x.index_select(-2, index)
 
 
 def scatter_rows_(dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """dst[..., index, :] = src in place; dst [..., tokens, d], src [..., len(index), d]."""
+    library = kernels.for_tensor(dst)
+    if library is not None and launch.supports_scatter_rows(dst, index, src):
+        return launch.scatter_rows_(library, dst, index, src)
+    return scatter_rows_twin_(dst, index, src)
+
+
+def scatter_rows_twin_(dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """The PyTorch reference of `scatter_rows_`, any device."""
     dst.index_copy_(dst.dim() - 2, index, src.to(dst.dtype))
     return dst
