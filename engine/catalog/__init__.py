@@ -12,7 +12,8 @@ Public API (stable; the service and the chunk cache build on it):
   (FAISS row → chunk), `set_embedding_rows`, `max_embedding_row`.
   Variants: `put_variant(NewVariant)` (insert or refresh by store key), `get_variant`,
   `variants_of_chunk`, `record_access`, `update_variant_stats`, `set_variant_tier`,
-  `mark_missing`, `delete_variants`, `variant_statuses`. Totals: `stats()`.
+  `mark_missing`, `mark_ready`, `delete_variants`, `variant_statuses`,
+  `variant_locations`. Totals: `stats()`.
 - `upgrade_to_head(url)` / `downgrade_to_base(url)`: Alembic migrations from code.
 - `context_signature(chunk_ids)`: the stored form of a variant's context ("" = base).
 
@@ -30,6 +31,7 @@ from engine.catalog.records import (
     DocumentRecord,
     NewChunk,
     NewVariant,
+    VariantLocation,
     VariantRecord,
     VariantStats,
     context_signature,
@@ -50,6 +52,7 @@ __all__ = [
     "DocumentRecord",
     "NewChunk",
     "NewVariant",
+    "VariantLocation",
     "VariantRecord",
     "VariantStats",
     "context_signature",

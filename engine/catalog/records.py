@@ -108,6 +108,16 @@ class VariantRecord:
 
 
 @dataclass(frozen=True)
+class VariantLocation:
+    """Where the catalog believes a variant's KV is, and what eviction needs of it."""
+
+    status: str
+    tier: str
+    access_count: int
+    expected_savings: float | None
+
+
+@dataclass(frozen=True)
 class AddedDocument:
     document: DocumentRecord
     chunks: tuple[ChunkRecord, ...]

@@ -250,6 +250,24 @@ class Catalog:
                 total += s.execute(delete(Variant).where(Variant.store_key.in_(batch))).rowcount
             return total
 
+    def mark_ready(self, tiers_by_key: dict[str, str]) -> int:
+        """Set status ready and the given tier for each store key; returns rows changed."""
+        with self.session() as s:
+            total = 0
+            for key, tier in tiers_by_key.items():
+                result = s.execute(update(Variant).where(Variant.store_key == key)
+                                   .values(status=READY, tier=tier))
+                total += result.rowcount
+            return total
+
+    def variant_locations(self) -> dict[str, rec.VariantLocation]:
+        """{store key: status, tier, access count, expected savings} of every variant."""
+        with self.session() as s:
+            rows = s.execute(select(Variant.store_key, Variant.status, Variant.tier, Variant.access_count,
+                                    Variant.expected_savings))
+            return {key: rec.VariantLocation(status, tier, count, savings)
+                    for key, status, tier, count, savings in rows}
+
     def variant_statuses(self) -> dict[str, str]:
         """{store key: status} of every variant (start-up reconciliation reads this)."""
         with self.session() as s:

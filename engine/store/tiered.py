@@ -1,0 +1,424 @@
+"""`TieredStore`: the tiers in lookup order, with eviction, demotion, promotion and pins.
+
+- Lookups try the tiers fastest first; a hit below the first tier copies the entry up
+  (promotion; the lower copy stays, so a shared Redis keeps serving other replicas).
+- A put goes to the first tier (or the one named) with room. Room is made by evicting
+  unpinned entries chosen by the policy; an evicted entry is written to the next tier
+  (demotion) unless that one holds it already, and dropped only from the last tier.
+- An entry that fails validation, or whose metadata is not what the caller expects (other
+  model, prefix, tokens), is a miss: counted as `corrupt`, logged, removed, never served.
+- A tier that raises `TierUnavailable` (Redis down) is skipped for `retry_s` seconds, then
+  tried again; the other tiers keep serving.
+- Listeners hear `entry_moved(key, tier)` (the fastest tier holding the key changed after a
+  demotion or promotion) and `entry_dropped(key)` (no tier holds it any more); the chunk
+  cache keeps the catalog's `tier` / `status` columns in step with them.
+
+Writes (put, evictions, promotion, remove) are serialized by one lock; reads are not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple, Protocol
+
+from engine.store.base import BaseTier, EntryReader, TierUnavailable, check_key
+from engine.store.entry import CorruptEntry, EntryExpectation, EntryMeta, KVEntry
+from engine.store.policy import BaseEvictionPolicy, Candidate, LruPolicy, Usage
+from engine.store.stats import CounterBook, TierReport
+
+log = logging.getLogger(__name__)
+
+
+class Opened(NamedTuple):
+    """An entry opened for layer-wise reads, and the tier it is read from."""
+
+    reader: EntryReader
+    tier: str
+
+
+class StoreListener(Protocol):
+    def entry_moved(self, key: str, tier: str) -> None: ...
+
+    def entry_dropped(self, key: str) -> None: ...
+
+
+class _CountedReader(EntryReader):
+    def __init__(self, inner: EntryReader, book: CounterBook, tier: str):
+        self.meta, self._inner, self._book, self._tier = inner.meta, inner, book, tier
+
+    def layer(self, index: int):
+        tensor = self._inner.layer(index)
+        self._book.add(self._tier, bytes_read=tensor.numel() * tensor.element_size())
+        return tensor
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class TieredStore:
+    def __init__(self, tiers: Sequence[BaseTier], policy: BaseEvictionPolicy | None = None,
+                 retry_s: float = 30.0, load_threads: int = 2):
+        names = [t.name for t in tiers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate tiers: {names}")
+        self.tiers = list(tiers)
+        self.policy = policy or LruPolicy()
+        self.retry_s = retry_s
+        self.counters = CounterBook(names)
+        # Background readers of layers for lazy loading (see engine.store.lazy).
+        self.loader = ThreadPoolExecutor(max_workers=load_threads, thread_name_prefix="kv-load")
+        self._lock = threading.RLock()
+        self._deliver_lock = threading.Lock()
+        self._usage_lock = threading.Lock()
+        self._usage: dict[str, Usage] = {}
+        self._clock = itertools.count(1)
+        self._down_until: dict[str, float] = {}
+        self._doomed: set[str] = set()
+        self._events: list[tuple[str, str, str | None]] = []
+        self._listeners: list[StoreListener] = []
+        for tier in self.tiers:  # probe remote tiers once, so a dead Redis is logged at start
+            self._guard(tier, tier.used_bytes)
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.tiers]
+
+    def tier(self, name: str) -> BaseTier:
+        for tier in self.tiers:
+            if tier.name == name:
+                return tier
+        raise KeyError(f"no tier {name!r} in this store (tiers: {self.names})")
+
+    def subscribe(self, listener: StoreListener) -> None:
+        self._listeners.append(listener)
+
+    # -- lookups -------------------------------------------------------------------------------
+
+    def where(self, key: str) -> str | None:
+        """Name of the fastest reachable tier holding `key`, or None."""
+        for tier in self._live():
+            if self._guard(tier, tier.contains, key):
+                return tier.name
+        return None
+
+    def live_names(self) -> list[str]:
+        """Names of the tiers not currently skipped as unreachable."""
+        return [t.name for t in self._live()]
+
+    def locations(self) -> dict[str, str]:
+        """{key: fastest reachable tier holding it} for every stored key (a snapshot)."""
+        found: dict[str, str] = {}
+        for tier in reversed(self._live()):
+            for key in self._guard(tier, tier.keys) or {}:
+                found[key] = tier.name
+        return found
+
+    def contains(self, key: str) -> bool:
+        return self.where(key) is not None
+
+    def get(self, key: str, expect: EntryExpectation | None = None) -> KVEntry | None:
+        """The whole entry from the fastest tier that has a valid one (promoted); None: miss."""
+        check_key(key)
+        for position, tier in enumerate(self._live()):
+            try:
+                entry = tier.get(key)
+            except TierUnavailable as exc:
+                self._mark_down(tier, exc)
+                continue
+            except CorruptEntry as exc:
+                self._refuse(key, tier, str(exc))
+                continue
+            if entry is None:
+                self.counters.add(tier.name, misses=1)
+                continue
+            reason = expect.mismatch(entry.meta) if expect else None
+            if reason:
+                self._refuse(key, tier, reason)
+                continue
+            self.counters.add(tier.name, hits=1, bytes_read=entry.num_bytes)
+            self._touch(key, entry.meta)
+            if position > 0:
+                self._promote(key, entry)
+            return entry
+        return None
+
+    def open(self, key: str, expect: EntryExpectation | None = None) -> Opened | None:
+        """Open the entry for layer-wise reads from the fastest tier with a valid header.
+
+        No promotion here (call `promote` once the entry has been used); pin the key while
+        reading so it is not evicted underneath.
+        """
+        check_key(key)
+        for tier in self._live():
+            try:
+                reader = tier.open(key)
+            except TierUnavailable as exc:
+                self._mark_down(tier, exc)
+                continue
+            except CorruptEntry as exc:
+                self._refuse(key, tier, str(exc))
+                continue
+            if reader is None:
+                self.counters.add(tier.name, misses=1)
+                continue
+            reason = expect.mismatch(reader.meta) if expect else None
+            if reason:
+                reader.close()
+                self._refuse(key, tier, reason)
+                continue
+            self.counters.add(tier.name, hits=1)
+            self._touch(key, reader.meta)
+            return Opened(_CountedReader(reader, self.counters, tier.name), tier.name)
+        return None
+
+    def promote(self, key: str) -> bool:
+        """Copy `key` into the first tier if a lower one holds it; True if it was copied."""
+        live = self._live()
+        if not live or self._guard(live[0], live[0].contains, key):
+            return False
+        for tier in live[1:]:
+            try:
+                entry = tier.get(key)
+            except TierUnavailable as exc:
+                self._mark_down(tier, exc)
+                continue
+            except CorruptEntry as exc:
+                self._refuse(key, tier, str(exc))
+                continue
+            if entry is not None:
+                return self._promote(key, entry)
+        return False
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def put(self, key: str, entry: KVEntry, tier: str | None = None) -> str | None:
+        """Store `entry` in `tier` (default: the first), or the next tier down with room.
+
+        Returns the name of the tier that took it, or None if none could (every candidate
+        full of pinned entries, the entry larger than each capacity, or backends down).
+        """
+        check_key(key)
+        start = self.names.index(tier) if tier is not None else 0
+        with self._lock:
+            self._note_put(key, entry.meta)
+            # Events only for entries this put evicted: the caller knows where `key` went.
+            stored = next((t.name for t in self.tiers[start:]
+                           if self._available(t) and self._store_in(t, key, entry)), None)
+        self._deliver()
+        return stored
+
+    def remove(self, key: str) -> bool:
+        """Remove `key` from every tier; a pinned key goes at its last unpin.
+
+        True if some tier held it (removed now or scheduled).
+        """
+        check_key(key)
+        with self._lock:
+            held = self.where(key) is not None
+            if self._pinned(key):
+                self._doomed.add(key)
+                return held
+            self._discard_everywhere(key)
+            return held
+
+    def pin(self, key: str) -> None:
+        """Protect `key` from eviction in every tier until the matching unpin."""
+        with self._lock:
+            for tier in self.tiers:
+                tier.pin(key)
+
+    def unpin(self, key: str) -> None:
+        with self._lock:
+            for tier in self.tiers:
+                tier.unpin(key)
+            if key in self._doomed and not self._pinned(key):
+                self._doomed.discard(key)
+                self._discard_everywhere(key)
+
+    def report_corrupt(self, key: str, tier: str, reason: str) -> None:
+        """A reader found a bad layer: count it and remove the entry from that tier (pinned or not)."""
+        self._refuse(key, self.tier(tier), reason)
+
+    # -- usage (fed by the chunk cache from the catalog) --------------------------------------
+
+    def set_usage(self, key: str, access_count: int | None = None, savings: float | None = None) -> None:
+        """Seed what the eviction policy knows of `key` (access count, expected savings in tokens)."""
+        with self._usage_lock:
+            usage = self._usage.setdefault(key, Usage())
+            if access_count is not None:
+                usage.access_count = int(access_count)
+            if savings is not None:
+                usage.savings = float(savings)
+
+    def usage(self, key: str) -> Usage:
+        with self._usage_lock:
+            found = self._usage.get(key)
+            return Usage(**vars(found)) if found else Usage()
+
+    # -- reporting -----------------------------------------------------------------------------
+
+    def stats(self) -> list[TierReport]:
+        reports = []
+        for tier in self.tiers:
+            available = self._available(tier)
+            info = self._guard(tier, tier.stats) if available else None
+            reports.append(TierReport(tier.name, info is not None, tier.capacity_bytes,
+                                      info.used_bytes if info else 0, info.num_entries if info else 0,
+                                      info.num_pinned if info else 0, self.counters.snapshot(tier.name)))
+        return reports
+
+    def close(self) -> None:
+        self.loader.shutdown(wait=True, cancel_futures=True)
+        for tier in self.tiers:
+            try:
+                tier.close()
+            except Exception:  # closing must not stop closing the others
+                log.exception("closing tier %s failed", tier.name)
+
+    # -- internals (callers of _x_locked hold self._lock) --------------------------------------
+
+    def _store_in(self, tier: BaseTier, key: str, entry: KVEntry) -> bool:
+        """Make room in `tier` and put the entry there; False if it cannot take it."""
+        if not self._make_room(tier, key, entry.num_bytes):
+            return False
+        try:
+            tier.put(key, entry)
+        except TierUnavailable as exc:
+            self._mark_down(tier, exc)
+            return False
+        except OSError as exc:  # disk full, permissions: the next tier may still work
+            log.warning("tier %s could not store %s: %s", tier.name, key, exc)
+            self.counters.add(tier.name, put_failures=1)
+            return False
+        self.counters.add(tier.name, puts=1, bytes_written=entry.num_bytes)
+        return True
+
+    def _make_room(self, tier: BaseTier, key: str, num_bytes: int) -> bool:
+        if num_bytes > tier.capacity_bytes:
+            return False
+        sizes = self._guard(tier, tier.keys)
+        if sizes is None:
+            return False
+        used = sum(sizes.values()) - sizes.pop(key, 0)
+        while used + num_bytes > tier.capacity_bytes:
+            candidates = [Candidate(k, s, self.usage(k)) for k, s in sizes.items() if not tier.is_pinned(k)]
+            victim = self.policy.victim(candidates)
+            if victim is None:
+                return False
+            self._evict(tier, victim.key)
+            used -= sizes.pop(victim.key)
+        return True
+
+    def _evict(self, tier: BaseTier, key: str) -> None:
+        """Move `key` from `tier` to the next live tier (if it is valid and fits), else drop it."""
+        try:
+            entry = tier.get(key)
+        except (CorruptEntry, TierUnavailable) as exc:
+            log.warning("evicting %s from tier %s without demotion: %s", key, tier.name, exc)
+            entry = None
+        lower = self._next_live(tier)
+        demoted = False
+        if entry is not None and lower is not None:
+            demoted = bool(self._guard(lower, lower.contains, key)) or self._store_in(lower, key, entry)
+        self._guard(tier, tier._discard, key)
+        self.counters.add(tier.name, evictions=1)
+        if demoted:
+            self.counters.add(lower.name, demotions=1)
+        self._after_removal(key)
+
+    def _promote(self, key: str, entry: KVEntry) -> bool:
+        with self._lock:
+            live = self._live()
+            if not live or self._guard(live[0], live[0].contains, key) or not self._store_in(live[0], key, entry):
+                return False
+            self.counters.add(live[0].name, promotions=1)
+            self._queue("moved", key, live[0].name)
+        self._deliver()
+        return True
+
+    def _refuse(self, key: str, tier: BaseTier, reason: str) -> None:
+        log.warning("KV entry %s in tier %s refused (treated as a miss): %s", key, tier.name, reason)
+        self.counters.add(tier.name, corrupt=1)
+        with self._lock:
+            self._guard(tier, tier._discard, key)
+            self._after_removal(key)
+        self._deliver()
+
+    def _discard_everywhere(self, key: str) -> None:
+        for tier in self.tiers:
+            if self._available(tier):
+                self._guard(tier, tier._discard, key)
+        with self._usage_lock:
+            self._usage.pop(key, None)
+
+    def _after_removal(self, key: str) -> None:
+        """Tell listeners where `key` is now, or that it is gone (and forget its usage)."""
+        where = self.where(key)
+        if where is None:
+            with self._usage_lock:
+                self._usage.pop(key, None)
+        self._queue("moved" if where else "dropped", key, where)
+
+    def _pinned(self, key: str) -> bool:
+        return any(t.is_pinned(key) for t in self.tiers)
+
+    def _touch(self, key: str, meta: EntryMeta) -> None:
+        with self._usage_lock:
+            usage = self._usage.setdefault(key, Usage())
+            usage.last_access, usage.num_tokens = next(self._clock), meta.num_tokens
+            usage.access_count += 1
+
+    def _note_put(self, key: str, meta: EntryMeta) -> None:
+        with self._usage_lock:
+            usage = self._usage.setdefault(key, Usage())
+            usage.last_access, usage.num_tokens = next(self._clock), meta.num_tokens
+
+    # -- availability and events ---------------------------------------------------------------
+
+    def _live(self) -> list[BaseTier]:
+        return [t for t in self.tiers if self._available(t)]
+
+    def _next_live(self, tier: BaseTier) -> BaseTier | None:
+        below = self.tiers[self.tiers.index(tier) + 1:]
+        return next((t for t in below if self._available(t)), None)
+
+    def _available(self, tier: BaseTier) -> bool:
+        return time.monotonic() >= self._down_until.get(tier.name, 0.0)
+
+    def _mark_down(self, tier: BaseTier, exc: Exception) -> None:
+        if self._available(tier):
+            log.warning("store tier %s unavailable for %.0fs, serving from the others: %s",
+                        tier.name, self.retry_s, exc)
+        self._down_until[tier.name] = time.monotonic() + self.retry_s
+
+    def _guard(self, tier: BaseTier, operation, *args):
+        """Run a tier operation; None (and the tier marked down) if its backend is unreachable."""
+        try:
+            return operation(*args)
+        except TierUnavailable as exc:
+            self._mark_down(tier, exc)
+            return None
+
+    def _queue(self, kind: str, key: str, tier: str | None) -> None:
+        with self._lock:
+            self._events.append((kind, key, tier))
+
+    def _deliver(self) -> None:
+        """Hand queued events to listeners, in order, outside the store lock."""
+        with self._deliver_lock:
+            with self._lock:
+                events, self._events = self._events, []
+            for kind, key, tier in events:
+                for listener in self._listeners:
+                    try:
+                        if kind == "moved":
+                            listener.entry_moved(key, tier)
+                        else:
+                            listener.entry_dropped(key)
+                    except Exception:  # a listener bug must not break the store
+                        log.exception("store listener failed on %s %s", kind, key)
