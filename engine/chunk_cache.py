@@ -194,17 +194,19 @@ class ChunkKVCache:
 
     # -- variants ------------------------------------------------------------------------------
 
-    def put_variant(self, chunk_id: int, kv: ChunkKV, stats: VariantStats | None = None) -> VariantRecord | None:
+    def put_variant(self, chunk_id: int, kv: ChunkKV, stats: VariantStats | None = None,
+                    tier: str | None = None) -> VariantRecord | None:
         """Store KV of chunk `chunk_id` computed under `kv.context` (ordered ids of the chunks
         before it) with its statistics; KV first, then the catalog row. None if no tier could
-        take it (nothing is recorded then)."""
+        take it (nothing is recorded then). `tier`: start there instead of the first tier (the
+        service puts ingested base variants in a persistent tier so they survive a restart)."""
         if kv.fingerprint != self.engine.fingerprint or kv.prefix_digest != self.engine.prompts.prefix_digest:
             raise InvalidRequest("this KV belongs to another model or system prefix")
         entry = entry_from_chunk(kv, self.storage_dtype)
-        return self._store(chunk_id, self.key(kv.token_ids, kv.context), entry, stats or VariantStats())
+        return self._store(chunk_id, self.key(kv.token_ids, kv.context), entry, stats or VariantStats(), tier)
 
-    def _store(self, chunk_id: int, key: str, entry, stats: VariantStats) -> VariantRecord | None:
-        tier = self.store.put(key, entry)
+    def _store(self, chunk_id: int, key: str, entry, stats: VariantStats, tier: str | None = None) -> VariantRecord | None:
+        tier = self.store.put(key, entry, tier)
         if tier is None:
             log.warning("no store tier could take the KV of chunk %s", chunk_id)
             return None

@@ -28,7 +28,7 @@ from typing import NamedTuple, Protocol
 
 from engine.store.base import BaseTier, EntryReader, TierUnavailable, check_key
 from engine.store.entry import CorruptEntry, EntryExpectation, EntryMeta, KVEntry
-from engine.store.policy import BaseEvictionPolicy, Candidate, LruPolicy, Usage
+from engine.store.policy import BaseEvictionPolicy, Candidate, LruPolicy, Usage, create_policy
 from engine.store.stats import CounterBook, TierReport
 
 log = logging.getLogger(__name__)
@@ -243,6 +243,44 @@ class TieredStore:
     def report_corrupt(self, key: str, tier: str, reason: str) -> None:
         """A reader found a bad layer: count it and remove the entry from that tier (pinned or not)."""
         self._refuse(key, self.tier(tier), reason)
+
+    # -- admin (what `/admin/evict` and `DELETE /admin/cache` call) ----------------------------
+
+    def evict(self, tier: str, num_bytes: int | None = None, policy: str | None = None) -> tuple[int, int]:
+        """Evict unpinned entries of `tier` as when making room (demoting them to the next tier):
+        victims chosen by `policy` (default: the store's) until `num_bytes` are freed, or all
+        of them when `num_bytes` is None. Returns (entries evicted, bytes freed in `tier`)."""
+        chooser = create_policy(policy) if policy else self.policy
+        target = self.tier(tier)
+        entries = freed = 0
+        with self._lock:
+            sizes = self._guard(target, target.keys) or {}
+            while sizes and (num_bytes is None or freed < num_bytes):
+                candidates = [Candidate(k, s, self.usage(k)) for k, s in sizes.items() if not target.is_pinned(k)]
+                victim = chooser.victim(candidates)
+                if victim is None:
+                    break
+                self._evict(target, victim.key)
+                freed += sizes.pop(victim.key)
+                entries += 1
+        self._deliver()
+        return entries, freed
+
+    def clear(self) -> list[str]:
+        """Remove every entry from every reachable tier (a pinned one at its last unpin).
+
+        Returns the keys removed; no listener events (the caller updates the catalog in bulk).
+        """
+        with self._lock:
+            keys: set[str] = set()
+            for tier in self._live():
+                keys.update(self._guard(tier, tier.keys) or {})
+            for key in keys:
+                if self._pinned(key):
+                    self._doomed.add(key)
+                else:
+                    self._discard_everywhere(key)
+        return sorted(keys)
 
     # -- usage (fed by the chunk cache from the catalog) --------------------------------------
 
