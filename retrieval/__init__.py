@@ -7,6 +7,7 @@ to normalised embeddings. `app/` wires these to the catalog and the engine.
 
 from retrieval.chunker import Chunker, TextChunk
 from retrieval.index import Hit, VectorIndex
+from retrieval.retriever import Retriever
 from retrieval.sources import SourceDocument, load_sources
 
-__all__ = ["Chunker", "Hit", "SourceDocument", "TextChunk", "VectorIndex", "load_sources"]
+__all__ = ["Chunker", "Hit", "Retriever", "SourceDocument", "TextChunk", "VectorIndex", "load_sources"]

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Set up (idempotent) and answer a demo question from the command line with the embedded model.
-# (Replaced by "ingest the demo corpus and start the server" once the server exists.)
+# Set up (idempotent), ingest the shipped demo corpus (idempotent: already-ingested articles
+# are skipped), then run the server; it prints the URL to open when it is ready.
+# Settings come from KVMOSAIC_* variables (see the README); extra arguments go to `kvmosaic serve`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-exec .venv/bin/kvmosaic bench fidelity --dataset "${KVMOSAIC_DEMO_DATASET:-../shared/data/cacheblend/musique_s.json}" --n 1 "$@"
+.venv/bin/kvmosaic ingest app/demo_corpus
+exec .venv/bin/kvmosaic serve "$@"

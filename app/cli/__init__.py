@@ -10,9 +10,9 @@ import logging
 import os
 import sys
 
-from app.cli import bench
+from app.cli import ask, bench, ingest, serve
 
-SUBCOMMANDS = [bench]
+SUBCOMMANDS = [bench, serve, ingest, ask]
 
 
 def build_parser() -> argparse.ArgumentParser:

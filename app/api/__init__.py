@@ -1,0 +1,1 @@
+"""The HTTP layer: dependencies, error mapping, one router module per resource."""

@@ -1,0 +1,38 @@
+"""FastAPI dependencies: the services built in the lifespan, the settings, the admin guard."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, Header, HTTPException, Request
+
+from app.services import Services
+from app.settings import Settings
+
+
+def get_services(request: Request) -> Services:
+    return request.app.state.services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+def get_settings(services: ServicesDep) -> Settings:
+    return services.settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def require_admin(settings: SettingsDep, authorization: Annotated[str | None, Header()] = None) -> None:
+    """Bearer token from settings; with no token configured admin is closed (403), never open."""
+    if settings.admin_token is None or not settings.admin_token.get_secret_value():
+        raise HTTPException(403, "admin endpoints are disabled: set KVMOSAIC_ADMIN_TOKEN to enable them")
+    scheme, _, given = (authorization or "").partition(" ")
+    expected = settings.admin_token.get_secret_value().encode()
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+        raise HTTPException(401, "missing or wrong admin bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+
+AdminDep = Depends(require_admin)

@@ -1,0 +1,76 @@
+"""Map every refused request to a clear JSON error (`schemas.errors.ErrorBody`).
+
+Malformed JSON → 400, schema violations → 422, engine `InvalidRequest` (unknown mode, prompt
+too long, ...) → 422, missing resources → 404, full queue → 503 with Retry-After. Anything
+else is a bug: 500 with a generic message (details go to the log, not the client).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.queue import QueueFull
+from engine.errors import InvalidRequest
+
+log = logging.getLogger(__name__)
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+          415: "invalid_request_error", 422: "invalid_request_error", 503: "server_busy"}
+
+
+def error_response(status: int, message: str, details=None, headers=None, param=None) -> JSONResponse:
+    body = {"type": _TYPES.get(status, "api_error"), "message": message, "param": param, "code": None}
+    if details is not None:
+        body["details"] = details
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def error_body(exc: BaseException) -> dict:
+    """The error body for an exception raised inside a stream (after the 200 was sent)."""
+    if isinstance(exc, InvalidRequest):
+        return {"error": {"type": "invalid_request_error", "message": str(exc), "param": None, "code": None}}
+    log.error("error while streaming an answer", exc_info=exc)
+    return {"error": {"type": "api_error", "message": "internal server error", "param": None, "code": None}}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(InvalidRequest, _invalid_request)
+    app.add_exception_handler(QueueFull, _queue_full)
+    app.add_exception_handler(Exception, _unexpected)
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return error_response(400, "the request body is not valid JSON")
+    details = [{"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")} for e in errors]
+    first = details[0] if details else {"loc": [], "msg": "invalid request"}
+    where = ".".join(str(p) for p in first["loc"] if p != "body")
+    message = f"{where}: {first['msg']}" if where else str(first["msg"])
+    return error_response(422, message, details, param=where or None)
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+
+async def _invalid_request(request: Request, exc: InvalidRequest) -> JSONResponse:
+    return error_response(422, str(exc))
+
+
+async def _queue_full(request: Request, exc: QueueFull) -> JSONResponse:
+    request.app.state.services.metrics.rejected.inc()
+    return error_response(503, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_response(500, "internal server error")

@@ -1,0 +1,48 @@
+"""`POST /ask` (JSON or Server-Sent Events) and `GET /modes`."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+
+from app.api.deps import ServicesDep
+from app.api.errors import error_body
+from app.api.streaming import SSE_HEADERS, AnswerStream, sse
+from app.report import ask_response
+from app.schemas.ask import AskRequest, AskResponse, ModesResponse
+from engine.planners import planner_names
+
+router = APIRouter(tags=["ask"])
+
+STREAM_DOC = {200: {"content": {"text/event-stream": {}},
+                    "description": "with stream=true: `piece` events {text}, then one `report` (or `error`)"}}
+
+
+@router.get("/modes", response_model=ModesResponse)
+def modes(services: ServicesDep) -> ModesResponse:
+    s = services.settings
+    return ModesResponse(modes=planner_names(), default=s.default_mode, top_k=s.default_top_k,
+                         max_tokens=s.default_max_tokens)
+
+
+@router.post("/ask", response_model=AskResponse, responses=STREAM_DOC)
+async def ask(body: AskRequest, services: ServicesDep):
+    """Retrieve, prefill by mode reusing chunk KV, decode; report per chunk and per stage."""
+    query = services.rag.query(body.question, body.top_k, body.mode, body.ratio, body.max_tokens,
+                               body.temperature, body.top_p, body.seed)
+    tokenizer = services.engine.loaded.tokenizer if body.explain else None
+    if not body.stream:
+        answer = await services.queue.run(services.rag.ask, query)
+        return ask_response(answer, tokenizer)
+    stream = AnswerStream.start(services, query)
+
+    async def frames():
+        async for kind, payload in stream.events():
+            if kind == "piece":
+                yield sse({"text": payload}, "piece")
+            elif kind == "done":
+                yield sse(ask_response(payload, tokenizer).model_dump(mode="json"), "report")
+            else:
+                yield sse(error_body(payload), "error")
+
+    return StreamingResponse(frames(), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -1,0 +1,79 @@
+"""OpenAI-compatible `POST /v1/chat/completions` and `GET /v1/models`.
+
+The last user message is the question; retrieval adds the context. Streaming follows the
+OpenAI wire format (`chat.completion.chunk` frames, then `data: [DONE]`), so the official
+`openai` client works unchanged against this server.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+
+from app.api.deps import ServicesDep
+from app.api.errors import error_body
+from app.api.streaming import SSE_HEADERS, AnswerStream, sse
+from app.report import ask_response
+from app.schemas.chat import (
+    AssistantMessage,
+    ChatRequest,
+    ChatResponse,
+    ChatUsage,
+    Choice,
+    ModelCard,
+    ModelList,
+)
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+
+@router.get("/models", response_model=ModelList)
+def models(services: ServicesDep) -> ModelList:
+    return ModelList(data=[ModelCard(id=services.model_name, created=int(services.started_at))])
+
+
+@router.post("/chat/completions", response_model=ChatResponse)
+async def chat_completions(body: ChatRequest, services: ServicesDep):
+    query = services.rag.query(body.question(), body.top_k, body.mode, body.ratio,
+                               body.max_completion_tokens or body.max_tokens,
+                               body.temperature or 0.0, body.top_p or 1.0, body.seed)
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": services.model_name}
+    if not body.stream:
+        answer = await services.queue.run(services.rag.ask, query)
+        return ChatResponse(**head, choices=[Choice(message=AssistantMessage(content=answer.text),
+                                                    finish_reason=finish_reason(answer.finish_reason))],
+                            usage=chat_usage(answer), kvmosaic=ask_response(answer).model_dump(mode="json"))
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return StreamingResponse(chunk_frames(AnswerStream.start(services, query), head, include_usage),
+                             media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def chunk_frames(stream: AnswerStream, head: dict, include_usage: bool):
+    head = {**head, "object": "chat.completion.chunk"}
+    yield sse({**head, "choices": [_delta({"role": "assistant", "content": ""})]})
+    async for kind, payload in stream.events():
+        if kind == "piece":
+            yield sse({**head, "choices": [_delta({"content": payload})]})
+        elif kind == "done":
+            yield sse({**head, "choices": [_delta({}, finish_reason(payload.finish_reason))]})
+            if include_usage:
+                yield sse({**head, "choices": [], "usage": chat_usage(payload).model_dump()})
+        else:
+            yield sse(error_body(payload))
+    yield sse("[DONE]")
+
+
+def _delta(delta: dict, finish: str | None = None) -> dict:
+    return {"index": 0, "delta": delta, "finish_reason": finish}
+
+
+def finish_reason(reason: str) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def chat_usage(answer) -> ChatUsage:
+    prompt, completion = answer.result.layout.total_len, len(answer.result.generated_ids)
+    return ChatUsage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)

@@ -1,0 +1,59 @@
+"""`/documents`: add (JSON or file upload), list, show, delete."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+
+from app.api.deps import ServicesDep
+from app.api.uploads import read_document
+from app.schemas.documents import ChunkBrief, DocumentDetail, DocumentList, DocumentOut, IngestOut
+
+router = APIRouter(prefix="/documents", tags=["documents"])
+
+UPLOAD_BODY = {"requestBody": {"required": True, "content": {
+    "application/json": {"schema": {"$ref": "#/components/schemas/DocumentIn"}},
+    "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": {
+        "file": {"type": "string", "format": "binary"}, "title": {"type": "string"}}}}}}}
+
+
+@router.post("", response_model=IngestOut, status_code=201, openapi_extra=UPLOAD_BODY,
+             responses={200: {"description": "the same content was already ingested", "model": IngestOut}})
+async def add_document(request: Request, response: Response, services: ServicesDep) -> IngestOut:
+    """Chunk, embed, index and precompute the KV of one document (idempotent by content)."""
+    doc = await read_document(request, services.settings.max_upload_bytes)
+    result = await services.queue.run(services.ingestor.ingest, doc)
+    if not result.created:
+        response.status_code = 200
+    return IngestOut(document=document_out(result.document), created=result.created,
+                     num_tokens=result.num_tokens, seconds=round(result.seconds, 3))
+
+
+@router.get("", response_model=DocumentList)
+def list_documents(services: ServicesDep, offset: int = Query(0, ge=0),
+                   limit: int = Query(50, ge=1, le=500)) -> DocumentList:
+    documents = services.catalog.list_documents(offset=offset, limit=limit)
+    return DocumentList(documents=[document_out(d) for d in documents], offset=offset, limit=limit,
+                        total=services.catalog.stats().num_documents)
+
+
+@router.get("/{document_id}", response_model=DocumentDetail)
+def get_document(document_id: int, services: ServicesDep) -> DocumentDetail:
+    document = services.catalog.get_document(document_id)
+    if document is None:
+        raise HTTPException(404, f"no document {document_id}")
+    chunks = [ChunkBrief(id=c.id, ordinal=c.ordinal, num_tokens=c.num_tokens, text=c.text)
+              for c in services.catalog.chunks_of_document(document_id)]
+    return DocumentDetail(**document_out(document).model_dump(), chunks=chunks)
+
+
+@router.delete("/{document_id}", status_code=204)
+def delete_document(document_id: int, services: ServicesDep) -> Response:
+    """Remove the document, its chunks, their variants, KV and index rows."""
+    if not services.ingestor.delete(document_id):
+        raise HTTPException(404, f"no document {document_id}")
+    return Response(status_code=204)
+
+
+def document_out(d) -> DocumentOut:
+    return DocumentOut(id=d.id, title=d.title, source=d.source, content_hash=d.content_hash,
+                       num_chunks=d.num_chunks, created_at=d.created_at)

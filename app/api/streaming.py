@@ -1,0 +1,62 @@
+"""Carry an answer from its worker thread to the event loop as it is decoded.
+
+`AnswerStream.start` submits the job at once, so a full queue raises `QueueFull` before the
+response has started (the client gets a proper 503, not a broken stream). `events()` then
+yields ("piece", text) as pieces arrive and ends with ("done", Answer) or ("error", exc).
+If the client goes away, closing the generator sets the cancel flag and the worker stops
+decoding at the next token, freeing its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class AnswerStream:
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._items: asyncio.Queue = asyncio.Queue()
+        self.cancel = threading.Event()
+
+    @classmethod
+    def start(cls, services, query) -> "AnswerStream":
+        stream = cls(asyncio.get_running_loop())
+        future = services.queue.submit(services.rag.ask, query, stream._piece, stream.cancel)
+        future.add_done_callback(stream._finished)
+        return stream
+
+    async def events(self) -> AsyncIterator[tuple[str, object]]:
+        try:
+            while True:
+                kind, payload = await self._items.get()
+                yield kind, payload
+                if kind != "piece":
+                    return
+        finally:
+            self.cancel.set()
+
+    def _piece(self, text: str) -> None:
+        self._post(("piece", text))
+
+    def _finished(self, future: Future) -> None:
+        error = future.exception()
+        self._post(("error", error) if error is not None else ("done", future.result()))
+
+    def _post(self, item) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
+        except RuntimeError:  # the loop has closed (server shutting down): nobody is listening
+            pass
+
+
+def sse(data, event: str | None = None) -> str:
+    """One Server-Sent Events frame; `data` is JSON-encoded unless it is a str."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n"

@@ -1,0 +1,91 @@
+"""Read a document from a request: JSON `{text, title?, source?}` or a multipart file upload.
+
+Refuses, before anything is written: bodies over the size limit (413), other content types
+(415), malformed JSON (400), schema violations (422), non-UTF-8 or empty text (422).
+"""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+
+from app.schemas.documents import DocumentIn
+from retrieval.sources import SourceDocument, title_of
+
+# JSON escaping can inflate text; the raw body may exceed the text limit by this much.
+JSON_OVERHEAD = 64 * 1024
+TEXT_TYPES = ("text/plain", "text/markdown", "text/x-markdown", "application/octet-stream", "")
+TEXT_SUFFIXES = (".txt", ".md", ".markdown")
+
+
+async def read_document(request: Request, limit: int) -> SourceDocument:
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit + JSON_OVERHEAD:
+        raise _too_large(limit)
+    if kind == "application/json":
+        return _from_json(await _read_body(request, limit + JSON_OVERHEAD), limit)
+    if kind == "multipart/form-data":
+        if not declared:  # file parts spool without a cap; the declared length is the cap
+            raise HTTPException(411, "file uploads need a Content-Length header")
+        return await _from_form(request, limit)
+    raise HTTPException(415, "send application/json {text, title?} or multipart/form-data with a file")
+
+
+async def _read_body(request: Request, cap: int) -> bytes:
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > cap:
+            raise _too_large(cap - JSON_OVERHEAD)
+    return bytes(body)
+
+
+def _from_json(raw: bytes, limit: int) -> SourceDocument:
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise HTTPException(400, "the request body is not valid JSON") from None
+    try:
+        doc = DocumentIn.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+    return _document(doc.text, doc.title, doc.source or "api", limit)
+
+
+async def _from_form(request: Request, limit: int) -> SourceDocument:
+    form = await request.form(max_files=1, max_fields=4, max_part_size=limit + 1)
+    upload = form.get("file")
+    if not isinstance(upload, UploadFile):
+        raise HTTPException(422, "the form has no 'file' part")
+    name = upload.filename or "upload.txt"
+    if not name.lower().endswith(TEXT_SUFFIXES) and (upload.content_type or "") not in TEXT_TYPES[:3]:
+        raise HTTPException(415, f"{name}: only UTF-8 .txt and .md files are accepted")
+    raw = await upload.read(limit + 1)
+    if len(raw) > limit:
+        raise _too_large(limit)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HTTPException(422, f"{name}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    title = form.get("title")
+    return _document(text, title if isinstance(title, str) else None, f"upload:{name}", limit,
+                     fallback_title=name.rsplit(".", 1)[0])
+
+
+def _document(text: str, title: str | None, source: str, limit: int, fallback_title: str = "untitled") -> SourceDocument:
+    if len(text.encode("utf-8")) > limit:
+        raise _too_large(limit)
+    if not text.strip():
+        raise HTTPException(422, "the document is empty")
+    if "\x00" in text:
+        raise HTTPException(422, "the document contains NUL characters; send plain text")
+    return SourceDocument(source=source, title=(title or "").strip() or title_of(text, fallback_title), text=text)
+
+
+def _too_large(limit: int) -> HTTPException:
+    return HTTPException(413, f"the document is larger than the limit of {limit} bytes")

@@ -1,0 +1,151 @@
+"""The service's view of chunk KV: `engine.chunk_cache.ChunkKVCache` plus the store's admin side.
+
+What the request path needs from it: `load` (the retrieved chunks' KV, pinned, read layer
+by layer; a chunk with no stored KV is computed and stored), `store_variants` (the KV a
+request produced in a new context) and `release`. Ingest uses `put_base`; deletion uses
+`forget_document`; `/admin` uses `tier_stats`, `evict` and `clear`.
+
+Variant choice and new variants belong to the mode: a planner that wants a stored context
+variant for a chunk exposes `choose_contexts`, and a prefill result that carries
+`new_variants` ([(chunk id, ChunkKV, VariantStats)]) has them stored. Modes without either
+(everything but Cache-Craft) use the base variants and store nothing new.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine.catalog import context_signature
+from engine.chunk_cache import ChunkKVCache, ChunkRef, LoadedChunks
+from engine.planners import PLANNERS
+from engine.errors import InvalidRequest
+from engine.store import create_store
+from engine.store.config import KNOWN_POLICIES
+
+log = logging.getLogger(__name__)
+
+PERSISTENT_TIERS = ("disk", "redis")
+
+
+@dataclass
+class RequestChunks:
+    """One request's chunk inputs (in retrieval order) and which variant each one uses."""
+
+    loaded: LoadedChunks
+    variant_labels: list[str]
+
+    @property
+    def inputs(self):
+        return self.loaded.inputs
+
+    def release(self) -> None:
+        self.loaded.close()
+
+
+class ServiceChunkCache:
+    def __init__(self, cache: ChunkKVCache):
+        self.cache = cache
+        self.store = cache.store
+        self.engine = cache.engine
+        # None (no disk or Redis tier): the first tier, lost at exit.
+        self.persistent_tier = next((n for n in self.store.names if n in PERSISTENT_TIERS), None)
+
+    # -- the request path ----------------------------------------------------------------------
+
+    def load(self, retrieved: Sequence, mode: str) -> RequestChunks:
+        """Pinned KV sources for the retrieved chunks; computed and stored where missing."""
+        contexts = self._contexts(retrieved, mode)
+        refs = [ChunkRef(r.chunk.id, tuple(r.token_ids), ctx) for r, ctx in zip(retrieved, contexts)]
+        loaded = self.cache.load(refs)
+        labels = [_label(getattr(i.kv, "context", ()), int(i.chunk_id) in loaded.computed) for i in loaded.inputs]
+        return RequestChunks(loaded, labels)
+
+    def store_variants(self, chunks: RequestChunks, result) -> int:
+        """Store the variants the prefill produced (Cache-Craft's `new_variants`); returns how many."""
+        stored = 0
+        for chunk_id, kv, stats in getattr(result, "new_variants", None) or ():
+            stored += self.cache.put_variant(int(chunk_id), kv, stats) is not None
+        return stored
+
+    def _contexts(self, retrieved: Sequence, mode: str) -> list[tuple[str, ...]]:
+        planner = PLANNERS.get(mode)
+        choose = getattr(planner, "choose_contexts", None)
+        if choose is None:
+            return [() for _ in retrieved]
+        return list(choose(self.cache.catalog, [r.chunk.id for r in retrieved]))
+
+    # -- ingest and deletion -------------------------------------------------------------------
+
+    def put_base(self, chunk_id: int, token_ids: Sequence[int]) -> bool:
+        """Compute and store a chunk's base variant; False if no tier could take it.
+
+        It goes to the first persistent tier (disk, else Redis), so what ingest computed
+        survives restarts and separate `kvmosaic ingest` runs; first use promotes it.
+        """
+        kv = self.engine.encode_chunk(tuple(token_ids))
+        stored = self.cache.put_variant(chunk_id, kv, tier=self.persistent_tier)
+        if stored is None:
+            log.warning("chunk %d: no store tier could take its KV; it will be computed on use", chunk_id)
+        return stored is not None
+
+    def forget_document(self, document_id: int):
+        return self.cache.forget_document(document_id)
+
+    # -- admin ---------------------------------------------------------------------------------
+
+    def tier_stats(self) -> dict[str, dict]:
+        """{tier: entries, bytes, capacity_bytes, hits, misses, evictions, ...} for /admin and /metrics."""
+        out = {}
+        for report in self.store.stats():
+            c = report.counters
+            out[report.name] = {"entries": report.num_entries, "bytes": report.used_bytes,
+                                "capacity_bytes": report.capacity_bytes, "hits": c.hits, "misses": c.misses,
+                                "available": report.available, "pinned": report.num_pinned,
+                                "evictions": c.evictions, "demotions": c.demotions,
+                                "promotions": c.promotions, "corrupt": c.corrupt}
+        return out
+
+    def evict(self, tier: str | None, chunk_id: int | None, policy: str | None,
+              num_bytes: int | None) -> tuple[int, int]:
+        """Evict a chunk's variants everywhere, and/or free bytes in a tier by policy (demoting)."""
+        if tier is not None and tier not in self.store.names:
+            raise InvalidRequest(f"unknown tier {tier!r}; this store has {', '.join(self.store.names)}")
+        if policy is not None and policy not in KNOWN_POLICIES:
+            raise InvalidRequest(f"unknown policy {policy!r}; use one of {', '.join(KNOWN_POLICIES)}")
+        entries = freed = 0
+        if chunk_id is not None:
+            removed = [v for v in self.cache.catalog.variants_of_chunk(chunk_id, status=None)
+                       if self.store.remove(v.store_key)]
+            self.cache.catalog.mark_missing([v.store_key for v in removed])
+            entries, freed = len(removed), sum(v.num_bytes for v in removed)
+        if tier is not None or num_bytes is not None:
+            moved = self.store.evict(tier or self.store.names[0], num_bytes, policy)
+            entries, freed = entries + moved[0], freed + moved[1]
+        return entries, freed
+
+    def clear(self) -> tuple[int, int]:
+        """Drop every entry from every tier and mark the variants missing; (entries, bytes freed)."""
+        before = sum(s["bytes"] for s in self.tier_stats().values())
+        keys = self.store.clear()
+        self.cache.catalog.mark_missing(keys)
+        return len(keys), before - sum(s["bytes"] for s in self.tier_stats().values())
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def open_chunk_cache(settings, catalog, engine) -> ServiceChunkCache:
+    """The store from settings, joined to the catalog; reconciled before the first request."""
+    config = settings.store_config()
+    cache = ChunkKVCache(engine, create_store(config), catalog, storage_dtype=config.storage_dtype,
+                         prefetch_layers=config.prefetch_layers)
+    cache.reconcile()
+    return ServiceChunkCache(cache)
+
+
+def _label(context: Sequence[str], computed: bool) -> str:
+    if computed:
+        return "base (computed now)"
+    return "base" if not context else f"after {context_signature(context)}"

@@ -1,0 +1,80 @@
+"""`kvmosaic ask "question"`: answer from the command line, in-process or via a running server."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from app.cli.common import add_settings_arguments, settings_from
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("ask", help="answer a question over the ingested documents")
+    add_settings_arguments(parser)
+    parser.add_argument("question")
+    parser.add_argument("--mode", default=None, help="recompute mode (default: KVMOSAIC_DEFAULT_MODE)")
+    parser.add_argument("--top-k", type=int, default=None, help="chunks to retrieve")
+    parser.add_argument("--ratio", type=float, default=None, help="recompute ratio for cacheblend")
+    parser.add_argument("--max-tokens", type=int, default=None)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--server", default=None, help="ask a running server, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--json", action="store_true", help="print the full report as JSON")
+    parser.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    body = {"question": args.question, "mode": args.mode, "top_k": args.top_k, "ratio": args.ratio,
+            "max_tokens": args.max_tokens, "temperature": args.temperature}
+    body = {k: v for k, v in body.items() if v is not None}
+    report = ask_server(args.server, body) if args.server else ask_here(args, body)
+    if report is None:
+        return 1
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_report(report)
+    return 0
+
+
+def ask_here(args, body: dict) -> dict:
+    from app.report import ask_response
+    from app.services import Services
+
+    services = Services.start(settings_from(args))
+    try:
+        query = services.rag.query(**{k: v for k, v in body.items() if k != "question"}, question=body["question"])
+        answer = services.rag.ask(query, on_piece=None if args.json else _echo)
+        if not args.json:
+            print()
+        return ask_response(answer).model_dump(mode="json")
+    finally:
+        services.close()
+
+
+def ask_server(url: str, body: dict) -> dict | None:
+    import httpx
+
+    with httpx.Client(base_url=url, timeout=300) as client:
+        response = client.post("/ask", json=body)
+    if response.status_code != 200:
+        print(f"kvmosaic: {response.status_code}: {response.json()['error']['message']}", file=sys.stderr)
+        return None
+    report = response.json()
+    print(report["answer"])
+    return report
+
+
+def print_report(report: dict) -> None:
+    t, u = report["timings"], report["usage"]
+    print(f"\nmode {report['mode']}: TTFT {t['ttft_ms']:.0f} ms (retrieve {t['retrieve_ms']:.0f}, load "
+          f"{t['load_ms']:.0f}, prefill {t['prefill_ms']:.0f}), decode {t['decode_ms']:.0f} ms, total "
+          f"{t['total_ms']:.0f} ms; recomputed {u['recomputed_tokens']}/{u['context_tokens']} context tokens")
+    for c in report["chunks"]:
+        stop = f", stopped at layer {c['stopped_layer']}" if c["stopped_layer"] is not None else ""
+        print(f"  {c['score']:.3f}  {c['document'][:40]:40}  reused {c['reused']:4} recomputed "
+              f"{c['recomputed']:4}  variant {c['variant']}{stop}")
+
+
+def _echo(piece: str) -> None:
+    sys.stdout.write(piece)
+    sys.stdout.flush()

@@ -1,0 +1,27 @@
+"""`kvmosaic serve`: run the HTTP server (API, web demo, metrics) with uvicorn."""
+
+from __future__ import annotations
+
+from app.cli.common import add_settings_arguments, settings_from
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("serve", help="run the HTTP server and web demo")
+    add_settings_arguments(parser)
+    parser.add_argument("--host", default=None, help="overrides KVMOSAIC_HOST (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="overrides KVMOSAIC_PORT (default 8000)")
+    parser.add_argument("--workers", type=int, default=None, help="engine threads (KVMOSAIC_WORKERS)")
+    parser.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    import uvicorn
+
+    from app.main import create_app
+
+    settings = settings_from(args, host=args.host, port=args.port, workers=args.workers)
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    app = create_app(settings, announce=f"http://{host}:{settings.port}/")
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                timeout_graceful_shutdown=10)
+    return 0

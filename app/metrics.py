@@ -1,0 +1,81 @@
+"""Prometheus metrics of one app instance (its own registry, so several apps can coexist in tests).
+
+Request counts and latencies are recorded by a middleware under the route template, never
+the raw path, so label cardinality stays bounded. Cache hits per tier and queue depth are
+read from the store and the queue at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+SHARE_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("kvmosaic_http_requests", "HTTP requests by route, method and status",
+                                ["route", "method", "status"], registry=r)
+        self.latency = Histogram("kvmosaic_http_request_seconds", "HTTP request latency by route",
+                                 ["route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("kvmosaic_ttft_seconds", "Time to first token (after retrieval) by mode",
+                              ["mode"], buckets=TTFT_BUCKETS, registry=r)
+        self.stage = Histogram("kvmosaic_stage_seconds", "Time per request stage",
+                               ["stage"], buckets=LATENCY_BUCKETS, registry=r)
+        self.recompute_share = Histogram("kvmosaic_recompute_share", "Share of context tokens recomputed",
+                                         ["mode"], buckets=SHARE_BUCKETS, registry=r)
+        self.answers = Counter("kvmosaic_answers", "Answered questions by mode", ["mode"], registry=r)
+        self.generated_tokens = Counter("kvmosaic_generated_tokens", "Generated answer tokens", registry=r)
+        self.rejected = Counter("kvmosaic_rejected_requests", "Requests refused with 503 (queue full)",
+                                registry=r)
+
+    def observe_answer(self, mode: str, ttft_s: float, share: float, stages: dict[str, float],
+                       generated: int) -> None:
+        self.answers.labels(mode).inc()
+        self.ttft.labels(mode).observe(ttft_s)
+        self.recompute_share.labels(mode).observe(share)
+        for stage, seconds in stages.items():
+            self.stage.labels(stage).observe(seconds)
+        self.generated_tokens.inc(generated)
+
+    def add_collector(self, collector: Collector) -> None:
+        self.registry.register(collector)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class LiveCollector(Collector):
+    """Reads live figures at scrape time: queue depth and the store's per-tier counters.
+
+    `tier_stats` returns {tier: {"hits", "misses", "entries", "bytes", "capacity_bytes"}}.
+    """
+
+    def __init__(self, queue, tier_stats: Callable[[], dict[str, dict]]):
+        self.queue = queue
+        self.tier_stats = tier_stats
+
+    def collect(self) -> Iterable:
+        depth = GaugeMetricFamily("kvmosaic_queue_requests", "Requests in the work queue", labels=["state"])
+        depth.add_metric(["running"], self.queue.running)
+        depth.add_metric(["waiting"], self.queue.waiting)
+        yield depth
+        stats = self.tier_stats()
+        lookups = CounterMetricFamily("kvmosaic_cache_lookups", "KV store lookups by tier and result",
+                                      labels=["tier", "result"])
+        size = GaugeMetricFamily("kvmosaic_cache_bytes", "KV bytes held per tier", labels=["tier"])
+        entries = GaugeMetricFamily("kvmosaic_cache_entries", "KV entries held per tier", labels=["tier"])
+        for tier, s in stats.items():
+            lookups.add_metric([tier, "hit"], s.get("hits", 0))
+            lookups.add_metric([tier, "miss"], s.get("misses", 0))
+            size.add_metric([tier], s.get("bytes", 0))
+            entries.add_metric([tier], s.get("entries", 0))
+        yield from (lookups, size, entries)

@@ -1,0 +1,86 @@
+"""A bounded work queue that runs engine work off the event loop.
+
+`workers` threads run jobs; at most `queue_size` more jobs wait. A job submitted beyond that
+is refused at once with `QueueFull` (the API turns it into 503 + Retry-After) rather than
+waiting without bound: an overloaded server answers quickly instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class QueueFull(Exception):
+    """Every worker is busy and the waiting line is full; retry after `retry_after_s`."""
+
+    def __init__(self, retry_after_s: int):
+        super().__init__(f"the server is busy; retry in {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+class WorkQueue:
+    def __init__(self, workers: int, queue_size: int, retry_after_s: int = 2):
+        self.workers = workers
+        self.capacity = workers + queue_size
+        self.retry_after_s = retry_after_s
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvmosaic-worker")
+        self._lock = threading.Lock()
+        self._pending = 0  # running + waiting
+        self._running = 0
+        self.num_rejected = 0
+        self.num_completed = 0
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    @property
+    def waiting(self) -> int:
+        return self._pending - self._running
+
+    def can_submit(self) -> bool:
+        return self._pending < self.capacity
+
+    def submit(self, fn: Callable[..., T], *args) -> Future:
+        """Start `fn(*args)` on a worker, or raise QueueFull at once."""
+        with self._lock:
+            if self._pending >= self.capacity:
+                self.num_rejected += 1
+                raise QueueFull(self.retry_after_s)
+            self._pending += 1
+        try:
+            return self._executor.submit(self._run, fn, *args)
+        except RuntimeError:  # shut down
+            self._finish(started=False)
+            raise QueueFull(self.retry_after_s) from None
+
+    async def run(self, fn: Callable[..., T], *args) -> T:
+        """Submit and await the result from the event loop."""
+        return await asyncio.wrap_future(self.submit(fn, *args))
+
+    def shutdown(self, wait: bool = True) -> None:
+        self._executor.shutdown(wait=wait, cancel_futures=True)
+
+    def _run(self, fn: Callable[..., T], *args) -> T:
+        with self._lock:
+            self._running += 1
+        try:
+            return fn(*args)
+        finally:
+            self._finish(started=True)
+
+    def _finish(self, started: bool) -> None:
+        with self._lock:
+            self._pending -= 1
+            self._running -= int(started)
+            self.num_completed += int(started)

@@ -1,0 +1,44 @@
+"""Turn an `Answer` into the API's report: per-chunk facts, timings in ms, token usage."""
+
+from __future__ import annotations
+
+from app.schemas.ask import AskResponse, ChunkOut, Timings, Usage
+from app.service import Answer
+
+
+def ask_response(answer: Answer, tokenizer=None) -> AskResponse:
+    """`tokenizer` given: add each chunk's token pieces and recomputed offsets (explain)."""
+    result = answer.result
+    chunks = [chunk_out(r, report, variant, result.mode, tokenizer)
+              for r, report, variant in zip(answer.retrieved, result.chunks, answer.variants)]
+    return AskResponse(answer=answer.text, mode=result.mode, finish_reason=answer.finish_reason,
+                       fallback_reason=result.fallback_reason, chunks=chunks, timings=timings(answer),
+                       usage=usage(answer))
+
+
+def chunk_out(retrieved, report, variant: str, mode: str, tokenizer) -> ChunkOut:
+    out = ChunkOut(
+        chunk_id=retrieved.chunk.id, document_id=retrieved.document.id, document=retrieved.document.title,
+        source=retrieved.document.source, ordinal=retrieved.chunk.ordinal, score=round(retrieved.score, 4),
+        text=retrieved.chunk.text, strategy=getattr(report, "strategy", None) or mode, tokens=report.tokens,
+        reused=report.reused, recomputed=report.recomputed, compute_share=round(report.compute_share, 4),
+        cached=report.cached, variant=variant, stopped_layer=getattr(report, "stopped_layer", None))
+    if tokenizer is not None:
+        out.token_texts = [tokenizer.decode([t]) for t in retrieved.token_ids]
+        out.recomputed_offsets = list(getattr(report, "recomputed_offsets", ()))
+    return out
+
+
+def timings(answer: Answer) -> Timings:
+    ms = {k: round(v * 1000, 2) for k, v in answer.stages.items()}
+    return Timings(retrieve_ms=ms.get("retrieve", 0.0), load_ms=ms.get("load", 0.0),
+                   prefill_ms=ms.get("prefill", 0.0), ttft_ms=round(ms.get("load", 0.0) + ms.get("prefill", 0.0), 2),
+                   decode_ms=ms.get("decode", 0.0), store_ms=ms.get("store", 0.0), total_ms=ms.get("total", 0.0))
+
+
+def usage(answer: Answer) -> Usage:
+    result = answer.result
+    prompt, completion = result.layout.total_len, len(result.generated_ids)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                 context_tokens=result.context_tokens, recomputed_tokens=result.recomputed_tokens,
+                 recompute_share=round(result.recompute_share, 4))

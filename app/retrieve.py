@@ -1,0 +1,56 @@
+"""Retrieval for one question: FAISS hits → catalog chunks with their documents and token ids.
+
+The index and the catalog can briefly disagree (a document deleted while a request runs):
+hits whose chunk is gone are dropped, never served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine.catalog import ChunkRecord, DocumentRecord
+from engine.errors import InvalidRequest
+
+
+@dataclass(frozen=True)
+class Retrieved:
+    """One retrieved chunk, in retrieval order: its row, its document, its prompt token ids."""
+
+    chunk: ChunkRecord
+    document: DocumentRecord
+    score: float
+    token_ids: tuple[int, ...]
+
+    @property
+    def chunk_id(self) -> int:
+        return self.chunk.id
+
+
+def retrieve_chunks(retriever, catalog, engine, question: str, top_k: int) -> list[Retrieved]:
+    """The top_k chunks for the question, best first; InvalidRequest if nothing is ingested."""
+    hits = retriever.search(question, top_k)
+    if not hits:
+        raise InvalidRequest("no documents are ingested yet: add some with POST /documents or `kvmosaic ingest`")
+    rows = catalog.get_chunks([h.chunk_id for h in hits])
+    documents = _documents(catalog, [r.document_id for r in rows if r is not None])
+    found = [(hit, row) for hit, row in zip(hits, rows) if row is not None and row.document_id in documents]
+    if not found:
+        raise InvalidRequest("the retrieved chunks were just deleted; ask again")
+    return [Retrieved(row, documents[row.document_id], hit.score,
+                      chunk_token_ids(engine, row.text, documents[row.document_id].title))
+            for hit, row in found]
+
+
+def chunk_token_ids(engine, text: str, title: str) -> tuple[int, ...]:
+    """The ids a chunk has in every prompt (and in its cached KV): title, blank line, text."""
+    return engine.chunk_ids(text, title)
+
+
+def _documents(catalog, ids: Sequence[int]) -> dict[int, DocumentRecord]:
+    out = {}
+    for document_id in dict.fromkeys(ids):
+        document = catalog.get_document(document_id)
+        if document is not None:
+            out[document_id] = document
+    return out

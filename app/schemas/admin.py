@@ -1,0 +1,52 @@
+"""`/admin`: store and catalog statistics, eviction, cache clearing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class TierStats(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    entries: int
+    bytes: int
+    capacity_bytes: int | None
+    hits: int
+    misses: int
+    hit_rate: float | None
+
+
+class AdminStats(BaseModel):
+    tiers: dict[str, TierStats]
+    documents: int
+    chunks: int
+    variants: dict[str, int] = Field(description="ready / missing")
+    requests: dict[str, Any] = Field(description="answered, per mode, rejected, queue")
+    mean_recompute_share: float | None
+    index_rows: int
+    model: str
+    reuse_available: bool
+
+
+class EvictRequest(BaseModel):
+    """Say what to evict: a tier, a chunk, and/or bytes to free by a policy."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tier: str | None = None
+    chunk_id: int | None = None
+    policy: str | None = Field(default=None, description="lru, lfu or value (default: the store's)")
+    bytes: int | None = Field(default=None, ge=1, description="free at least this many bytes")
+
+    @model_validator(mode="after")
+    def _something(self):
+        if self.tier is None and self.chunk_id is None and self.bytes is None:
+            raise ValueError("give at least one of tier, chunk_id, bytes")
+        return self
+
+
+class EvictResult(BaseModel):
+    evicted_entries: int
+    freed_bytes: int

@@ -1,0 +1,80 @@
+"""`POST /ask`: the question, and the answer with its per-chunk report, timings and usage."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class AskRequest(BaseModel):
+    """Defaults (top_k, mode, max_tokens, ratio) come from the server settings when omitted."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(min_length=1, description="the question; its length limit is a setting")
+    top_k: int | None = Field(default=None, ge=1, le=20, description="chunks to retrieve (1-20)")
+    mode: str | None = Field(default=None, description="recompute mode (see GET /modes)")
+    ratio: float | None = Field(default=None, ge=0.0, le=1.0, description="cacheblend recompute ratio")
+    max_tokens: int | None = Field(default=None, ge=1, description="answer token budget")
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 = greedy")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stream: bool = Field(default=False, description="Server-Sent Events: piece*, then report")
+    explain: bool = Field(default=False, description="add each chunk's tokens and recomputed offsets")
+
+
+class ChunkOut(BaseModel):
+    chunk_id: int
+    document_id: int
+    document: str = Field(description="the document's title")
+    source: str
+    ordinal: int
+    score: float = Field(description="cosine similarity to the question")
+    text: str
+    strategy: str = Field(description="the mode that handled the chunk")
+    tokens: int
+    reused: int = Field(description="tokens whose cached KV was kept")
+    recomputed: int
+    compute_share: float = Field(description="layer-rows computed / (tokens x layers)")
+    cached: bool = Field(description="a cached KV was found for the chunk")
+    variant: str = Field(description="'base' or the context (chunk ids) the KV was computed under")
+    stopped_layer: int | None = Field(default=None, description="layer where recompute stopped early")
+    token_texts: list[str] | None = None
+    recomputed_offsets: list[int] | None = None
+
+
+class Timings(BaseModel):
+    """Milliseconds. ttft = load + prefill: from after retrieval to the first token's logits."""
+
+    retrieve_ms: float
+    load_ms: float
+    prefill_ms: float
+    ttft_ms: float
+    decode_ms: float
+    store_ms: float
+    total_ms: float
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    context_tokens: int
+    recomputed_tokens: int
+    recompute_share: float
+
+
+class AskResponse(BaseModel):
+    answer: str
+    mode: str
+    finish_reason: str = Field(description="'stop' (end of answer), 'length' (token budget) or 'cancelled'")
+    fallback_reason: str | None = None
+    chunks: list[ChunkOut]
+    timings: Timings
+    usage: Usage
+
+
+class ModesResponse(BaseModel):
+    modes: list[str] = Field(description="every mode the engine has registered")
+    default: str
+    top_k: int = Field(description="default number of chunks")
+    max_tokens: int = Field(description="default answer token budget")

@@ -1,0 +1,103 @@
+"""`POST /v1/chat/completions` in the OpenAI shape, plus kvmosaic's optional extras.
+
+Only what a RAG answer needs is honoured: the last user message is the question (earlier
+turns and client system messages are ignored: the system prefix is fixed so its KV is
+reused), `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stream`
+and `stream_options.include_usage`. Unknown OpenAI fields are accepted and ignored.
+Extras (`extra_body` in the openai client): `mode`, `top_k`, `ratio`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text or "" for p in self.content if p.type == "text")
+        return self.content or ""
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    seed: int | None = None
+    n: int | None = Field(default=None, ge=1, le=1, description="only one choice is supported")
+    mode: str | None = None
+    top_k: int | None = Field(default=None, ge=1, le=20)
+    ratio: float | None = Field(default=None, ge=0.0, le=1.0)
+
+    def question(self) -> str:
+        """The last user message's text ('' if there is none)."""
+        for message in reversed(self.messages):
+            if message.role == "user":
+                return message.text()
+        return ""
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str
+
+
+class ChatUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: ChatUsage
+    kvmosaic: dict[str, Any] | None = Field(default=None, description="the /ask report (chunks, timings)")
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "kvmosaic"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,49 @@
+"""`/documents`: add text (JSON or file upload), list, show and delete documents."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class DocumentIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(min_length=1, description="UTF-8 text or markdown; size limit is a setting")
+    title: str | None = Field(default=None, max_length=1000, description="default: first heading")
+    source: str | None = Field(default=None, max_length=1000, description="where it came from")
+
+
+class DocumentOut(BaseModel):
+    id: int
+    title: str
+    source: str
+    content_hash: str
+    num_chunks: int
+    created_at: datetime
+
+
+class IngestOut(BaseModel):
+    document: DocumentOut
+    created: bool = Field(description="false: the same content was already ingested")
+    num_tokens: int
+    seconds: float
+
+
+class DocumentList(BaseModel):
+    documents: list[DocumentOut]
+    total: int
+    offset: int
+    limit: int
+
+
+class ChunkBrief(BaseModel):
+    id: int
+    ordinal: int
+    num_tokens: int
+    text: str
+
+
+class DocumentDetail(DocumentOut):
+    chunks: list[ChunkBrief]

