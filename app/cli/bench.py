@@ -1,4 +1,4 @@
-"""`kvmosaic bench fidelity ...`: benchmarks that print ratios measured in the same run."""
+"""`kvmosaic bench fidelity|kernels ...`: benchmarks that print ratios measured in the same run."""
 
 from __future__ import annotations
 
@@ -21,6 +21,17 @@ def add_parser(subparsers) -> None:
     fidelity.add_argument("--max-new-tokens", type=int, default=32)
     fidelity.add_argument("--json", type=Path, default=None, help="also write the figures here")
     fidelity.set_defaults(handler=run_fidelity)
+    add_kernels_parser(kinds)
+
+
+def add_kernels_parser(kinds) -> None:
+    kernels = kinds.add_parser("kernels", help="each CUDA kernel against its PyTorch eager twin")
+    kernels.add_argument("--device", default="cuda", help="cuda (cpu only smoke-tests the host twins)")
+    kernels.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
+    kernels.add_argument("--tokens", type=int, default=1536, help="prompt rows (default 1536)")
+    kernels.add_argument("--repeats", type=int, default=200, help="timed calls per op (default 200)")
+    kernels.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    kernels.set_defaults(handler=run_kernels)
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,5 +73,21 @@ def run_fidelity(args) -> int:
     print(format_table(summaries))
     if args.json:
         write_json(summaries, options, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def run_kernels(args) -> int:
+    import torch
+
+    from engine.bench.kernels import KernelBenchOptions, format_table, run_kernel_bench, write_json
+
+    options = KernelBenchOptions(device=args.device, dtype=getattr(torch, args.dtype), tokens=args.tokens,
+                                 repeats=args.repeats)
+    timings = run_kernel_bench(options)
+    print(f"kernels vs PyTorch eager twins on {args.device}, {args.dtype}, {args.tokens} prompt rows")
+    print(format_table(timings))
+    if args.json:
+        write_json(timings, options, args.json)
         print(f"wrote {args.json}")
     return 0

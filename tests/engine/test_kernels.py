@@ -263,3 +263,12 @@ def test_build_is_cached_by_key(monkeypatch, tmp_path):
     other = build.build(arch="100", cache_dir=tmp_path)
     assert other != first and calls == ["90", "100"]
     assert sorted(p.name for p in first.parent.iterdir()) == [build.LIBRARY_NAME]  # no temporary left behind
+
+
+def test_kernel_bench_runs_on_the_host_twins(lib):
+    from engine.bench.kernels import KernelBenchOptions, format_table, run_kernel_bench
+
+    options = KernelBenchOptions(device="cpu", layers=2, tokens=64, chunk_tokens=16, repeats=1, warmup=0)
+    timings = run_kernel_bench(options, lib)
+    assert len(timings) == 7 and all(t.max_diff < 1e-2 for t in timings)
+    assert "speedup" in format_table(timings)
