@@ -91,6 +91,7 @@ class LoadedChunks:
             total.load_s += source.stats.load_s
             total.wait_s += source.stats.wait_s
             total.layers_read += source.stats.layers_read
+            total.layers_wasted += source.stats.layers_wasted
             total.fell_back |= source.stats.fell_back
         return total
 

@@ -32,7 +32,8 @@ from engine.store.lazy import LazyChunkKV, LoadStats
 from engine.store.policy import create_policy
 from engine.store.registry import TIERS, create_store, create_tier
 from engine.store.stats import TierCounters, TierReport
-from engine.store.tiered import Opened, StoreListener, TieredStore
+from engine.store.events import StoreListener
+from engine.store.tiered import Opened, TieredStore
 
 __all__ = [
     "TIERS",

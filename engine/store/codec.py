@@ -149,15 +149,20 @@ def decode_layer(layout: EntryLayout, index: int, raw: bytes | bytearray | memor
 
 
 def decode(data: bytes | bytearray | memoryview) -> KVEntry:
-    """A whole serialized entry, every layer verified; kv: [layers, 2, kv_heads, tokens, head_dim]."""
+    """A whole serialized entry, every layer verified; kv: [layers, 2, kv_heads, tokens, head_dim].
+
+    A bytearray is wrapped without copying (the tensor then owns it); anything else is copied once.
+    """
     view = memoryview(data).cast("B")
     length = header_length(bytes(view[:8]))
     layout = parse_header(bytes(view[:8 + length]), len(view))
     for i, (start, end) in enumerate(layout.offsets):
         verify_layer(layout, i, view[start:end])
-    payload = bytearray(view[layout.offsets[0][0]:layout.total_size])
-    kv = torch.frombuffer(payload, dtype=layout.meta.torch_dtype).view(layout.meta.shape)
-    return KVEntry(layout.meta, kv)
+    start = layout.offsets[0][0]
+    buffer, offset = (data, start) if isinstance(data, bytearray) else (bytearray(view[start:]), 0)
+    count = layout.meta.num_bytes // layout.meta.torch_dtype.itemsize
+    kv = torch.frombuffer(buffer, dtype=layout.meta.torch_dtype, count=count, offset=offset)
+    return KVEntry(layout.meta, kv.view(layout.meta.shape))
 
 
 def _header_crc(meta_json: str, checksums_json: str) -> int:

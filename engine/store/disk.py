@@ -99,11 +99,13 @@ class DiskTier(BaseTier):
 
     def get(self, key: str) -> KVEntry | None:
         try:
-            data = self.path(key).read_bytes()
+            with open(self.path(key), "rb", buffering=0) as f:
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                _read_fully(f, data)
         except FileNotFoundError:
             self._forget(key)
             return None
-        return codec.decode(data)
+        return codec.decode(data)  # wraps `data` without another copy
 
     def open(self, key: str) -> EntryReader | None:
         try:
@@ -181,6 +183,15 @@ class DiskTier(BaseTier):
                 path.unlink(missing_ok=True)
                 continue
             self._account(key, size)
+
+
+def _read_fully(f, data: bytearray) -> None:
+    view, done = memoryview(data), 0
+    while done < len(data):
+        got = f.readinto(view[done:])
+        if not got:
+            raise CorruptEntry(f"entry file shrank while being read ({done} of {len(data)} bytes)")
+        done += got
 
 
 def _fsync_directory(directory: Path) -> None:

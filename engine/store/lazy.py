@@ -14,7 +14,6 @@ A layer that fails its checksum is never returned: the source reports the entry 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -31,14 +30,16 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class LoadStats:
-    """Time spent reading layers in the background, and time the caller waited for them.
+    """Reading time of the layers the caller used, and how long it waited for them.
 
-    The share of load time hidden behind compute is 1 - wait_s / load_s.
+    The share of load time hidden behind compute is 1 - wait_s / load_s. Layers read
+    ahead but then skipped by the runner count in `layers_wasted` only.
     """
 
     load_s: float = 0.0
     wait_s: float = 0.0
     layers_read: int = 0
+    layers_wasted: int = 0
     fell_back: bool = False
 
 
@@ -63,7 +64,6 @@ class LazyChunkKV:
         self._fallback, self._on_corrupt = fallback, on_corrupt
         self._fallback_kv: ChunkKV | None = None
         self._futures: dict[int, Future] = {}
-        self._stats_lock = threading.Lock()
         self._closed = False
         self._schedule(0)
 
@@ -80,11 +80,13 @@ class LazyChunkKV:
         self._drop_before(index)
         started = time.perf_counter()
         try:
-            tensor = future.result()
+            tensor, read_s = future.result()
         except CorruptEntry as exc:
             return self._switch_to_fallback(index, exc)
         finally:
             self.stats.wait_s += time.perf_counter() - started
+        self.stats.load_s += read_s
+        self.stats.layers_read += 1
         return tensor
 
     def close(self) -> None:
@@ -109,16 +111,15 @@ class LazyChunkKV:
     def _drop_before(self, index: int) -> None:
         """Layers below `index` were skipped by the runner: do not read them."""
         for passed in [i for i in self._futures if i < index]:
-            self._futures.pop(passed).cancel()
+            if not self._futures.pop(passed).cancel():
+                self.stats.layers_wasted += 1  # already read or being read
 
-    def _read(self, index: int) -> torch.Tensor:
+    def _read(self, index: int) -> tuple[torch.Tensor, float]:
+        """Layer `index` converted for the engine, and the seconds it took (background thread)."""
         started = time.perf_counter()
         stored = self._reader.layer(index)  # verified bytes, storage dtype
         tensor = stored.to(device=self._device, dtype=self._dtype)
-        with self._stats_lock:
-            self.stats.load_s += time.perf_counter() - started
-            self.stats.layers_read += 1
-        return tensor
+        return tensor, time.perf_counter() - started
 
     def _switch_to_fallback(self, index: int, exc: CorruptEntry) -> torch.Tensor:
         log.warning("stored KV layer %d is corrupt (%s); %s", index, exc,

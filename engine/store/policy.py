@@ -11,6 +11,8 @@ Each policy ranks candidates by a sort key; the smallest key is evicted first.
 
 from __future__ import annotations
 
+import itertools
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
@@ -80,3 +82,37 @@ def create_policy(name: str) -> BaseEvictionPolicy:
     if name not in POLICIES:
         raise ValueError(f"unknown eviction policy {name!r}; use one of {', '.join(POLICIES)}")
     return POLICIES[name]()
+
+
+class UsageBook:
+    """Thread-safe `Usage` per key, with a logical clock for recency."""
+
+    def __init__(self) -> None:
+        self._usage: dict[str, Usage] = {}
+        self._clock = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Usage:
+        """A copy of what is known of `key` (a blank Usage if nothing)."""
+        with self._lock:
+            found = self._usage.get(key)
+            return Usage(**vars(found)) if found else Usage()
+
+    def used(self, key: str, num_tokens: int, hit: bool) -> None:
+        """`key` was just stored (hit False) or served (hit True)."""
+        with self._lock:
+            usage = self._usage.setdefault(key, Usage())
+            usage.last_access, usage.num_tokens = next(self._clock), num_tokens
+            usage.access_count += int(hit)
+
+    def seed(self, key: str, access_count: int | None = None, savings: float | None = None) -> None:
+        with self._lock:
+            usage = self._usage.setdefault(key, Usage())
+            if access_count is not None:
+                usage.access_count = int(access_count)
+            if savings is not None:
+                usage.savings = float(savings)
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._usage.pop(key, None)

@@ -1,9 +1,10 @@
 """The `redis` tier: entries as Redis strings, shared by every server replica.
 
 Keys: `<prefix><key>` holds the serialized entry (same safetensors bytes as on disk);
-`<prefix>index` is a hash {key: payload bytes} and `<prefix>bytes` their sum. Puts and
-removes run as Lua scripts, so the value, the index and the byte counter change together
-and replicas agree on the accounting. Layers are read with GETRANGE, one layer per call.
+`<prefix>index` is a hash {key: payload bytes}. Puts and removes change the value and the
+index in one MULTI/EXEC transaction, so replicas agree on the accounting (`used_bytes` sums
+the index). Layers are read with GETRANGE, one layer per call. Install `hiredis` (a
+dependency) for fast replies: redis-py's pure-Python parser reads large values ~4x slower.
 
 Caveats: pins are local to this process (another replica may evict an entry this one is
 reading; the read then fails its checksum or length check and becomes a miss). Give Redis
@@ -31,31 +32,6 @@ T = TypeVar("T")
 # Bytes read on open: the whole header of any realistic entry (~100 bytes per layer).
 _HEAD_READ = 1 << 16
 
-_PUT = """
-local old = redis.call('HGET', KEYS[2], ARGV[1])
-redis.call('SET', KEYS[1], ARGV[2])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-redis.call('INCRBY', KEYS[3], tonumber(ARGV[3]) - tonumber(old or 0))
-return 1
-"""
-_REMOVE = """
-local old = redis.call('HGET', KEYS[2], ARGV[1])
-local existed = redis.call('DEL', KEYS[1])
-if old then
-  redis.call('HDEL', KEYS[2], ARGV[1])
-  redis.call('DECRBY', KEYS[3], tonumber(old))
-end
-return existed
-"""
-_DROP_STALE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-local old = redis.call('HGET', KEYS[2], ARGV[1])
-if not old then return 0 end
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('DECRBY', KEYS[3], tonumber(old))
-return 1
-"""
-
 
 class _RedisReader(EntryReader):
     def __init__(self, tier: RedisTier, key: str, layout: codec.EntryLayout):
@@ -80,12 +56,9 @@ class RedisTier(BaseTier):
         self.url, self.prefix = url, prefix
         self._client = redis_lib.Redis.from_url(url, socket_timeout=timeout_s,
                                                 socket_connect_timeout=timeout_s)
-        self._index_key, self._bytes_key = f"{prefix}index", f"{prefix}bytes"
+        self._index_key = f"{prefix}index"
         if check:
             self.ping()
-        self._put_script = self._client.register_script(_PUT)
-        self._remove_script = self._client.register_script(_REMOVE)
-        self._drop_stale_script = self._client.register_script(_DROP_STALE)
 
     @classmethod
     def from_config(cls, config: StoreConfig, check: bool = True) -> RedisTier:
@@ -110,9 +83,13 @@ class RedisTier(BaseTier):
         return bool(self._call(lambda c: c.exists(self.data_key(key))))
 
     def put(self, key: str, entry: KVEntry) -> None:
-        data = codec.encode(entry)
-        keys = [self.data_key(key), self._index_key, self._bytes_key]
-        self._call(lambda c: self._put_script(keys=keys, args=[key, data, entry.num_bytes], client=c))
+        data, data_key = codec.encode(entry), self.data_key(key)
+
+        def write(client: redis_lib.Redis) -> None:
+            with client.pipeline(transaction=True) as pipe:  # value and index change together
+                pipe.set(data_key, data).hset(self._index_key, key, entry.num_bytes).execute()
+
+        self._call(write)
 
     def get(self, key: str) -> KVEntry | None:
         data = self._call(lambda c: c.get(self.data_key(key)))
@@ -139,21 +116,40 @@ class RedisTier(BaseTier):
         return _RedisReader(self, key, codec.parse_header(head, size))
 
     def _discard(self, key: str) -> bool:
-        keys = [self.data_key(key), self._index_key, self._bytes_key]
-        return bool(self._call(lambda c: self._remove_script(keys=keys, args=[key], client=c)))
+        data_key = self.data_key(key)
+
+        def delete(client: redis_lib.Redis) -> bool:
+            with client.pipeline(transaction=True) as pipe:
+                existed, _ = pipe.delete(data_key).hdel(self._index_key, key).execute()
+                return bool(existed)
+
+        return self._call(delete)
 
     def keys(self) -> dict[str, int]:
         raw = self._call(lambda c: c.hgetall(self._index_key))
         return {k.decode(): int(v) for k, v in raw.items()}
 
     def used_bytes(self) -> int:
-        return int(self._call(lambda c: c.get(self._bytes_key)) or 0)
+        return sum(int(v) for v in self._call(lambda c: c.hvals(self._index_key)))
 
     def close(self) -> None:
         self._client.close()
 
     def _drop_stale_index(self, key: str) -> None:
         """The value is gone but the index may still list it (Redis evicted it): clean up."""
-        keys = [self.data_key(key), self._index_key, self._bytes_key]
-        if self._call(lambda c: self._drop_stale_script(keys=keys, args=[key], client=c)):
+        data_key = self.data_key(key)
+
+        def drop(client: redis_lib.Redis) -> bool:
+            with client.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(data_key)  # a put of the key in between aborts the clean-up
+                    if pipe.exists(data_key) or not pipe.hexists(self._index_key, key):
+                        return False
+                    pipe.multi()
+                    pipe.hdel(self._index_key, key)
+                    return bool(pipe.execute()[0])
+                except redis_lib.WatchError:
+                    return False
+
+        if self._call(drop):
             log.warning("redis value of %s vanished; dropped it from the index", key)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from dataclasses import asdict, dataclass, fields
 
+from engine.store.base import EntryReader
+
 
 @dataclass
 class TierCounters:
@@ -53,3 +55,18 @@ class CounterBook:
         with self._lock:
             c = self._counters[tier]
             return TierCounters(**{f.name: getattr(c, f.name) for f in fields(c)})
+
+
+class CountedReader(EntryReader):
+    """Wraps a tier's reader so that every layer read adds to the tier's `bytes_read`."""
+
+    def __init__(self, inner: EntryReader, book: CounterBook, tier: str):
+        self.meta, self._inner, self._book, self._tier = inner.meta, inner, book, tier
+
+    def layer(self, index: int):
+        tensor = self._inner.layer(index)
+        self._book.add(self._tier, bytes_read=tensor.numel() * tensor.element_size())
+        return tensor
+
+    def close(self) -> None:
+        self._inner.close()

@@ -18,18 +18,18 @@ Writes (put, evictions, promotion, remove) are serialized by one lock; reads are
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 from engine.store.base import BaseTier, EntryReader, TierUnavailable, check_key
-from engine.store.entry import CorruptEntry, EntryExpectation, EntryMeta, KVEntry
-from engine.store.policy import BaseEvictionPolicy, Candidate, LruPolicy, Usage, create_policy
-from engine.store.stats import CounterBook, TierReport
+from engine.store.entry import CorruptEntry, EntryExpectation, KVEntry
+from engine.store.policy import BaseEvictionPolicy, Candidate, LruPolicy, Usage, UsageBook, create_policy
+from engine.store.events import EventQueue, StoreListener
+from engine.store.stats import CountedReader, CounterBook, TierReport
 
 log = logging.getLogger(__name__)
 
@@ -39,25 +39,6 @@ class Opened(NamedTuple):
 
     reader: EntryReader
     tier: str
-
-
-class StoreListener(Protocol):
-    def entry_moved(self, key: str, tier: str) -> None: ...
-
-    def entry_dropped(self, key: str) -> None: ...
-
-
-class _CountedReader(EntryReader):
-    def __init__(self, inner: EntryReader, book: CounterBook, tier: str):
-        self.meta, self._inner, self._book, self._tier = inner.meta, inner, book, tier
-
-    def layer(self, index: int):
-        tensor = self._inner.layer(index)
-        self._book.add(self._tier, bytes_read=tensor.numel() * tensor.element_size())
-        return tensor
-
-    def close(self) -> None:
-        self._inner.close()
 
 
 class TieredStore:
@@ -73,14 +54,10 @@ class TieredStore:
         # Background readers of layers for lazy loading (see engine.store.lazy).
         self.loader = ThreadPoolExecutor(max_workers=load_threads, thread_name_prefix="kv-load")
         self._lock = threading.RLock()
-        self._deliver_lock = threading.Lock()
-        self._usage_lock = threading.Lock()
-        self._usage: dict[str, Usage] = {}
-        self._clock = itertools.count(1)
+        self._usage = UsageBook()
         self._down_until: dict[str, float] = {}
         self._doomed: set[str] = set()
-        self._events: list[tuple[str, str, str | None]] = []
-        self._listeners: list[StoreListener] = []
+        self._events = EventQueue()
         for tier in self.tiers:  # probe remote tiers once, so a dead Redis is logged at start
             self._guard(tier, tier.used_bytes)
 
@@ -95,7 +72,8 @@ class TieredStore:
         raise KeyError(f"no tier {name!r} in this store (tiers: {self.names})")
 
     def subscribe(self, listener: StoreListener) -> None:
-        self._listeners.append(listener)
+        """`listener` hears where entries went after demotions, promotions and drops."""
+        self._events.subscribe(listener)
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -141,7 +119,7 @@ class TieredStore:
                 self._refuse(key, tier, reason)
                 continue
             self.counters.add(tier.name, hits=1, bytes_read=entry.num_bytes)
-            self._touch(key, entry.meta)
+            self._usage.used(key, entry.meta.num_tokens, hit=True)
             if position > 0:
                 self._promote(key, entry)
             return entry
@@ -172,8 +150,8 @@ class TieredStore:
                 self._refuse(key, tier, reason)
                 continue
             self.counters.add(tier.name, hits=1)
-            self._touch(key, reader.meta)
-            return Opened(_CountedReader(reader, self.counters, tier.name), tier.name)
+            self._usage.used(key, reader.meta.num_tokens, hit=True)
+            return Opened(CountedReader(reader, self.counters, tier.name), tier.name)
         return None
 
     def promote(self, key: str) -> bool:
@@ -205,7 +183,7 @@ class TieredStore:
         check_key(key)
         start = self.names.index(tier) if tier is not None else 0
         with self._lock:
-            self._note_put(key, entry.meta)
+            self._usage.used(key, entry.meta.num_tokens, hit=False)
             # Events only for entries this put evicted: the caller knows where `key` went.
             stored = next((t.name for t in self.tiers[start:]
                            if self._available(t) and self._store_in(t, key, entry)), None)
@@ -286,17 +264,10 @@ class TieredStore:
 
     def set_usage(self, key: str, access_count: int | None = None, savings: float | None = None) -> None:
         """Seed what the eviction policy knows of `key` (access count, expected savings in tokens)."""
-        with self._usage_lock:
-            usage = self._usage.setdefault(key, Usage())
-            if access_count is not None:
-                usage.access_count = int(access_count)
-            if savings is not None:
-                usage.savings = float(savings)
+        self._usage.seed(key, access_count, savings)
 
     def usage(self, key: str) -> Usage:
-        with self._usage_lock:
-            found = self._usage.get(key)
-            return Usage(**vars(found)) if found else Usage()
+        return self._usage.get(key)
 
     # -- reporting -----------------------------------------------------------------------------
 
@@ -375,7 +346,7 @@ class TieredStore:
             if not live or self._guard(live[0], live[0].contains, key) or not self._store_in(live[0], key, entry):
                 return False
             self.counters.add(live[0].name, promotions=1)
-            self._queue("moved", key, live[0].name)
+            self._events.located(key, live[0].name)
         self._deliver()
         return True
 
@@ -391,30 +362,17 @@ class TieredStore:
         for tier in self.tiers:
             if self._available(tier):
                 self._guard(tier, tier._discard, key)
-        with self._usage_lock:
-            self._usage.pop(key, None)
+        self._usage.forget(key)
 
     def _after_removal(self, key: str) -> None:
         """Tell listeners where `key` is now, or that it is gone (and forget its usage)."""
         where = self.where(key)
         if where is None:
-            with self._usage_lock:
-                self._usage.pop(key, None)
-        self._queue("moved" if where else "dropped", key, where)
+            self._usage.forget(key)
+        self._events.located(key, where)
 
     def _pinned(self, key: str) -> bool:
         return any(t.is_pinned(key) for t in self.tiers)
-
-    def _touch(self, key: str, meta: EntryMeta) -> None:
-        with self._usage_lock:
-            usage = self._usage.setdefault(key, Usage())
-            usage.last_access, usage.num_tokens = next(self._clock), meta.num_tokens
-            usage.access_count += 1
-
-    def _note_put(self, key: str, meta: EntryMeta) -> None:
-        with self._usage_lock:
-            usage = self._usage.setdefault(key, Usage())
-            usage.last_access, usage.num_tokens = next(self._clock), meta.num_tokens
 
     # -- availability and events ---------------------------------------------------------------
 
@@ -442,21 +400,5 @@ class TieredStore:
             self._mark_down(tier, exc)
             return None
 
-    def _queue(self, kind: str, key: str, tier: str | None) -> None:
-        with self._lock:
-            self._events.append((kind, key, tier))
-
     def _deliver(self) -> None:
-        """Hand queued events to listeners, in order, outside the store lock."""
-        with self._deliver_lock:
-            with self._lock:
-                events, self._events = self._events, []
-            for kind, key, tier in events:
-                for listener in self._listeners:
-                    try:
-                        if kind == "moved":
-                            listener.entry_moved(key, tier)
-                        else:
-                            listener.entry_dropped(key)
-                    except Exception:  # a listener bug must not break the store
-                        log.exception("store listener failed on %s %s", kind, key)
+        self._events.deliver()

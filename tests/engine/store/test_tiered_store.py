@@ -187,3 +187,16 @@ def test_redis_sits_between_cpu_and_disk(tmp_path, redis_prefix):
     assert [store.where(key_of(n)) for n in "abc"] == ["disk", "redis", "cpu"]
     assert same_entry(store.get(key_of("a")), make_entry(0))
     store.close()
+
+
+def test_admin_evict_and_clear(store):
+    _fill(store, "abc")
+    store.pin(key_of("c"))
+    assert store.evict("cpu", num_bytes=SIZE) == (1, SIZE)  # the least recently used one
+    assert store.where(key_of("a")) == "disk"
+    assert store.evict("cpu") == (1, SIZE)  # all unpinned: only b is left to go
+    assert store.where(key_of("b")) == "disk" and store.where(key_of("c")) == "cpu"
+    assert store.clear() == sorted(key_of(n) for n in "abc")
+    assert store.where(key_of("c")) == "cpu"  # pinned: removed at its last unpin
+    store.unpin(key_of("c"))
+    assert store.locations() == {}
