@@ -22,6 +22,7 @@ def add_parser(subparsers) -> None:
     fidelity.add_argument("--json", type=Path, default=None, help="also write the figures here")
     fidelity.set_defaults(handler=run_fidelity)
     add_kernels_parser(kinds)
+    add_store_parser(kinds)
 
 
 def add_kernels_parser(kinds) -> None:
@@ -89,5 +90,46 @@ def run_kernels(args) -> int:
     print(format_table(timings))
     if args.json:
         write_json(timings, options, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def add_store_parser(kinds) -> None:
+    store = kinds.add_parser("store", help="KV store tiers against raw file I/O, and load/compute overlap")
+    add_engine_arguments(store)
+    store.add_argument("--tiers", default="gpu,cpu,disk,redis", help="tiers to measure (unavailable ones are skipped)")
+    store.add_argument("--repeats", type=int, default=5, help="entries per tier and size (default 5)")
+    store.add_argument("--storage-dtype", choices=["float16", "bfloat16", "float32"], default="float16")
+    store.add_argument("--redis-url", default=os.environ.get("KVMOSAIC_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    store.add_argument("--work-dir", type=Path, default=None,
+                       help="scratch directory on the disk to measure (default <data-dir>/bench)")
+    store.add_argument("--no-fsync", action="store_true", help="disk tier and raw baseline without fsync")
+    store.add_argument("--chunks", type=int, default=6, help="chunks of the blended request (default 6)")
+    store.add_argument("--chunk-tokens", type=int, default=512)
+    store.add_argument("--blend-repeats", type=int, default=3)
+    store.add_argument("--skip-overlap", action="store_true", help="throughput only (loads no model)")
+    store.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    store.set_defaults(handler=run_store)
+
+
+def run_store(args) -> int:
+    from engine.bench.store import (StoreBenchOptions, default_work_dir, format_overlap, format_throughput,
+                                    run_overlap, run_throughput, write_json)
+
+    options = StoreBenchOptions(tiers=tuple(t.strip() for t in args.tiers.split(",") if t.strip()),
+                                repeats=args.repeats, dtype=args.storage_dtype, redis_url=args.redis_url,
+                                work_dir=args.work_dir or args.data_dir / "bench", fsync=not args.no_fsync,
+                                chunks=args.chunks, chunk_tokens=args.chunk_tokens, blend_repeats=args.blend_repeats)
+    overlap = None
+    with default_work_dir(options) as work:
+        rows = run_throughput(options, Path(work))
+        print(format_throughput(rows))
+        if not args.skip_overlap:
+            from engine.engine import Engine
+
+            overlap = run_overlap(Engine.load(engine_config(args)), options, Path(work))
+            print(format_overlap(overlap))
+    if args.json:
+        write_json(rows, overlap, options, args.json)
         print(f"wrote {args.json}")
     return 0
