@@ -187,7 +187,7 @@ class ChunkKVCache:
             source.close()
             self.store.unpin(key)
             if tier != self.store.names[0]:
-                self.store.loader.submit(self.store.promote, key)
+                self.store.promote_later(key)
         try:
             self.catalog.record_access(loaded._used_keys)
         except Exception:  # statistics must not fail a request that already succeeded

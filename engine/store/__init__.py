@@ -4,9 +4,10 @@ Public API:
 - `StoreConfig` — every knob (tiers in order, capacities, disk dir, Redis URL, storage
   dtype, eviction policy, loader threads).
 - `create_store(config)` → `TieredStore`: `put(key, entry, tier=None)`, `get(key, expect)`,
-  `open(key, expect)` (layer-wise reader), `promote`, `pin` / `unpin`, `remove`,
-  `where` / `contains`, `set_usage` (access counts and expected savings for the `value`
-  policy), `stats()` (per-tier `TierReport`s), `subscribe(listener)`, `close()`.
+  `open(key, expect)` (layer-wise reader), `promote` / `promote_later`, `pin` / `unpin`,
+  `remove`, `where` / `contains` / `locations`, `live_names`, `set_usage` (access counts
+  and expected savings for the `value` policy), `evict(tier, bytes)` / `clear()` (admin),
+  `stats()` (per-tier `TierReport`s), `subscribe(listener)`, `close()`.
 - `create_tier(name, config)` → a `BaseTier` (`gpu`, `cpu`, `disk`, `redis`); the contract
   and its edge cases are on `BaseTier`.
 - `KVEntry` / `EntryMeta` / `EntryExpectation` — what a tier stores and what a reader

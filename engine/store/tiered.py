@@ -53,6 +53,8 @@ class TieredStore:
         self.counters = CounterBook(names)
         # Background readers of layers for lazy loading (see engine.store.lazy).
         self.loader = ThreadPoolExecutor(max_workers=load_threads, thread_name_prefix="kv-load")
+        # Promotions after a request run here, so they never delay the next request's layer reads.
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-promote")
         self._lock = threading.RLock()
         self._usage = UsageBook()
         self._down_until: dict[str, float] = {}
@@ -172,6 +174,19 @@ class TieredStore:
                 return self._promote(key, entry)
         return False
 
+    def promote_later(self, key: str) -> None:
+        """`promote(key)` on a background thread; does nothing once the store is closed."""
+        try:
+            self._background.submit(self._promote_quietly, key)
+        except RuntimeError:  # shut down
+            pass
+
+    def _promote_quietly(self, key: str) -> None:
+        try:
+            self.promote(key)
+        except Exception:  # a failed promotion only costs speed
+            log.exception("background promotion of %s failed", key)
+
     # -- writes --------------------------------------------------------------------------------
 
     def put(self, key: str, entry: KVEntry, tier: str | None = None) -> str | None:
@@ -282,6 +297,7 @@ class TieredStore:
         return reports
 
     def close(self) -> None:
+        self._background.shutdown(wait=True, cancel_futures=True)
         self.loader.shutdown(wait=True, cancel_futures=True)
         for tier in self.tiers:
             try:
