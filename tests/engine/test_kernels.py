@@ -217,6 +217,43 @@ def test_a_prefill_through_the_kernels_equals_the_twins(tiny_engine, kernels_on_
     torch.testing.assert_close(through_kernels.logits, through_twins.logits, rtol=1e-4, atol=1e-4)
 
 
+@pytest.fixture(scope="module")
+def cuda_tiny_engine(request, tmp_path_factory):
+    """The tiny random Llama on the GPU in float32; tokenizer from .device-stage/model if staged."""
+    from pathlib import Path
+
+    from engine import EngineConfig
+    from engine.engine import Engine
+    from engine.model import wrap_model
+    from tests.conftest import REPO, build_tiny_model
+
+    staged = REPO / ".device-stage" / "model"
+    if (staged / "tokenizer.json").is_file():  # the GPU machine cannot convert the embedded GGUF
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(Path(staged), local_files_only=True)
+    else:
+        tokenizer = request.getfixturevalue("smol_tokenizer")
+    model = build_tiny_model(len(tokenizer)).to("cuda")
+    return Engine(EngineConfig(data_dir=tmp_path_factory.mktemp("tiny-cuda"), epic_tokens=4),
+                  wrap_model(model, tokenizer))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_gpu_prefill_through_the_kernels_equals_the_twins(cuda_tiny_engine, lib, monkeypatch):
+    from tests.engine.helpers import QUESTION, chunk_inputs
+
+    calls = []
+    monkeypatch.setattr(kernels, "for_tensor", lambda x: calls.append(1) or (lib if x.is_cuda else None))
+    chunks = chunk_inputs(cuda_tiny_engine)
+    through_kernels = cuda_tiny_engine.prefill(chunks, QUESTION, mode="cacheblend", ratio=0.3)
+    assert calls, "no op reached the kernel dispatch"
+    monkeypatch.setattr(kernels, "for_tensor", lambda x: None)
+    through_twins = cuda_tiny_engine.prefill(chunks, QUESTION, mode="cacheblend", ratio=0.3)
+    torch.testing.assert_close(through_kernels.logits, through_twins.logits, rtol=1e-4, atol=1e-4)
+
+
 # -- modes and build cache --------------------------------------------------------------------
 
 
