@@ -158,6 +158,8 @@ def format_throughput(rows: list[ThroughputRow]) -> str:
         lines.append(f"{r.tier:<6} {r.entry:<10} {r.megabytes:>6.1f} {r.put_mb_s:>9.0f} {r.get_mb_s:>9.0f} "
                      f"{r.get_layers_mb_s:>11.0f} {r.raw_write_mb_s:>10.0f} {r.raw_read_mb_s:>10.0f} "
                      f"{r.put_ratio:>8.2f} {r.get_ratio:>8.2f}")
+    if any(r.tier in ("cpu", "gpu") for r in rows):
+        lines.append("(cpu/gpu get hands back the stored tensor without copying; 'layers' reads each layer view)")
     return "\n".join(lines)
 
 
