@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import InvalidRequest
+from engine.attention import QueryLayout
 from engine.kv import KVCache
 from engine.layers import DecoderStack
 
@@ -59,6 +60,7 @@ def decode_step(stack: DecoderStack, cache: KVCache, token: int) -> torch.Tensor
     device = cache.data.device
     pos = torch.tensor([position], device=device)
     hidden = stack.embed(torch.tensor([token], device=device))
+    queries = QueryLayout(pos, position + 1, hidden.dtype)
     for layer in range(stack.spec.num_layers):
         x = stack.input_norm(layer, hidden)
         cos, sin = stack.rope_tables(pos, x)
@@ -67,7 +69,7 @@ def decode_step(stack: DecoderStack, cache: KVCache, token: int) -> torch.Tensor
         cache.data[layer, 1, :, position] = v[:, 0]
         q = stack.project_q(layer, x, cos, sin)
         hidden = stack.attend_and_mlp(layer, hidden, q, cache.keys(layer, position + 1),
-                                      cache.values(layer, position + 1), pos)
+                                      cache.values(layer, position + 1), queries)
     cache.length = position + 1
     return stack.logits(hidden)[0]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import causal_attention
+from engine.attention import QueryLayout, causal_attention
 from engine.model import LoadedModel
 
 
@@ -61,10 +61,10 @@ class DecoderStack:
         return _rope(q, cos, sin)
 
     def attend_and_mlp(self, index: int, h: torch.Tensor, q: torch.Tensor, keys: torch.Tensor,
-                       values: torch.Tensor, q_pos: torch.Tensor) -> torch.Tensor:
+                       values: torch.Tensor, queries: QueryLayout) -> torch.Tensor:
         """Finish layer `index` for rows h: attention over the cache, o_proj, residual, MLP."""
         layer = self.layers[index]
-        attn_out = causal_attention(q, keys, values, q_pos, self.scale)
+        attn_out = causal_attention(q, keys, values, queries, self.scale)
         h = h + layer.self_attn.o_proj(attn_out)
         return h + layer.mlp(layer.post_attention_layernorm(h))
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from engine import ops
+from engine.attention import QueryLayout
 from engine.kv import KVCache
 from engine.layers import DecoderStack
 from engine.planners.base import LayerView, Plan
@@ -34,10 +35,27 @@ class RunOutput:
 
 @dataclass
 class _Rows:
-    """The active rows at some point of the loop: positions [m] and hidden states [m, hidden]."""
+    """The active rows at some point of the loop and what depends only on their positions.
+
+    active: [m] positions (active_cpu: the same on the CPU); hidden: [m, hidden];
+    cos/sin: [m, head_dim] RoPE tables; queries: how they attend. All but `hidden` are
+    rebuilt only when the active set changes.
+    """
 
     active: torch.Tensor
+    active_cpu: torch.Tensor
     hidden: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    queries: QueryLayout
+
+    def keep(self, index: torch.Tensor, num_keys: int) -> "_Rows":
+        active = self.active[index]
+        return _Rows(active, active.cpu(), self.hidden[index], self.cos[index], self.sin[index],
+                     QueryLayout(active, num_keys, self.hidden.dtype))
+
+    def with_hidden(self, hidden: torch.Tensor) -> "_Rows":
+        return _Rows(self.active, self.active_cpu, hidden, self.cos, self.sin, self.queries)
 
 
 class LayerRunner:
@@ -52,19 +70,27 @@ class LayerRunner:
         weights = self.stack.embed_tokens.weight
         cache = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, capacity, weights.dtype, device)
         active = plan.initial_active.to(device)
-        rows = _Rows(active, self.stack.embed(ids[active]))
-        is_active = torch.zeros(total, dtype=torch.bool, device=device)
-        is_active[active] = True
-        computed = torch.zeros(total, dtype=torch.long, device=device)
+        rows = self._initial_rows(ids, active, total)
+        # bookkeeping stays on the CPU: the fill decision must not wait on the GPU
+        is_active = torch.zeros(total, dtype=torch.bool)
+        is_active[plan.initial_active] = True
+        computed = torch.zeros(total, dtype=torch.long)
         for layer in range(spec.num_layers):
             self._fill_cached(cache, plan, layer, is_active)
+            before = rows.active_cpu
             rows = self._run_layer(layer, cache, plan, rows, total)
-            is_active.zero_()
-            is_active[rows.active] = True
-            computed[rows.active] += 1
+            if rows.active_cpu is not before:
+                is_active.zero_()
+                is_active[rows.active_cpu] = True
+            computed[is_active] += 1
         cache.length = total
         logits = self.stack.logits(rows.hidden[-1:])[0] if want_logits else None
         return RunOutput(cache, logits, computed, is_active.clone())
+
+    def _initial_rows(self, ids: torch.Tensor, active: torch.Tensor, total: int) -> _Rows:
+        hidden = self.stack.embed(ids[active])
+        cos, sin = self.stack.rope_tables(active, hidden)
+        return _Rows(active, active.cpu(), hidden, cos, sin, QueryLayout(active, total, hidden.dtype))
 
     def _fill_cached(self, cache: KVCache, plan: Plan, layer: int, is_active: torch.Tensor) -> None:
         """Copy this layer of every cached span into the cache, K shifted to its new place.
@@ -82,24 +108,21 @@ class LayerRunner:
     def _run_layer(self, layer: int, cache: KVCache, plan: Plan, rows: _Rows, total: int) -> _Rows:
         stack, active = self.stack, rows.active
         x = stack.input_norm(layer, rows.hidden)
-        cos, sin = stack.rope_tables(active, x)
-        k, v = stack.project_kv(layer, x, cos, sin)
+        k, v = stack.project_kv(layer, x, rows.cos, rows.sin)
         keep = None
         if plan.selects_at(layer):
             cached = ops.gather_rows(cache.data[layer], active)  # [2, kv_heads, m, head_dim]
-            view = LayerView(layer, active, k, v, cached[0], cached[1])
-            keep = plan.select(layer, view)
+            keep = plan.select(layer, LayerView(layer, active, k, v, cached[0], cached[1]))
         ops.scatter_rows_(cache.data[layer, 0], active, k)
         ops.scatter_rows_(cache.data[layer, 1], active, v)
         if keep is not None:
             keep = keep.to(active.device)
             _check_keep(plan, active, keep)
-            active, x, cos, sin = active[keep], x[keep], cos[keep], sin[keep]
-            rows = _Rows(active, rows.hidden[keep])
-        q = stack.project_q(layer, x, cos, sin)
+            rows, x = rows.keep(keep, total), x[keep]
+        q = stack.project_q(layer, x, rows.cos, rows.sin)
         hidden = stack.attend_and_mlp(layer, rows.hidden, q, cache.keys(layer, total),
-                                      cache.values(layer, total), active)
-        return _Rows(active, hidden)
+                                      cache.values(layer, total), rows.queries)
+        return rows.with_hidden(hidden)
 
 
 def _check_plan(plan: Plan, total: int) -> None:

@@ -46,13 +46,11 @@ class BlendPlan(Plan):
         return layer in self.schedule
 
     def select(self, layer: int, view: LayerView) -> torch.Tensor:
-        eligible = self.context[view.active]
-        if self.deviation == "value":
-            scores = ops.kv_deviation(view.fresh_v, view.cached_v)
-        else:
-            scores = ops.kv_deviation(view.fresh_k, view.cached_k)
+        eligible = self.context.to(view.active.device)[view.active]
+        fresh, cached = ((view.fresh_v, view.cached_v) if self.deviation == "value"
+                         else (view.fresh_k, view.cached_k))
         count = math.ceil(self.schedule[layer] * self.num_context)
-        chosen = ops.top_rows(scores, count, eligible)
+        chosen = ops.deviation_top_rows(fresh, cached, count, eligible)
         keep = ~eligible
         keep[chosen] = True
         return positions(keep)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention import QUERY_BLOCK, causal_attention
+from engine.attention import QUERY_BLOCK, QueryLayout, causal_attention
 
 
 def reference(q, k, v, q_pos, scale):
@@ -20,14 +20,14 @@ def reference(q, k, v, q_pos, scale):
     return out.transpose(0, 1).reshape(q.shape[1], -1)
 
 
-@pytest.mark.parametrize("n,m", [(50, 50), (300, 7), (700, 2 * QUERY_BLOCK + 3), (40, 1)])
+@pytest.mark.parametrize("n,m", [(50, 50), (300, 7), (700, 2 * QUERY_BLOCK + 3), (40, 1), (500, 400)])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
 def test_matches_dense_reference(n, m, heads, kv_heads):
     torch.manual_seed(n + m)
     q = torch.randn(heads, m, 16)
     k, v = torch.randn(kv_heads, n, 16), torch.randn(kv_heads, n, 16)
-    q_pos = torch.arange(n) if m == n else torch.randperm(n)[:m].sort().values
-    got = causal_attention(q, k, v, q_pos, 0.25)
+    q_pos = torch.arange(n - m, n) if m >= n // 2 else torch.randperm(n)[:m].sort().values
+    got = causal_attention(q, k, v, QueryLayout(q_pos, n, q.dtype), 0.25)
     torch.testing.assert_close(got, reference(q, k, v, q_pos, 0.25), rtol=1e-4, atol=1e-5)
 
 
@@ -36,9 +36,10 @@ def test_a_query_ignores_keys_after_its_position():
     q = torch.randn(2, 3, 8)
     k, v = torch.randn(2, 20, 8), torch.randn(2, 20, 8)
     q_pos = torch.tensor([2, 9, 14])
-    before = causal_attention(q, k, v, q_pos, 0.3)
+    layout = QueryLayout(q_pos, 20, q.dtype)
+    before = causal_attention(q, k, v, layout, 0.3)
     k[:, 15:], v[:, 15:] = 100.0, 100.0  # keys after every query
     k[:, 10:15], v[:, 10:15] = -5.0, 7.0  # keys visible only to the last query
-    after = causal_attention(q, k, v, q_pos, 0.3)
+    after = causal_attention(q, k, v, layout, 0.3)
     torch.testing.assert_close(after[:2], before[:2])
     assert not torch.allclose(after[2], before[2])
