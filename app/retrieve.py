@@ -43,8 +43,13 @@ def retrieve_chunks(retriever, catalog, engine, question: str, top_k: int) -> li
 
 
 def chunk_token_ids(engine, text: str, title: str) -> tuple[int, ...]:
-    """The ids a chunk has in every prompt (and in its cached KV): title, blank line, text."""
-    return engine.chunk_ids(text, title)
+    """The ids a chunk has in every prompt (and in its cached KV): title, blank line, text.
+
+    The title tells the model what a later chunk of a document is about; a chunk that
+    already opens with it (a markdown heading) is not given it twice.
+    """
+    opens_with_title = bool(title) and text.lstrip("# \t").startswith(title)
+    return engine.chunk_ids(text, "" if opens_with_title else title)
 
 
 def _documents(catalog, ids: Sequence[int]) -> dict[int, DocumentRecord]:
