@@ -1,6 +1,7 @@
 # kvmosaic server image. CPU by default; for CUDA build with a CUDA runtime base, e.g.
-#   docker build --build-arg BASE_IMAGE=nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04 \
-#                --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu124 -t kvmosaic:cuda .
+#   docker build --build-arg BASE_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04 \
+#                --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu126 -t kvmosaic:cuda .
+# (an Ubuntu 24.04 base: the project needs Python >= 3.11, which 22.04 does not ship)
 # and run with `--gpus all -e KVMOSAIC_DEVICE=cuda`.
 # The container runs the catalog migrations, ingests the demo corpus (idempotent), then serves.
 ARG BASE_IMAGE=python:3.11-slim-bookworm

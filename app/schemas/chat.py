@@ -3,7 +3,8 @@
 Only what a RAG answer needs is honoured: the last user message is the question (earlier
 turns and client system messages are ignored: the system prefix is fixed so its KV is
 reused), `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stream`
-and `stream_options.include_usage`. Unknown OpenAI fields are accepted and ignored.
+and `stream_options.include_usage`; `temperature` defaults to 0 (greedy, the usual choice for
+grounded answers) where OpenAI's default is 1. Unknown OpenAI fields are accepted and ignored.
 Extras (`extra_body` in the openai client): `mode`, `top_k`, `ratio`.
 """
 
