@@ -76,3 +76,10 @@ def test_missing_documents_are_404(client):
     assert "no document 999999" in error(client.get("/documents/999999"), 404)
     error(client.delete("/documents/999999"), 404)
     error(client.get("/documents/not-a-number"), 422)
+
+
+@pytest.mark.parametrize("path,raw", [("/ask", b'{"question": "bad \\ud800 surrogate?"}'),
+                                      ("/documents", b'{"text": "bad \\ud800 surrogate"}')])
+def test_lone_surrogates_are_422(client, path, raw):
+    response = client.post(path, content=raw, headers={"Content-Type": "application/json"})
+    assert "valid string" in error(response, 422)
