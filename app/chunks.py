@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from engine.catalog import context_signature
 from engine.chunk_cache import ChunkKVCache, ChunkRef, LoadedChunks
 from engine.planners import PLANNERS
+from engine.planners.base import ChunkInput
 from engine.errors import InvalidRequest
 from engine.store import create_store
 from engine.store.config import KNOWN_POLICIES
@@ -55,7 +56,15 @@ class ServiceChunkCache:
     # -- the request path ----------------------------------------------------------------------
 
     def load(self, retrieved: Sequence, mode: str) -> RequestChunks:
-        """Pinned KV sources for the retrieved chunks; computed and stored where missing."""
+        """Pinned KV sources for the retrieved chunks; computed and stored where missing.
+
+        A mode that reuses no cache (`full`) gets no sources at all: nothing is read or
+        pinned, so its TTFT is the plain prefill it stands for.
+        """
+        planner = PLANNERS.get(mode)
+        if planner is not None and not planner.reuses_cache:
+            inputs = [ChunkInput(str(r.chunk.id), tuple(r.token_ids)) for r in retrieved]
+            return RequestChunks(LoadedChunks(inputs, [], self.cache), ["none (full prefill)"] * len(inputs))
         contexts = self._contexts(retrieved, mode)
         refs = [ChunkRef(r.chunk.id, tuple(r.token_ids), ctx) for r, ctx in zip(retrieved, contexts)]
         loaded = self.cache.load(refs)

@@ -40,8 +40,9 @@ def test_every_registered_mode_answers(client, mode):
     body = client.post("/ask", json={"question": "How long is the ferry crossing?", "mode": mode,
                                      "top_k": 2, "max_tokens": 4}).json()
     assert body["mode"] == mode and len(body["chunks"]) == 2
-    if mode == "full":
-        assert all(c["recomputed"] == c["tokens"] for c in body["chunks"])
+    if mode == "full":  # reads no cached KV at all
+        assert all(c["recomputed"] == c["tokens"] and not c["cached"] for c in body["chunks"])
+        assert {c["variant"] for c in body["chunks"]} == {"none (full prefill)"}
     if mode == "naive":
         assert all(c["recomputed"] == 0 for c in body["chunks"])
 
