@@ -30,7 +30,11 @@ def run(args) -> int:
     from retrieval.sources import SourceError, load_sources
 
     started = time.perf_counter()
-    docs = list(load_sources(args.paths))  # SourceError (bad path, not UTF-8) stops before any write
+    try:
+        docs = list(load_sources(args.paths))  # every path is read before anything is written
+    except SourceError as exc:
+        print(f"kvmosaic: error: {exc}", file=sys.stderr)
+        return 2
     services = Services.start(settings_from(args))
     added = present = chunks = tokens = failed = 0
     try:

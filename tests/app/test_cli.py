@@ -1,0 +1,59 @@
+"""`kvmosaic ingest` and `kvmosaic ask` (in-process) on the tiny model; `serve` is in test_e2e_serve."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.cli import main
+from app.services import Services
+from tests.app.conftest import start_services
+
+
+@pytest.fixture
+def tiny_start(tiny_loaded, embedder, tmp_path, monkeypatch):
+    """Make `Services.start` build the tiny-model services (in one data dir across calls)."""
+    real = Services.start
+
+    def start(cls, settings, engine=None, embedder_=None):
+        monkeypatch.setattr(Services, "start", real)
+        try:
+            return start_services(tiny_loaded, embedder, tmp_path, docs=[])
+        finally:
+            monkeypatch.setattr(Services, "start", classmethod(start))
+
+    monkeypatch.setattr(Services, "start", classmethod(start))
+
+
+def test_ingest_is_idempotent_and_reports_failures(tiny_start, tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.md").write_text("# Tides\n\nSpring tides follow the full and new moon.")
+    (corpus / "b.txt").write_text("Neap tides come at the quarter moons.")
+    assert main(["ingest", "--quiet", str(corpus)]) == 0
+    assert "ingested 2 new documents (2 chunks" in capsys.readouterr().out
+    assert main(["ingest", "--quiet", str(corpus)]) == 0
+    out = capsys.readouterr().out
+    assert "ingested 0 new documents" in out and "2 already present" in out
+
+
+def test_ingest_refuses_an_unreadable_path_before_writing(tiny_start, tmp_path, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xff\xfe")
+    assert main(["ingest", str(bad)]) == 2
+    assert "not valid UTF-8" in capsys.readouterr().err
+
+
+def test_ask_prints_the_answer_and_a_report(tiny_start, tmp_path, capsys):
+    (tmp_path / "mill.md").write_text("# Saltcote Tide Mill\n\nThe mill was built in 1734 and restored in 2006.")
+    main(["ingest", "--quiet", str(tmp_path / "mill.md")])
+    capsys.readouterr()
+    assert main(["ask", "When was the mill built?", "--max-tokens", "4", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["chunks"][0]["document"] == "Saltcote Tide Mill" and report["mode"] == "cacheblend"
+    assert main(["ask", "When was the mill built?", "--max-tokens", "4", "--mode", "naive"]) == 0
+    out = capsys.readouterr().out
+    assert "mode naive: TTFT" in out and "Saltcote Tide Mill" in out
+    assert main(["ask", "When?", "--mode", "turbo"]) == 2
+    assert "unknown mode 'turbo'" in capsys.readouterr().err
