@@ -88,12 +88,12 @@ class RagService:
             with clock("prefill"):  # run layers: reuse cached rows, recompute the selected ones
                 result = self.engine.prefill(loaded.inputs, query.question, mode=query.mode,
                                              ratio=query.ratio, max_new_tokens=query.sampling.max_new_tokens)
-            with clock("decode"):
-                text, finish = self.decode(result, query.sampling, on_piece, cancel)
-            with clock("store"):  # the KV this context produced becomes new variants
-                self.chunk_cache.store_variants(loaded, result)
         finally:
-            loaded.release()
+            loaded.release()  # the chunks' KV now lives in the request's cache: unpin it
+        with clock("decode"):
+            text, finish = self.decode(result, query.sampling, on_piece, cancel)
+        with clock("store"):  # the KV this context produced becomes new variants
+            self.chunk_cache.store_variants(loaded, result)
         answer = Answer(text, finish, retrieved, result, loaded.variant_labels, clock.finish())
         if self.observe is not None:
             self.observe(answer)
