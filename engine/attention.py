@@ -75,3 +75,22 @@ def _padded_causal(q, k, v, pad: int, scale: float, gqa: bool) -> torch.Tensor:
         q = torch.cat([q.new_zeros(q.shape[0], pad, q.shape[2]), q], dim=1)
     out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scale, enable_gqa=gqa)[0]
     return out[:, pad:]
+
+
+def attention_mass(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: float,
+                   block: int = 128) -> torch.Tensor:
+    """Attention probability on every key, averaged over heads and query rows: [num_keys].
+
+    q: [heads, m, head_dim]; k: [kv_heads, num_keys, head_dim]; q_pos: [m] ascending.
+    Scores are formed in blocks of query rows so memory stays [heads, block, num_keys].
+    """
+    group = q.shape[0] // k.shape[0]
+    keys = k.float().repeat_interleave(group, 0)  # [heads, n, head_dim]
+    key_pos = torch.arange(k.shape[1], device=k.device)
+    total = torch.zeros(k.shape[1], dtype=torch.float32, device=k.device)
+    for start in range(0, q.shape[1], block):
+        rows = q_pos[start:start + block]
+        scores = (q[:, start:start + block].float() @ keys.transpose(1, 2)) * scale  # [heads, b, n]
+        scores.masked_fill_(key_pos[None, None, :] > rows[None, :, None], float("-inf"))
+        total += torch.softmax(scores, dim=-1).sum(dim=(0, 1))
+    return total / (q.shape[0] * q.shape[1])

@@ -37,6 +37,9 @@ class EngineConfig:
     recompute_ratio: float = 0.15
     # Which cached tensor the deviation compares: "value" or "key".
     deviation: str = "value"
+    # How check layers rank rows: "deviation" (CacheBlend) or "question_weighted"
+    # (deviation times the question's attention to the row; see planners/selection.py).
+    selection: str = "question_weighted"
     # epic: recompute the first k tokens of every chunk in every layer.
     epic_tokens: int = 16
     # Run the RoPE-shift self-check at start-up; a failure disables reuse modes.
@@ -53,5 +56,7 @@ class EngineConfig:
             raise ValueError("recompute_ratio must lie in [0, 1]")
         if self.deviation not in ("value", "key"):
             raise ValueError("deviation must be 'value' or 'key'")
+        if self.selection not in ("deviation", "question_weighted"):
+            raise ValueError("selection must be 'deviation' or 'question_weighted'")
         if self.epic_tokens < 0:
             raise ValueError("epic_tokens must be >= 0")

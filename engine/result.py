@@ -21,6 +21,8 @@ class ChunkReport:
     for `full`, none for `naive`); reused = tokens - recomputed.
     compute_share: layer-rows computed for this chunk / (tokens * layers).
     recomputed_offsets: offsets within the chunk of the recomputed rows (for display).
+    stopped_layer: the layer where early termination stopped the chunk's recompute (None:
+    it ran to the last layer, or nothing was recomputed).
     """
 
     chunk_id: str
@@ -29,6 +31,7 @@ class ChunkReport:
     compute_share: float
     cached: bool
     recomputed_offsets: tuple[int, ...] = ()
+    stopped_layer: int | None = None
 
     @property
     def reused(self) -> int:
@@ -78,5 +81,12 @@ def chunk_reports(chunks: Sequence[ChunkInput], layout: PromptLayout, out, num_l
             compute_share=float(out.layers_computed[start:end].sum()) / (tokens * num_layers),
             cached=chunk.kv is not None,
             recomputed_offsets=tuple(int(i) for i in out.selected[start:end].nonzero().flatten()),
+            stopped_layer=_stopped_layer(out.stopped_layer[start:end]),
         ))
     return reports
+
+
+def _stopped_layer(rows: torch.Tensor) -> int | None:
+    """The layer where the chunk's recomputed rows stopped early; None if they never did."""
+    stopped = rows[rows >= 0]
+    return int(stopped.min()) if stopped.numel() else None

@@ -9,14 +9,15 @@ The runner knows nothing about modes; planners decide everything through the Pla
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from engine import ops
-from engine.attention import QueryLayout
+from engine.attention import QueryLayout, attention_mass
 from engine.kv import KVCache
 from engine.layers import DecoderStack
-from engine.planners.base import LayerView, Plan
+from engine.planners.base import LayerView, Plan, QueryView
 
 
 @dataclass
@@ -24,13 +25,16 @@ class RunOutput:
     """The assembled cache, the last row's logits and what each row went through.
 
     layers_computed: [total] number of layers that ran attention + MLP for each row.
-    selected: bool [total], rows still active after the plan's last selection.
+    selected: bool [total], rows active after the plan's last selection (rows that stopped
+    early by the plan's `observe` still count as selected).
+    stopped_layer: [total] the layer at which `observe` stopped a row; -1 if it never did.
     """
 
     cache: KVCache
     logits: torch.Tensor | None  # [vocab] float32 for the last prompt row
     layers_computed: torch.Tensor
     selected: torch.Tensor
+    stopped_layer: torch.Tensor
 
 
 @dataclass
@@ -62,30 +66,26 @@ class LayerRunner:
     def __init__(self, stack: DecoderStack):
         self.stack = stack
 
-    def run(self, ids: torch.Tensor, plan: Plan, capacity: int, want_logits: bool = True) -> RunOutput:
-        """Prefill `ids` [total] by `plan` into a new cache of `capacity` rows."""
+    def run(self, ids: torch.Tensor, plan: Plan, capacity: int, want_logits: bool = True,
+            last_layer: int | None = None) -> RunOutput:
+        """Prefill `ids` [total] by `plan` into a new cache of `capacity` rows.
+
+        `last_layer` stops after that layer (statistics passes); logits need every layer.
+        """
         total, spec = ids.numel(), self.stack.spec
-        device = ids.device
         _check_plan(plan, total)
+        num_layers = spec.num_layers if last_layer is None else last_layer + 1
         weights = self.stack.embed_tokens.weight
-        cache = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, capacity, weights.dtype, device)
-        active = plan.initial_active.to(device)
-        rows = self._initial_rows(ids, active, total)
-        # bookkeeping stays on the CPU: the fill decision must not wait on the GPU
-        is_active = torch.zeros(total, dtype=torch.bool)
-        is_active[plan.initial_active] = True
-        computed = torch.zeros(total, dtype=torch.long)
-        for layer in range(spec.num_layers):
-            self._fill_cached(cache, plan, layer, is_active)
-            before = rows.active_cpu
-            rows = self._run_layer(layer, cache, plan, rows, total)
-            if rows.active_cpu is not before:
-                is_active.zero_()
-                is_active[rows.active_cpu] = True
-            computed[is_active] += 1
+        cache = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, capacity, weights.dtype, ids.device)
+        rows = self._initial_rows(ids, plan.initial_active.to(ids.device), total)
+        book = _Bookkeeping(total, plan.initial_active)
+        for layer in range(num_layers):
+            self._fill_cached(cache, plan, layer, book.is_active)
+            rows = self._run_layer(layer, cache, plan, rows, total, book)
+            book.layer_done(rows.active_cpu)
         cache.length = total
-        logits = self.stack.logits(rows.hidden[-1:])[0] if want_logits else None
-        return RunOutput(cache, logits, computed, is_active.clone())
+        logits = self.stack.logits(rows.hidden[-1:])[0] if want_logits and num_layers == spec.num_layers else None
+        return RunOutput(cache, logits, book.computed, book.selected, book.stopped_layer)
 
     def _initial_rows(self, ids: torch.Tensor, active: torch.Tensor, total: int) -> _Rows:
         hidden = self.stack.embed(ids[active])
@@ -105,24 +105,77 @@ class LayerRunner:
             rows.copy_(span.source.layer(layer))
             ops.rope_shift_(rows[0], span.delta, self.stack.inv_freq)
 
-    def _run_layer(self, layer: int, cache: KVCache, plan: Plan, rows: _Rows, total: int) -> _Rows:
+    def _run_layer(self, layer: int, cache: KVCache, plan: Plan, rows: _Rows, total: int,
+                   book: "_Bookkeeping") -> _Rows:
         stack, active = self.stack, rows.active
         x = stack.input_norm(layer, rows.hidden)
         k, v = stack.project_kv(layer, x, rows.cos, rows.sin)
         keep = None
-        if plan.selects_at(layer):
+        selects = plan.selects_at(layer)
+        if selects:  # selection: compare fresh and cached rows
             cached = ops.gather_rows(cache.data[layer], active)  # [2, kv_heads, m, head_dim]
-            keep = plan.select(layer, LayerView(layer, active, k, v, cached[0], cached[1]))
         ops.scatter_rows_(cache.data[layer, 0], active, k)
         ops.scatter_rows_(cache.data[layer, 1], active, v)
+        if selects:
+            attention_from = partial(self._attention_from, layer, x, rows, cache.keys(layer, total))
+            keep = plan.select(layer, LayerView(layer, active, k, v, cached[0], cached[1], attention_from))
         if keep is not None:
-            keep = keep.to(active.device)
-            _check_keep(plan, active, keep)
-            rows, x = rows.keep(keep, total), x[keep]
+            rows, x = self._keep(plan, rows, x, keep, total)
+            book.dropped(rows.active_cpu)
         q = stack.project_q(layer, x, rows.cos, rows.sin)
-        hidden = stack.attend_and_mlp(layer, rows.hidden, q, cache.keys(layer, total),
-                                      cache.values(layer, total), rows.queries)
+        keys, values = cache.keys(layer, total), cache.values(layer, total)
+        if plan.observes(layer):  # early termination: the plan sees this layer's queries
+            keep = plan.observe(layer, QueryView(layer, rows.active, q, keys, values))
+            if keep is not None:
+                q = q[:, keep.to(q.device)]
+                rows, x = self._keep(plan, rows, x, keep, total)
+                book.stopped(rows.active_cpu, layer)
+        hidden = stack.attend_and_mlp(layer, rows.hidden, q, keys, values, rows.queries)
         return rows.with_hidden(hidden)
+
+    def _attention_from(self, layer: int, x: torch.Tensor, rows: _Rows, keys: torch.Tensor,
+                        which: torch.Tensor) -> torch.Tensor:
+        """Attention mass [m] that the active rows `which` (bool [m]) put on each active row."""
+        which = which.to(x.device)
+        q = self.stack.project_q(layer, x[which], rows.cos[which], rows.sin[which])
+        return attention_mass(q, keys, rows.active[which], self.stack.scale)[rows.active]
+
+    @staticmethod
+    def _keep(plan: Plan, rows: _Rows, x: torch.Tensor, keep: torch.Tensor, total: int):
+        keep = keep.to(rows.active.device)
+        _check_keep(plan, rows.active, keep)
+        return rows.keep(keep, total), x[keep]
+
+
+class _Bookkeeping:
+    """Per-row facts of one run, kept on the CPU so that no decision waits on the GPU."""
+
+    def __init__(self, total: int, initial_active: torch.Tensor):
+        self.is_active = torch.zeros(total, dtype=torch.bool)
+        self.is_active[initial_active.cpu()] = True
+        self.selected = self.is_active.clone()
+        self.computed = torch.zeros(total, dtype=torch.long)
+        self.stopped_layer = torch.full((total,), -1, dtype=torch.long)
+
+    def dropped(self, still_active: torch.Tensor) -> None:
+        """A selection kept only `still_active`: the others are no longer selected."""
+        self.selected.zero_()
+        self.selected[still_active] = True
+        self._set_active(still_active)
+
+    def stopped(self, still_active: torch.Tensor, layer: int) -> None:
+        """Early termination at `layer`: rows not in `still_active` stop, still selected."""
+        gone = self.is_active.clone()
+        gone[still_active] = False
+        self.stopped_layer[gone] = layer
+        self._set_active(still_active)
+
+    def layer_done(self, active: torch.Tensor) -> None:
+        self.computed[active] += 1
+
+    def _set_active(self, active: torch.Tensor) -> None:
+        self.is_active.zero_()
+        self.is_active[active] = True
 
 
 def _check_plan(plan: Plan, total: int) -> None:

@@ -46,6 +46,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check-multipliers", default=None,
                         help="ratio multiplier per check layer, e.g. 2,1.5,1 (default all 1)")
     parser.add_argument("--deviation", choices=["value", "key"], default="value")
+    parser.add_argument("--selection", choices=["deviation", "question_weighted"], default="question_weighted",
+                        help="how check layers rank rows (default question_weighted)")
     parser.add_argument("--epic-tokens", type=int, default=16)
 
 
@@ -57,7 +59,7 @@ def engine_config(args):
                    if args.check_multipliers else tuple(1.0 for _ in layers))
     return EngineConfig(data_dir=args.data_dir, model_path=args.model, device=args.device, dtype=args.dtype,
                         num_threads=args.threads, check_layers=layers, check_ratio_multipliers=multipliers,
-                        deviation=args.deviation, epic_tokens=args.epic_tokens)
+                        deviation=args.deviation, selection=args.selection, epic_tokens=args.epic_tokens)
 
 
 def run_fidelity(args) -> int:

@@ -6,7 +6,9 @@ A planner turns a request into a `Plan`. The runner executes it layer by layer:
 - at layers where `selects_at(layer)` is true, the runner computes fresh K/V for all active
   rows, shows them next to the cached rows (`LayerView`) and asks `select` which rows stay
   active from this layer on. Fresh K/V of every active row is written either way, so a row
-  dropped at layer l keeps its fresh layer-l KV and its cached KV above.
+  dropped at layer l keeps its fresh layer-l KV and its cached KV above;
+- at layers where `observes(layer)` is true, the runner shows the active rows' queries and
+  the layer's cache (`QueryView`) and asks `observe` which rows go on (early termination).
 Rows in `pinned` (the question, chunks with no cache) can never be dropped.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -76,6 +79,13 @@ class PlanRequest:
                 pinned[start:end] = True
         return pinned
 
+    def question_mask(self) -> torch.Tensor:
+        """bool [total_len]: the question rows."""
+        mask = torch.zeros(self.layout.total_len, dtype=torch.bool)
+        qs, qe = self.layout.question_span
+        mask[qs:qe] = True
+        return mask
+
     def context_mask(self) -> torch.Tensor:
         """bool [total_len]: rows of chunks that have cached KV (candidates for reuse)."""
         mask = torch.zeros(self.layout.total_len, dtype=torch.bool)
@@ -92,6 +102,8 @@ class LayerView:
     active: [m] positions of the active rows (ascending); fresh_k/fresh_v: their newly
     computed K (after RoPE) and V, [kv_heads, m, head_dim]; cached_k/cached_v: the cached
     rows at the same positions (meaningful where the row lies under a cached span).
+    attention_from(rows): attention mass [m] that the active rows `rows` (bool [m]) put on
+    each active row at this layer, averaged over heads and those rows (computed on demand).
     """
 
     layer: int
@@ -100,6 +112,22 @@ class LayerView:
     fresh_v: torch.Tensor
     cached_k: torch.Tensor
     cached_v: torch.Tensor
+    attention_from: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+@dataclass
+class QueryView:
+    """What `Plan.observe` sees at an observing layer, after the active rows' queries exist.
+
+    active: [m] positions; q: [heads, m, head_dim] (after RoPE); keys / values:
+    [kv_heads, total, head_dim], this layer's assembled cache with the fresh rows written.
+    """
+
+    layer: int
+    active: torch.Tensor
+    q: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
 
 
 @dataclass
@@ -115,6 +143,17 @@ class Plan:
 
     def select(self, layer: int, view: LayerView) -> torch.Tensor | None:
         """Indices into view.active of the rows that stay active; None keeps them all."""
+        return None
+
+    def observes(self, layer: int) -> bool:
+        return False
+
+    def observe(self, layer: int, view: QueryView) -> torch.Tensor | None:
+        """Indices into view.active of the rows that go on past this layer; None keeps all.
+
+        Rows left out stop here (early termination): their fresh K/V of this layer are
+        written and their cached KV serves every later layer. They still count as selected.
+        """
         return None
 
 

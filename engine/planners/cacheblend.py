@@ -4,7 +4,8 @@ Layers below the first check layer run every non-prefix row. At each check layer
 K/V of the active rows is compared with the cached rows, and only the rows of highest
 deviation stay active: `ceil(min(1, ratio * multiplier) * context_tokens)` of the context,
 plus the pinned rows (question, uncached chunks). With several check layers and decreasing
-multipliers this is the paper's gradual filtering (section 4.3).
+multipliers this is the paper's gradual filtering (section 4.3). `EngineConfig.selection`
+chooses the score: plain deviation, or deviation weighted by the question's attention.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import math
 
 import torch
 
-from engine import ops
+from engine.config import EngineConfig
 from engine.planners import register
 from engine.planners.base import BasePlanner, LayerView, Plan, PlanRequest, positions
+from engine.planners.selection import keep_top, row_scores
 
 
 @register
@@ -25,32 +27,33 @@ class CacheBlendPlanner(BasePlanner):
     def plan(self, request: PlanRequest) -> Plan:
         pinned = request.pinned_mask()
         context = request.context_mask()
-        active = positions(pinned | context)
-        schedule = {layer: min(1.0, request.ratio * mult)
-                    for layer, mult in zip(self.config.check_layers, self.config.check_ratio_multipliers)
-                    if layer < request.num_layers}
-        return BlendPlan(request.all_cached_spans(), active, pinned, context=context,
-                         schedule=schedule, deviation=self.config.deviation)
+        schedule = blend_schedule(self.config, request.ratio, request.num_layers)
+        return BlendPlan(request.all_cached_spans(), positions(pinned | context), pinned,
+                         eligible=context, schedule=schedule, config=self.config,
+                         question=request.question_mask())
+
+
+def blend_schedule(config: EngineConfig, ratio: float, num_layers: int) -> dict[int, float]:
+    """{check layer: share of the eligible rows kept there}."""
+    return {layer: min(1.0, ratio * mult)
+            for layer, mult in zip(config.check_layers, config.check_ratio_multipliers) if layer < num_layers}
 
 
 class BlendPlan(Plan):
-    def __init__(self, cached_spans, initial_active, pinned, *, context: torch.Tensor,
-                 schedule: dict[int, float], deviation: str):
+    """Keeps `ceil(share * |eligible|)` eligible rows at each check layer, by score."""
+
+    def __init__(self, cached_spans, initial_active, pinned, *, eligible: torch.Tensor,
+                 schedule: dict[int, float], config: EngineConfig, question: torch.Tensor):
         super().__init__(cached_spans, initial_active, pinned)
-        self.context = context
-        self.num_context = int(context.sum())
+        self.eligible = eligible
+        self.num_eligible = int(eligible.sum())
         self.schedule = schedule
-        self.deviation = deviation
+        self.config = config
+        self.question = question
 
     def selects_at(self, layer: int) -> bool:
         return layer in self.schedule
 
     def select(self, layer: int, view: LayerView) -> torch.Tensor:
-        eligible = self.context.to(view.active.device)[view.active]
-        fresh, cached = ((view.fresh_v, view.cached_v) if self.deviation == "value"
-                         else (view.fresh_k, view.cached_k))
-        count = math.ceil(self.schedule[layer] * self.num_context)
-        chosen = ops.deviation_top_rows(fresh, cached, count, eligible)
-        keep = ~eligible
-        keep[chosen] = True
-        return positions(keep)
+        scores = row_scores(view, self.config.deviation, self.config.selection, self.question)
+        return keep_top(view, self.eligible, math.ceil(self.schedule[layer] * self.num_eligible), scores)

@@ -131,3 +131,17 @@ def test_greedy_decode_from_full_reuse_equals_hugging_face_generate(tiny_engine)
     eos = set(tiny_engine.loaded.eos_token_ids)
     cut = next((i for i, t in enumerate(expected) if t in eos), len(expected))
     assert result.generated_ids == expected[:cut]
+
+
+@pytest.mark.parametrize("selection", ["deviation", "question_weighted"])
+def test_both_selections_equal_full_at_ratio_one_and_differ_below(tiny_loaded, tmp_path, selection):
+    from engine import EngineConfig
+    from engine.engine import Engine
+
+    engine = Engine(EngineConfig(data_dir=tmp_path, selection=selection), tiny_loaded)
+    chunks = chunk_inputs(engine)
+    full = engine.prefill(chunks, QUESTION, mode="full")
+    everything = engine.prefill(chunks, QUESTION, mode="cacheblend", ratio=1.0)
+    torch.testing.assert_close(everything.logits, full.logits, rtol=1e-4, atol=1e-4)
+    part = engine.prefill(chunks, QUESTION, mode="cacheblend", ratio=0.3)
+    assert 0 < part.recomputed_tokens < part.context_tokens

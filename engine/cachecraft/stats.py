@@ -1,0 +1,125 @@
+"""Attention statistics of chunks computed in context: the numbers Cache-Craft plans with.
+
+`measure_context_stats` runs the first layers of the prompt with every row active (the
+system prefix from its exact cache), and at each measured layer adds up, per query row, the
+attention mass that falls on each segment (prefix, chunk j, ...). Scores are formed in blocks
+of query rows, so memory stays bounded ([heads, block, keys]) even at 8k tokens. Masses are
+averaged over heads and measured layers.
+
+It runs after the answer is out (the request path's "store variants" step), so it never
+delays the first token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.cachecraft.scores import cci, inter_intra_terms
+from engine.planners.base import CachedSpan, Plan
+from engine.prompt import PromptLayout
+
+ROW_BLOCK = 128
+
+
+@dataclass(frozen=True)
+class ChunkStats:
+    """What one chunk's tokens attended to, in one context (see DESIGN.md, Cache-Craft).
+
+    inter: mass to each preceding chunk (by chunk id), summed over the chunk's tokens;
+    intra: mass inside the chunk; token_scores: per token, mass to all preceding chunks.
+    """
+
+    context: tuple[str, ...]
+    inter: dict[str, float]
+    intra: float
+    token_scores: list[float]
+    a: float
+    b: float
+    cci: float
+
+
+def segment_attention_mass(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, segments: torch.Tensor,
+                           num_segments: int, scale: float) -> torch.Tensor:
+    """Per query row, the attention mass on each key segment, averaged over heads.
+
+    q: [heads, m, head_dim] (after RoPE); k: [kv_heads, n, head_dim]; q_pos: [m] ascending;
+    segments: [n] long in [0, num_segments). Returns [m, num_segments] (rows sum to 1).
+    """
+    group = q.shape[0] // k.shape[0]
+    one_hot = torch.nn.functional.one_hot(segments, num_segments).to(torch.float32)  # [n, S]
+    key_pos = torch.arange(k.shape[1], device=k.device)
+    out = []
+    for start in range(0, q.shape[1], ROW_BLOCK):
+        rows = q_pos[start:start + ROW_BLOCK]
+        end = int(rows[-1]) + 1
+        qb = q[:, start:start + ROW_BLOCK].float()
+        kb = k[:, :end].float().repeat_interleave(group, 0)  # [heads, end, head_dim]
+        scores = (qb @ kb.transpose(1, 2)) * scale  # [heads, b, end]
+        scores.masked_fill_(key_pos[None, None, :end] > rows[None, :, None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).mean(0)  # [b, end]
+        out.append(probs @ one_hot[:end])
+    return torch.cat(out, dim=0)
+
+
+def chunk_stats(mass: torch.Tensor, layout: PromptLayout, chunk_ids: Sequence[str]) -> list[ChunkStats]:
+    """Per-chunk statistics from the per-row segment masses of the whole prompt.
+
+    mass: [total_len, num_chunks + 2] with segment 0 the prefix, 1 + j chunk j, last the
+    question (rows outside chunks are ignored).
+    """
+    sizes = {cid: end - start for cid, (start, end) in zip(chunk_ids, layout.chunk_spans)}
+    stats = []
+    for i, (cid, (start, end)) in enumerate(zip(chunk_ids, layout.chunk_spans)):
+        rows = mass[start:end]  # [n_i, S]
+        before = tuple(chunk_ids[:i])
+        inter = {j: float(rows[:, 1 + jj].sum()) for jj, j in enumerate(before)}
+        intra = float(rows[:, 1 + i].sum())
+        token_scores = rows[:, 1:1 + i].sum(dim=1).tolist()
+        a, b = inter_intra_terms(inter, sizes, intra, end - start)
+        stats.append(ChunkStats(before, inter, intra, token_scores, a, b, cci(a, b)))
+    return stats
+
+
+def measure_context_stats(runner, layout: PromptLayout, chunk_ids: Sequence[str], prefix_kv,
+                          layers: Sequence[int]) -> list[ChunkStats]:
+    """Statistics of every chunk of `layout` in its context, from the given layers.
+
+    Runs layers 0..max(layers) with all rows after the system prefix active.
+    """
+    stack = runner.stack
+    device = stack.embed_tokens.weight.device
+    ids = layout.token_tensor(device)
+    total = ids.numel()
+    segments = _segments(layout, device)
+    num_segments = len(layout.chunk_ids) + 2
+    plan = _MeasurePlan([CachedSpan(0, prefix_kv)], torch.arange(layout.prefix_len, total),
+                        torch.ones(total, dtype=torch.bool))
+    plan.layers, plan.segments, plan.num_segments, plan.scale = set(layers), segments, num_segments, stack.scale
+    with torch.inference_mode():
+        runner.run(ids, plan, capacity=total, want_logits=False, last_layer=max(layers))
+    mass = torch.zeros(total, num_segments, device=device)
+    mass[layout.prefix_len:] = torch.stack(plan.masses).mean(0)
+    return chunk_stats(mass.cpu(), layout, chunk_ids)
+
+
+class _MeasurePlan(Plan):
+    """Every row after the prefix, every layer; records segment masses at the chosen layers."""
+
+    def __post_init__(self) -> None:
+        self.masses: list[torch.Tensor] = []
+
+    def observes(self, layer: int) -> bool:
+        return layer in self.layers
+
+    def observe(self, layer: int, view) -> None:
+        self.masses.append(segment_attention_mass(view.q, view.keys, view.active, self.segments,
+                                                  self.num_segments, self.scale))
+        return None
+
+
+def _segments(layout: PromptLayout, device) -> torch.Tensor:
+    """Segment per position: 0 prefix, 1 + j chunk j, num_chunks + 1 question."""
+    return layout.segment_ids(device) + 1

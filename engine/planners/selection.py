@@ -1,0 +1,38 @@
+"""Choosing which context rows to recompute at a check layer, shared by the planners.
+
+Two scores, chosen by `EngineConfig.selection`:
+- "deviation": CacheBlend's KV deviation ‖fresh − cached‖² of V (or K), summed over heads;
+- "question_weighted": that deviation times the attention the question's rows pay to the
+  row at the check layer. A row whose KV changed but that the question does not read barely
+  moves the answer; on SmolLM2 / MuSiQue this halves the first-token KL at r = 0.15.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine import ops
+from engine.planners.base import LayerView, positions
+
+SELECTIONS = ("deviation", "question_weighted")
+
+
+def row_scores(view: LayerView, deviation: str, selection: str, question: torch.Tensor) -> torch.Tensor:
+    """Score [m] of every active row; `question`: bool [total] marking the question rows."""
+    fresh, cached = ((view.fresh_v, view.cached_v) if deviation == "value" else (view.fresh_k, view.cached_k))
+    scores = ops.kv_deviation(fresh, cached)
+    if selection == "question_weighted":
+        asking = question.to(view.active.device)[view.active]
+        scores = scores * view.attention_from(asking)
+    return scores
+
+
+def keep_top(view: LayerView, eligible: torch.Tensor, count: int, scores: torch.Tensor) -> torch.Tensor:
+    """Indices into view.active: every non-eligible row plus the `count` best eligible rows.
+
+    eligible: bool [total] (rows that may be dropped).
+    """
+    eligible_rows = eligible.to(view.active.device)[view.active]
+    keep = ~eligible_rows
+    keep[ops.top_rows(scores, count, eligible_rows)] = True
+    return positions(keep)
