@@ -5,10 +5,9 @@ by layer; a chunk with no stored KV is computed and stored), `store_variants` (t
 request produced in a new context) and `release`. Ingest uses `put_base`; deletion uses
 `forget_document`; `/admin` uses `tier_stats`, `evict` and `clear`.
 
-Variant choice and new variants belong to the mode: a planner that wants a stored context
-variant for a chunk exposes `choose_contexts`, and a prefill result that carries
-`new_variants` ([(chunk id, ChunkKV, VariantStats)]) has them stored. Modes without either
-(everything but Cache-Craft) use the base variants and store nothing new.
+Variants belong to Cache-Craft: a `cachecraft` request gets each chunk's stored variant of
+lowest CFO and leaves new variants for its context; every other mode uses the base variants
+and stores nothing new.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from app.variant_builder import VariantBuilder
 from engine.catalog import context_signature
 from engine.chunk_cache import ChunkKVCache, ChunkRef, LoadedChunks
 from engine.planners import PLANNERS
@@ -28,6 +28,7 @@ from engine.store.config import KNOWN_POLICIES
 log = logging.getLogger(__name__)
 
 PERSISTENT_TIERS = ("disk", "redis")
+CRAFT = "cachecraft"
 
 
 @dataclass
@@ -52,6 +53,7 @@ class ServiceChunkCache:
         self.engine = cache.engine
         # None (no disk or Redis tier): the first tier, lost at exit.
         self.persistent_tier = next((n for n in self.store.names if n in PERSISTENT_TIERS), None)
+        self.builder = VariantBuilder(cache)
 
     # -- the request path ----------------------------------------------------------------------
 
@@ -65,25 +67,18 @@ class ServiceChunkCache:
         if planner is not None and not planner.reuses_cache:
             inputs = [ChunkInput(str(r.chunk.id), tuple(r.token_ids)) for r in retrieved]
             return RequestChunks(LoadedChunks(inputs, [], self.cache), ["none (full prefill)"] * len(inputs))
-        contexts = self._contexts(retrieved, mode)
-        refs = [ChunkRef(r.chunk.id, tuple(r.token_ids), ctx) for r, ctx in zip(retrieved, contexts)]
+        if mode == CRAFT:  # Cache-Craft: each chunk's variant of lowest CFO for this order
+            refs = self.cache.choose_variants([(r.chunk.id, tuple(r.token_ids)) for r in retrieved])
+        else:
+            refs = [ChunkRef(r.chunk.id, tuple(r.token_ids)) for r in retrieved]
         loaded = self.cache.load(refs)
         labels = [_label(getattr(i.kv, "context", ()), int(i.chunk_id) in loaded.computed) for i in loaded.inputs]
         return RequestChunks(loaded, labels)
 
-    def store_variants(self, chunks: RequestChunks, result) -> int:
-        """Store the variants the prefill produced (Cache-Craft's `new_variants`); returns how many."""
-        stored = 0
-        for chunk_id, kv, stats in getattr(result, "new_variants", None) or ():
-            stored += self.cache.put_variant(int(chunk_id), kv, stats) is not None
-        return stored
-
-    def _contexts(self, retrieved: Sequence, mode: str) -> list[tuple[str, ...]]:
-        planner = PLANNERS.get(mode)
-        choose = getattr(planner, "choose_contexts", None)
-        if choose is None:
-            return [() for _ in retrieved]
-        return list(choose(self.cache.catalog, [r.chunk.id for r in retrieved]))
+    def store_variants(self, chunks: RequestChunks, result) -> bool:
+        """Cache-Craft requests leave new variants (their chunks in this context), built in the
+        background; other modes store nothing new. True if a build was queued."""
+        return result.mode == CRAFT and self.builder.submit(result)
 
     # -- ingest and deletion -------------------------------------------------------------------
 
@@ -142,6 +137,7 @@ class ServiceChunkCache:
         return len(keys), before - sum(s["bytes"] for s in self.tier_stats().values())
 
     def close(self) -> None:
+        self.builder.close()
         self.store.close()
 
 

@@ -20,9 +20,9 @@ def chunk_out(retrieved, report, variant: str, mode: str, tokenizer) -> ChunkOut
     out = ChunkOut(
         chunk_id=retrieved.chunk.id, document_id=retrieved.document.id, document=retrieved.document.title,
         source=retrieved.document.source, ordinal=retrieved.chunk.ordinal, score=round(retrieved.score, 4),
-        text=retrieved.chunk.text, strategy=getattr(report, "strategy", None) or mode, tokens=report.tokens,
+        text=retrieved.chunk.text, strategy=report.strategy or mode, tokens=report.tokens,
         reused=report.reused, recomputed=report.recomputed, compute_share=round(report.compute_share, 4),
-        cached=report.cached, variant=variant, stopped_layer=getattr(report, "stopped_layer", None))
+        cached=report.cached, variant=variant, stopped_layer=report.stopped_layer, cfo=report.cfo)
     if tokenizer is not None:
         out.token_texts = [tokenizer.decode([t]) for t in retrieved.token_ids]
         out.recomputed_offsets = list(getattr(report, "recomputed_offsets", ()))

@@ -43,8 +43,18 @@ class Settings(BaseSettings):
     default_mode: str = "cacheblend"
     recompute_ratio: float = Field(default=0.15, ge=0.0, le=1.0)
     check_layers: Annotated[tuple[int, ...], NoDecode] = (1,)
+    check_multipliers: Annotated[tuple[float, ...] | None, NoDecode] = None  # None: 1 per layer
     deviation: str = "value"
+    selection: str = "question_weighted"
     epic_tokens: int = Field(default=16, ge=0)
+    craft_alpha: float = Field(default=0.1, ge=0.0)
+    craft_novelty: bool = True
+    craft_reuse_below: float = Field(default=0.02, ge=0.0, le=1.0)
+    craft_full_above: float = Field(default=0.7, ge=0.0, le=1.0)
+    craft_stats_layers: Annotated[tuple[int, ...], NoDecode] = (0, 1)
+    craft_max_variants: int = Field(default=5, ge=1)
+    focus_layer: int | None = Field(default=10, ge=0)  # None / "off": no early termination
+    focus_threshold: float = Field(default=0.5, ge=0.0)
     # -- chunking and retrieval ---------------------------------------------------------------
     chunk_tokens: int = Field(default=256, ge=16, le=2048)
     chunk_overlap: int = Field(default=32, ge=0)
@@ -73,12 +83,24 @@ class Settings(BaseSettings):
     store_eviction: str = "lru"
     redis_url: str = "redis://127.0.0.1:6379/0"
 
-    @field_validator("check_layers", mode="before")
+    @field_validator("check_layers", "craft_stats_layers", mode="before")
     @classmethod
     def _split_layers(cls, value):
         if isinstance(value, str):
             return tuple(int(x) for x in value.split(",") if x.strip())
         return value
+
+    @field_validator("check_multipliers", mode="before")
+    @classmethod
+    def _split_floats(cls, value):
+        if isinstance(value, str):
+            return tuple(float(x) for x in value.split(",") if x.strip()) or None
+        return value
+
+    @field_validator("focus_layer", mode="before")
+    @classmethod
+    def _off_is_none(cls, value):
+        return None if isinstance(value, str) and value.strip().lower() in ("", "off", "none") else value
 
     @field_validator("store_tiers", mode="before")
     @classmethod
@@ -116,8 +138,13 @@ class Settings(BaseSettings):
         return self.data_dir / "index"
 
     def engine_config(self) -> EngineConfig:
-        return EngineConfig(data_dir=self.data_dir, model_path=self.model_path, device=self.device,
-                            dtype=self.dtype, num_threads=self.num_threads,
-                            recompute_ratio=self.recompute_ratio, check_layers=self.check_layers,
-                            check_ratio_multipliers=tuple(1.0 for _ in self.check_layers),
-                            deviation=self.deviation, epic_tokens=self.epic_tokens)
+        """The engine's frozen config; raises ValueError for inconsistent values."""
+        return EngineConfig(
+            data_dir=self.data_dir, model_path=self.model_path, device=self.device, dtype=self.dtype,
+            num_threads=self.num_threads, recompute_ratio=self.recompute_ratio, check_layers=self.check_layers,
+            check_ratio_multipliers=self.check_multipliers or tuple(1.0 for _ in self.check_layers),
+            deviation=self.deviation, selection=self.selection, epic_tokens=self.epic_tokens,
+            craft_alpha=self.craft_alpha, craft_novelty=self.craft_novelty,
+            craft_reuse_below=self.craft_reuse_below, craft_full_above=self.craft_full_above,
+            craft_stats_layers=self.craft_stats_layers, craft_max_variants=self.craft_max_variants,
+            focus_layer=self.focus_layer, focus_threshold=self.focus_threshold)

@@ -35,6 +35,8 @@ from engine.catalog import (
     VariantStats,
     context_signature,
 )
+from engine.cachecraft.choice import Candidate, choose_variant
+from engine.cachecraft.variants import drafts_from_request
 from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.kv import ChunkKV, KVSource
@@ -60,6 +62,7 @@ class ChunkRef:
     chunk_id: int
     token_ids: tuple[int, ...]
     context: tuple[str, ...] = ()
+    stats: object | None = None  # Cache-Craft statistics of that variant, when measured
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,10 @@ class ChunkKVCache:
         loaded = LoadedChunks([], [], self)
         try:
             for ref in chunks:
-                loaded.inputs.append(ChunkInput(str(ref.chunk_id), tuple(ref.token_ids), self._source(ref, loaded)))
+                source = self._source(ref, loaded)
+                # statistics describe the wanted variant; a fallback to the base has none
+                stats = ref.stats if tuple(source.context) == tuple(ref.context) else None
+                loaded.inputs.append(ChunkInput(str(ref.chunk_id), tuple(ref.token_ids), source, stats))
         except BaseException:
             loaded.close()
             raise
@@ -194,6 +200,53 @@ class ChunkKVCache:
             log.exception("recording variant accesses failed")
 
     # -- variants ------------------------------------------------------------------------------
+
+    def choose_variants(self, chunks: Sequence[tuple[int, Sequence[int]]]) -> list[ChunkRef]:
+        """Cache-Craft: per chunk (chunk id, token ids), in request order, the stored variant of
+        lowest CFO for the chunks before it; the base variant when nothing better is known."""
+        config = self.engine.config
+        order = [str(chunk_id) for chunk_id, _ in chunks]
+        refs = []
+        for i, (chunk_id, token_ids) in enumerate(chunks):
+            records = self._usable_variants(chunk_id, len(token_ids))
+            if not records:
+                refs.append(ChunkRef(chunk_id, tuple(token_ids)))
+                continue
+            candidates = [Candidate(r.context, _measured(r.stats)) for r in records]
+            index, _ = choose_variant(candidates, order[:i], config.craft_alpha, config.craft_novelty)
+            chosen = records[index]
+            refs.append(ChunkRef(chunk_id, tuple(token_ids), chosen.context, _measured(chosen.stats)))
+        return refs
+
+    def _usable_variants(self, chunk_id: int, num_tokens: int) -> list[VariantRecord]:
+        return [v for v in self.catalog.variants_of_chunk(chunk_id, self.engine.fingerprint)
+                if v.prefix_digest == self.engine.prompts.prefix_digest
+                and v.storage_dtype == self.storage_dtype and v.num_tokens == num_tokens]
+
+    def put_context_variants(self, result) -> int:
+        """Store the variants a finished request produced (see engine/cachecraft/variants.py),
+        keeping at most `craft_max_variants` per chunk; returns how many were stored."""
+        stored = 0
+        for draft in drafts_from_request(self.engine, result):
+            stored += self.put_variant(int(draft.chunk_id), draft.kv, draft.stats) is not None
+            self._prune_variants(int(draft.chunk_id))
+        return stored
+
+    def _prune_variants(self, chunk_id: int) -> None:
+        """Drop the least valuable context variants beyond the limit (never the base variant).
+
+        Value = expected savings × (accesses + 1) / bytes. The catalog row goes first, so no
+        request picks a variant whose KV is being removed.
+        """
+        records = self.catalog.variants_of_chunk(chunk_id, self.engine.fingerprint)
+        excess = len(records) - self.engine.config.craft_max_variants
+        if excess <= 0:
+            return
+        value = lambda r: (r.stats.expected_savings or 0.0) * (r.access_count + 1) / max(1, r.num_bytes)  # noqa: E731
+        doomed = sorted((r for r in records if r.context), key=value)[:excess]
+        self.catalog.delete_variants([r.store_key for r in doomed])
+        for record in doomed:
+            self.store.remove(record.store_key)
 
     def put_variant(self, chunk_id: int, kv: ChunkKV, stats: VariantStats | None = None,
                     tier: str | None = None) -> VariantRecord | None:
@@ -265,3 +318,8 @@ class ChunkKVCache:
 
     def entry_dropped(self, key: str) -> None:
         self.catalog.mark_missing([key])
+
+
+def _measured(stats: VariantStats) -> VariantStats | None:
+    """The statistics if they were ever measured (a base variant from ingest has none)."""
+    return stats if stats is not None and stats.cci is not None else None

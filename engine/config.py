@@ -42,6 +42,25 @@ class EngineConfig:
     selection: str = "question_weighted"
     # epic: recompute the first k tokens of every chunk in every layer.
     epic_tokens: int = 16
+    # cachecraft: CFO = clamp(alpha * CCI * (1 - beta'), 0, 1); below `craft_reuse_below` the
+    # chunk is reused as is, above `craft_full_above` it is recomputed fully.
+    craft_alpha: float = 0.1
+    # Scale β′ by the share of the new preceding chunks the variant has seen (scores.py).
+    craft_novelty: bool = True
+    craft_reuse_below: float = 0.02
+    craft_full_above: float = 0.7
+    # Layers whose attention the statistics of a new variant average over (measured after
+    # the answer, with every row of the first layers recomputed in the new context).
+    craft_stats_layers: tuple[int, ...] = (0, 1)
+    # New variants hold the chunk's exact KV in the new context (one more full prefill of the
+    # request's prompt, after the answer); False stores the request's own blended rows.
+    craft_exact_variants: bool = True
+    # Variants kept per chunk (the least valuable goes first).
+    craft_max_variants: int = 5
+    # Early termination: from this layer on (None: never), chunks whose share of the
+    # question's attention is below `focus_threshold` times an even share stop recomputing.
+    focus_layer: int | None = 10
+    focus_threshold: float = 0.5
     # Run the RoPE-shift self-check at start-up; a failure disables reuse modes.
     selfcheck: bool = True
 
@@ -58,5 +77,11 @@ class EngineConfig:
             raise ValueError("deviation must be 'value' or 'key'")
         if self.selection not in ("deviation", "question_weighted"):
             raise ValueError("selection must be 'deviation' or 'question_weighted'")
+        if self.craft_alpha < 0 or not 0 <= self.craft_reuse_below <= self.craft_full_above <= 1:
+            raise ValueError("need craft_alpha >= 0 and 0 <= craft_reuse_below <= craft_full_above <= 1")
+        if not self.craft_stats_layers or min(self.craft_stats_layers) < 0 or self.craft_max_variants < 1:
+            raise ValueError("craft_stats_layers must be non-empty layers >= 0; craft_max_variants >= 1")
+        if self.focus_layer is not None and self.focus_layer < 0 or self.focus_threshold < 0:
+            raise ValueError("focus_layer must be >= 0 (or None) and focus_threshold >= 0")
         if self.epic_tokens < 0:
             raise ValueError("epic_tokens must be >= 0")

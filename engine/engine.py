@@ -112,11 +112,12 @@ class Engine:
         request = PlanRequest(layout, tuple(chunks), self.prefix_kv, ratio, self.config,
                               self.loaded.spec.num_layers)
         with torch.inference_mode():
-            out = self.runner.run(layout.token_tensor(self.device), planner.plan(request),
+            plan = planner.plan(request)
+            out = self.runner.run(layout.token_tensor(self.device), plan,
                                   capacity=layout.total_len + max_new_tokens)
             _synchronize(self.device)
         ttft = time.perf_counter() - started
-        reports = chunk_reports(chunks, layout, out, self.loaded.spec.num_layers)
+        reports = chunk_reports(chunks, layout, out, self.loaded.spec.num_layers, planner.name, plan.decisions)
         return PrefillResult(planner.name, layout, out.cache, out.logits, ttft, reports, fallback)
 
     def generate(self, result: PrefillResult, params: SamplingParams | None = None) -> Iterator[str]:

@@ -9,7 +9,7 @@ import torch
 
 from engine.errors import InvalidRequest
 from engine.kv import KVCache
-from engine.planners.base import ChunkInput
+from engine.planners.base import ChunkDecision, ChunkInput
 from engine.prompt import PromptLayout
 
 
@@ -23,6 +23,8 @@ class ChunkReport:
     recomputed_offsets: offsets within the chunk of the recomputed rows (for display).
     stopped_layer: the layer where early termination stopped the chunk's recompute (None:
     it ran to the last layer, or nothing was recomputed).
+    strategy / cfo / variant: the planner's decision for the chunk (strategy defaults to the
+    mode's name; cfo and variant are set by Cache-Craft).
     """
 
     chunk_id: str
@@ -32,6 +34,9 @@ class ChunkReport:
     cached: bool
     recomputed_offsets: tuple[int, ...] = ()
     stopped_layer: int | None = None
+    strategy: str = ""
+    cfo: float | None = None
+    variant: tuple[str, ...] | None = None
 
     @property
     def reused(self) -> int:
@@ -70,9 +75,11 @@ class PrefillResult:
         self._decoding = True
 
 
-def chunk_reports(chunks: Sequence[ChunkInput], layout: PromptLayout, out, num_layers: int) -> list[ChunkReport]:
+def chunk_reports(chunks: Sequence[ChunkInput], layout: PromptLayout, out, num_layers: int,
+                  mode: str, decisions: Sequence[ChunkDecision] | None = None) -> list[ChunkReport]:
     reports = []
-    for chunk, (start, end) in zip(chunks, layout.chunk_spans):
+    decisions = decisions or [ChunkDecision(mode)] * len(chunks)
+    for chunk, decision, (start, end) in zip(chunks, decisions, layout.chunk_spans):
         tokens = end - start
         reports.append(ChunkReport(
             chunk_id=chunk.chunk_id,
@@ -82,6 +89,7 @@ def chunk_reports(chunks: Sequence[ChunkInput], layout: PromptLayout, out, num_l
             cached=chunk.kv is not None,
             recomputed_offsets=tuple(int(i) for i in out.selected[start:end].nonzero().flatten()),
             stopped_layer=_stopped_layer(out.stopped_layer[start:end]),
+            strategy=decision.strategy, cfo=decision.cfo, variant=decision.variant,
         ))
     return reports
 

@@ -125,7 +125,7 @@ class LayerRunner:
         q = stack.project_q(layer, x, rows.cos, rows.sin)
         keys, values = cache.keys(layer, total), cache.values(layer, total)
         if plan.observes(layer):  # early termination: the plan sees this layer's queries
-            keep = plan.observe(layer, QueryView(layer, rows.active, q, keys, values))
+            keep = plan.observe(layer, QueryView(layer, rows.active, q, keys, values, stack.scale))
             if keep is not None:
                 q = q[:, keep.to(q.device)]
                 rows, x = self._keep(plan, rows, x, keep, total)

@@ -10,9 +10,9 @@ import logging
 import os
 import sys
 
-from app.cli import ask, bench, ingest, serve
+from app.cli import ask, bench, calibrate, ingest, serve
 
-SUBCOMMANDS = [bench, serve, ingest, ask]
+SUBCOMMANDS = [bench, calibrate, serve, ingest, ask]
 
 
 def build_parser() -> argparse.ArgumentParser:

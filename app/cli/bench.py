@@ -19,6 +19,9 @@ def add_parser(subparsers) -> None:
     fidelity.add_argument("--modes", default="full,naive,epic,cacheblend", help="comma-separated modes")
     fidelity.add_argument("--ratio", type=float, default=None, help="recompute ratio r (default from config)")
     fidelity.add_argument("--max-new-tokens", type=int, default=32)
+    fidelity.add_argument("--warmup-orders", type=int, default=3,
+                          help="cachecraft: untimed requests in other orders before timing (0: cold)")
+    fidelity.add_argument("--seed", type=int, default=0, help="seed of the warm-up orders")
     fidelity.add_argument("--json", type=Path, default=None, help="also write the figures here")
     fidelity.set_defaults(handler=run_fidelity)
     add_kernels_parser(kinds)
@@ -36,30 +39,39 @@ def add_kernels_parser(kinds) -> None:
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("KVMOSAIC_DATA_DIR", "data")))
-    parser.add_argument("--model", default=os.environ.get("KVMOSAIC_MODEL_PATH") or None,
-                        help="local Hugging Face checkpoint (default: embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--device", default=os.environ.get("KVMOSAIC_DEVICE", "cpu"))
-    parser.add_argument("--dtype", default=os.environ.get("KVMOSAIC_DTYPE", "auto"))
+    """Engine options; each defaults to its `KVMOSAIC_*` setting (see the README)."""
+    parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument("--model", default=None, help="local Hugging Face checkpoint (default: embedded SmolLM2)")
+    parser.add_argument("--device", default=None, help="cpu or cuda[:n]")
+    parser.add_argument("--dtype", default=None, help="auto, float32, float16 or bfloat16")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--check-layers", default="1", help="cacheblend check layers, e.g. 1 or 1,2,3")
-    parser.add_argument("--check-multipliers", default=None,
-                        help="ratio multiplier per check layer, e.g. 2,1.5,1 (default all 1)")
-    parser.add_argument("--deviation", choices=["value", "key"], default="value")
-    parser.add_argument("--selection", choices=["deviation", "question_weighted"], default="question_weighted",
-                        help="how check layers rank rows (default question_weighted)")
-    parser.add_argument("--epic-tokens", type=int, default=16)
+    parser.add_argument("--check-layers", default=None, help="cacheblend check layers, e.g. 1 or 1,2,3")
+    parser.add_argument("--check-multipliers", default=None, help="ratio multiplier per check layer, e.g. 2,1.5,1")
+    parser.add_argument("--deviation", choices=["value", "key"], default=None)
+    parser.add_argument("--selection", choices=["deviation", "question_weighted"], default=None,
+                        help="how check layers rank rows")
+    parser.add_argument("--epic-tokens", type=int, default=None)
+    parser.add_argument("--craft-alpha", type=float, default=None)
+    parser.add_argument("--craft-novelty", choices=["true", "false"], default=None)
+    parser.add_argument("--focus-layer", default=None, help="early termination from this layer (off: never)")
+    parser.add_argument("--focus-threshold", type=float, default=None)
+
+
+# command-line option -> Settings field
+_OVERRIDES = {"data_dir": "data_dir", "model": "model_path", "device": "device", "dtype": "dtype",
+              "threads": "num_threads", "check_layers": "check_layers", "check_multipliers": "check_multipliers",
+              "deviation": "deviation", "selection": "selection", "epic_tokens": "epic_tokens",
+              "craft_alpha": "craft_alpha", "craft_novelty": "craft_novelty", "focus_layer": "focus_layer",
+              "focus_threshold": "focus_threshold"}
 
 
 def engine_config(args):
-    from engine import EngineConfig
+    """Settings from the environment, with the options given on the command line on top."""
+    from app.settings import Settings
 
-    layers = tuple(int(x) for x in args.check_layers.split(","))
-    multipliers = (tuple(float(x) for x in args.check_multipliers.split(","))
-                   if args.check_multipliers else tuple(1.0 for _ in layers))
-    return EngineConfig(data_dir=args.data_dir, model_path=args.model, device=args.device, dtype=args.dtype,
-                        num_threads=args.threads, check_layers=layers, check_ratio_multipliers=multipliers,
-                        deviation=args.deviation, selection=args.selection, epic_tokens=args.epic_tokens)
+    given = {field: getattr(args, option) for option, field in _OVERRIDES.items()
+             if getattr(args, option, None) is not None}
+    return Settings(**given).engine_config()
 
 
 def run_fidelity(args) -> int:
@@ -68,7 +80,8 @@ def run_fidelity(args) -> int:
 
     options = FidelityOptions(dataset=args.dataset, start=args.start, n=args.n, chunks=args.chunks,
                               modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
-                              ratio=args.ratio, max_new_tokens=args.max_new_tokens)
+                              ratio=args.ratio, max_new_tokens=args.max_new_tokens,
+                              warmup_orders=args.warmup_orders, seed=args.seed)
     engine = Engine.load(engine_config(args))
     summaries = run_fidelity(engine, options)
     print(f"records {options.start}..{options.start + options.n - 1} of {options.dataset.name}, "
@@ -120,7 +133,7 @@ def run_store(args) -> int:
 
     options = StoreBenchOptions(tiers=tuple(t.strip() for t in args.tiers.split(",") if t.strip()),
                                 repeats=args.repeats, dtype=args.storage_dtype, redis_url=args.redis_url,
-                                work_dir=args.work_dir or args.data_dir / "bench", fsync=not args.no_fsync,
+                                work_dir=args.work_dir or engine_config(args).data_dir / "bench", fsync=not args.no_fsync,
                                 chunks=args.chunks, chunk_tokens=args.chunk_tokens, blend_repeats=args.blend_repeats)
     overlap = None
     with default_work_dir(options) as work:

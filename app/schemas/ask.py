@@ -30,7 +30,9 @@ class ChunkOut(BaseModel):
     ordinal: int
     score: float = Field(description="cosine similarity to the question")
     text: str
-    strategy: str = Field(description="the mode that handled the chunk")
+    strategy: str = Field(description="how the chunk was handled: the mode's name, or cachecraft's "
+                                      "reuse / partial / full / deviation / computed")
+    cfo: float | None = Field(default=None, description="cachecraft's Cache Fix Overhead for the chunk")
     tokens: int
     reused: int = Field(description="tokens whose cached KV was kept")
     recomputed: int

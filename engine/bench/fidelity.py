@@ -4,11 +4,17 @@ For each record: its first `chunks` passages become chunks, each with its base-v
 computed beforehand (as ingest would; not timed). Every mode prefills the same token
 sequence; TTFT ratios are per record against `full` in the same run. A warm-up pass over the
 first record runs before timing so that one-time allocation does not count.
+
+`cachecraft` needs variants: before its timed run, each record's chunks go through
+`warmup_orders` untimed `cachecraft` requests in other (seeded random) orders, whose new
+variants land in a per-record `VariantBook`; 0 measures the cold case (base variants only).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import random
 import statistics
 import sys
 from collections.abc import Callable
@@ -18,11 +24,13 @@ from pathlib import Path
 from tqdm import tqdm
 
 from engine.bench.metrics import best_f1, kl_divergence, rouge_l, same_top1
+from engine.cachecraft.book import VariantBook
 from engine.decode import SamplingParams
 from engine.errors import InvalidRequest
 from engine.planners.base import ChunkInput
 
 REFERENCE = "full"
+CRAFT = "cachecraft"
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,8 @@ class FidelityOptions:
     modes: tuple[str, ...] = ("full", "naive", "epic", "cacheblend")
     ratio: float | None = None
     max_new_tokens: int = 32
+    warmup_orders: int = 3
+    seed: int = 0
 
 
 @dataclass
@@ -103,26 +113,65 @@ def run_fidelity(engine, options: FidelityOptions, provider: ChunkProvider = bas
     samples: dict[str, list[ModeSample]] = {m: [] for m in modes}
     bar = tqdm(records, desc="fidelity", unit="record", file=sys.stderr, disable=not progress)
     for offset, record in enumerate(bar):
-        chunks = provider(engine, record, options.chunks, options.start + offset)
-        for mode, sample in _run_record(engine, record, chunks, modes, options).items():
+        index = options.start + offset
+        inputs = mode_inputs(engine, record, options, modes, provider, index)
+        for mode, sample in _run_record(engine, record, inputs, modes, options).items():
             samples[mode].append(sample)
         bar.set_postfix({m: f"{statistics.median(s.ttft_ratio for s in samples[m]):.1f}x"
                          for m in modes if m != REFERENCE})
     return [_summarize(mode, samples[mode]) for mode in modes]
 
 
+def mode_inputs(engine, record, options: FidelityOptions, modes, provider, index: int) -> dict[str, list[ChunkInput]]:
+    """The chunk inputs of every mode: base variants, or for cachecraft the book's choice."""
+    base = provider(engine, record, options.chunks, index)
+    inputs = {mode: base for mode in modes}
+    if CRAFT in modes:
+        book = warmed_book(engine, record["question"], base, options.warmup_orders, options.seed + index)
+        inputs[CRAFT] = book.inputs([c.chunk_id for c in base])
+    return inputs
+
+
+def warmed_book(engine, question: str, base: list[ChunkInput], orders: int, seed: int) -> VariantBook:
+    """A book holding the base variants plus what `orders` cachecraft requests in other
+    orders of the same chunks produced (untimed)."""
+    book = VariantBook(engine)
+    for chunk in base:
+        book.add(chunk.chunk_id, chunk.kv)
+    ids = [c.chunk_id for c in base]
+    for order in other_orders(ids, orders, seed):
+        result = engine.prefill(book.inputs(order), question, mode=CRAFT, max_new_tokens=1)
+        book.record(result)
+    return book
+
+
+def other_orders(ids: list[str], count: int, seed: int) -> list[list[str]]:
+    """`count` seeded random orders of `ids`, none equal to `ids` itself (when possible)."""
+    rng = random.Random(seed)
+    orders = []
+    for _ in range(count):
+        order = ids[:]
+        for _ in range(10):
+            rng.shuffle(order)
+            if order != ids:
+                break
+        orders.append(order)
+    return orders
+
+
 def _warm_up(engine, record, options, modes, provider) -> None:
-    chunks = provider(engine, record, options.chunks, -1)
+    inputs = mode_inputs(engine, record, dataclasses.replace(options, warmup_orders=min(1, options.warmup_orders)),
+                         modes, provider, -1)
     for mode in modes:
-        engine.prefill(chunks, record["question"], mode=mode, ratio=options.ratio, max_new_tokens=1)
+        engine.prefill(inputs[mode], record["question"], mode=mode, ratio=options.ratio, max_new_tokens=1)
 
 
-def _run_record(engine, record, chunks, modes, options) -> dict[str, ModeSample]:
+def _run_record(engine, record, inputs, modes, options) -> dict[str, ModeSample]:
     params = SamplingParams(max_new_tokens=options.max_new_tokens)
     reference = None
     out = {}
     for mode in modes:
-        result = engine.prefill(chunks, record["question"], mode=mode, ratio=options.ratio,
+        result = engine.prefill(inputs[mode], record["question"], mode=mode, ratio=options.ratio,
                                 max_new_tokens=options.max_new_tokens)
         logits = result.logits.clone()
         answer = "".join(engine.generate(result, params)).strip()

@@ -6,6 +6,11 @@ For a variant of chunk C_i computed after the chunks S_old, reused after S_new:
 - γ  = discordant pairs among the shared chunks (Kendall τ distance) / C(m, 2);
 - β′ = β (1 − γ);  CFO = clamp(α · CCI · (1 − β′), 0, 1);
 - recompute ⌈CFO · |C_i|⌉ tokens of highest stored per-token inter-attention.
+
+One extension, on by default (`EngineConfig.craft_novelty`): β only asks whether the chunks
+the variant attended to are still there, so a variant computed after one chunk scores
+β = 1 when three chunks now precede it. ν = |S_old ∩ S_new| / |S_new| (the share of the new
+neighbours the variant has seen) scales β′ down for such contexts: CFO = α·CCI·(1 − β′·ν).
 """
 
 from __future__ import annotations
@@ -60,9 +65,17 @@ def beta_prime(inter: Mapping[str, float], old_context: Sequence[str], new_conte
     return beta(inter, old_context, new_context) * (1.0 - gamma(old_context, new_context))
 
 
-def cfo(alpha: float, cci_value: float, beta_prime_value: float) -> float:
+def novelty_coverage(old_context: Sequence[str], new_context: Sequence[str]) -> float:
+    """ν: the share of the new context's chunks that the variant was computed after (1 if none)."""
+    if not new_context:
+        return 1.0
+    seen = set(old_context)
+    return sum(1 for j in new_context if j in seen) / len(new_context)
+
+
+def cfo(alpha: float, cci_value: float, beta_prime_value: float, coverage: float = 1.0) -> float:
     """Cache Fix Overhead: the share of the chunk's tokens to recompute, in [0, 1]."""
-    return min(1.0, max(0.0, alpha * cci_value * (1.0 - beta_prime_value)))
+    return min(1.0, max(0.0, alpha * cci_value * (1.0 - beta_prime_value * coverage)))
 
 
 def recompute_count(cfo_value: float, num_tokens: int) -> int:

@@ -1,8 +1,8 @@
 """Attention statistics of chunks computed in context: the numbers Cache-Craft plans with.
 
-`measure_context_stats` runs the first layers of the prompt with every row active (the
-system prefix from its exact cache), and at each measured layer adds up, per query row, the
-attention mass that falls on each segment (prefix, chunk j, ...). Scores are formed in blocks
+`measure_context_stats` runs the first layers of the prompt (or all of them) with every row
+active (the system prefix from its exact cache), and at each measured layer adds up, per
+query row, the attention mass that falls on each segment (prefix, chunk j, ...). Scores are formed in blocks
 of query rows, so memory stays bounded ([heads, block, keys]) even at 8k tokens. Masses are
 averaged over heads and measured layers.
 
@@ -84,39 +84,38 @@ def chunk_stats(mass: torch.Tensor, layout: PromptLayout, chunk_ids: Sequence[st
 
 
 def measure_context_stats(runner, layout: PromptLayout, chunk_ids: Sequence[str], prefix_kv,
-                          layers: Sequence[int]) -> list[ChunkStats]:
+                          layers: Sequence[int], all_layers: bool = False) -> tuple[list[ChunkStats], object]:
     """Statistics of every chunk of `layout` in its context, from the given layers.
 
-    Runs layers 0..max(layers) with all rows after the system prefix active.
+    Runs layers 0..max(layers) with all rows after the system prefix active (every layer
+    with `all_layers`, which makes the returned cache the exact KV of this context).
+    Returns (per-chunk statistics, the KVCache of the pass).
     """
     stack = runner.stack
     device = stack.embed_tokens.weight.device
     ids = layout.token_tensor(device)
     total = ids.numel()
-    segments = _segments(layout, device)
     num_segments = len(layout.chunk_ids) + 2
     plan = _MeasurePlan([CachedSpan(0, prefix_kv)], torch.arange(layout.prefix_len, total),
                         torch.ones(total, dtype=torch.bool))
-    plan.layers, plan.segments, plan.num_segments, plan.scale = set(layers), segments, num_segments, stack.scale
+    plan.layers, plan.segments, plan.num_segments, plan.masses = set(layers), _segments(layout, device), num_segments, []
+    last_layer = None if all_layers else max(layers)
     with torch.inference_mode():
-        runner.run(ids, plan, capacity=total, want_logits=False, last_layer=max(layers))
+        out = runner.run(ids, plan, capacity=total, want_logits=False, last_layer=last_layer)
     mass = torch.zeros(total, num_segments, device=device)
     mass[layout.prefix_len:] = torch.stack(plan.masses).mean(0)
-    return chunk_stats(mass.cpu(), layout, chunk_ids)
+    return chunk_stats(mass.cpu(), layout, chunk_ids), out.cache
 
 
 class _MeasurePlan(Plan):
     """Every row after the prefix, every layer; records segment masses at the chosen layers."""
-
-    def __post_init__(self) -> None:
-        self.masses: list[torch.Tensor] = []
 
     def observes(self, layer: int) -> bool:
         return layer in self.layers
 
     def observe(self, layer: int, view) -> None:
         self.masses.append(segment_attention_mass(view.q, view.keys, view.active, self.segments,
-                                                  self.num_segments, self.scale))
+                                                  self.num_segments, view.scale))
         return None
 
 

@@ -34,3 +34,4 @@ from engine.planners import prefix  # noqa: E402,F401
 from engine.planners import naive  # noqa: E402,F401
 from engine.planners import epic  # noqa: E402,F401
 from engine.planners import cacheblend  # noqa: E402,F401
+from engine.planners import cachecraft  # noqa: E402,F401

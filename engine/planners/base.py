@@ -28,11 +28,29 @@ from engine.prompt import PromptLayout
 
 @dataclass(frozen=True)
 class ChunkInput:
-    """One retrieved chunk of a request: its id, token ids and cached KV (None: not cached)."""
+    """One retrieved chunk of a request: its id, token ids and cached KV (None: not cached).
+
+    `stats`: Cache-Craft statistics of the variant in `kv` (an object with `cci`,
+    `inter_scores` {chunk id: mass} and `token_scores` [per token]), None if unknown.
+    """
 
     chunk_id: str
     token_ids: tuple[int, ...]
     kv: KVSource | None = None
+    stats: object | None = None
+
+
+@dataclass(frozen=True)
+class ChunkDecision:
+    """How a planner treats one chunk, for the prefill report.
+
+    strategy: e.g. "reuse", "partial", "full", "deviation", "computed";
+    cfo: the Cache Fix Overhead when one was computed; variant: the context of the variant used.
+    """
+
+    strategy: str
+    cfo: float | None = None
+    variant: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -120,7 +138,8 @@ class QueryView:
     """What `Plan.observe` sees at an observing layer, after the active rows' queries exist.
 
     active: [m] positions; q: [heads, m, head_dim] (after RoPE); keys / values:
-    [kv_heads, total, head_dim], this layer's assembled cache with the fresh rows written.
+    [kv_heads, total, head_dim], this layer's assembled cache with the fresh rows written;
+    scale: the model's attention scale.
     """
 
     layer: int
@@ -128,6 +147,7 @@ class QueryView:
     q: torch.Tensor
     keys: torch.Tensor
     values: torch.Tensor
+    scale: float
 
 
 @dataclass
@@ -137,6 +157,8 @@ class Plan:
     cached_spans: list[CachedSpan]
     initial_active: torch.Tensor  # [m0] positions, ascending
     pinned: torch.Tensor  # bool [total_len]
+    # per chunk, when the planner decides chunk by chunk (None: the mode name says it all)
+    decisions: list[ChunkDecision] | None = None
 
     def selects_at(self, layer: int) -> bool:
         return False

@@ -1,0 +1,114 @@
+"""`cachecraft` (Cache-Craft, arXiv 2502.15734): a recompute budget per chunk, and early termination.
+
+Per chunk, from the statistics of the variant in its `ChunkInput` (see engine/cachecraft):
+- identical context, or CFO below `craft_reuse_below`: reuse as is;
+- CFO above `craft_full_above`: recompute every token;
+- otherwise recompute the ⌈CFO·|chunk|⌉ tokens of highest stored inter-attention, in every layer;
+- a variant with no statistics (a base variant seen only alone): plan it like `cacheblend`
+  (every row up to the check layer, then the top `ratio` by the selection score).
+From `focus_layer` on, chunks that get less than `focus_threshold` of an even share of the
+question's attention stop recomputing; their cached KV serves the remaining layers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.attention import attention_mass
+from engine.cachecraft.choice import Candidate, variant_cfo
+from engine.cachecraft.scores import recompute_count, top_token_offsets
+from engine.config import EngineConfig
+from engine.planners import register
+from engine.planners.base import BasePlanner, ChunkDecision, LayerView, Plan, PlanRequest, QueryView, positions
+from engine.planners.cacheblend import blend_schedule
+from engine.planners.selection import keep_top, row_scores
+
+
+@register
+class CacheCraftPlanner(BasePlanner):
+    name = "cachecraft"
+
+    def plan(self, request: PlanRequest) -> Plan:
+        pinned = request.pinned_mask()
+        fixed = torch.zeros_like(pinned)  # rows recomputed from layer 0 on
+        blended = torch.zeros_like(pinned)  # rows planned by deviation at the check layer
+        decisions = []
+        for i, (chunk, (start, end)) in enumerate(zip(request.chunks, request.layout.chunk_spans)):
+            before = tuple(c.chunk_id for c in request.chunks[:i])
+            decision, offsets = self._decide(chunk, before, end - start)
+            decisions.append(decision)
+            if decision.strategy == "deviation":
+                blended[start:end] = True
+            elif offsets is not None:
+                fixed[start + offsets] = True
+        plan = CraftPlan(request.all_cached_spans(), positions(pinned | fixed | blended), pinned,
+                         decisions=decisions)
+        plan.configure(request, self.config, blended)
+        return plan
+
+    def _decide(self, chunk, before: tuple[str, ...], num_tokens: int):
+        """(decision, offsets of the rows to recompute from layer 0, or None)."""
+        if chunk.kv is None:
+            return ChunkDecision("computed"), None  # pinned: every row, every layer
+        context = tuple(chunk.kv.context)
+        value = variant_cfo(Candidate(context, chunk.stats), before, self.config.craft_alpha,
+                            self.config.craft_novelty)
+        if value is None:
+            return ChunkDecision("deviation", None, context), None
+        if value < self.config.craft_reuse_below:
+            return ChunkDecision("reuse", value, context), None
+        if value > self.config.craft_full_above:
+            return ChunkDecision("full", value, context), torch.arange(num_tokens)
+        scores = getattr(chunk.stats, "token_scores", None)
+        if not scores or len(scores) != num_tokens:  # no per-token scores: the chunk's first tokens
+            scores = [float(num_tokens - t) for t in range(num_tokens)]
+        offsets = top_token_offsets(scores, recompute_count(value, num_tokens))
+        return ChunkDecision("partial", value, context), offsets
+
+
+class CraftPlan(Plan):
+    def configure(self, request: PlanRequest, config: EngineConfig, blended: torch.Tensor) -> None:
+        self.config = config
+        self.blended = blended
+        self.num_blended = int(blended.sum())
+        self.schedule = blend_schedule(config, request.ratio, request.num_layers) if self.num_blended else {}
+        self.question = request.question_mask()
+        self.spans = request.layout.chunk_spans
+        active = torch.zeros_like(self.pinned)
+        active[self.initial_active] = True
+        # chunks with nothing to stop (reused as is, or pinned) count as stopped already
+        self.stopped: set[int] = {i for i, (start, end) in enumerate(self.spans)
+                                  if not bool((active[start:end] & ~self.pinned[start:end]).any())}
+
+    # -- chunks planned by deviation -------------------------------------------------------------
+
+    def selects_at(self, layer: int) -> bool:
+        return layer in self.schedule
+
+    def select(self, layer: int, view: LayerView) -> torch.Tensor:
+        scores = row_scores(view, self.config.deviation, self.config.selection, self.question)
+        return keep_top(view, self.blended, math.ceil(self.schedule[layer] * self.num_blended), scores)
+
+    # -- early termination -------------------------------------------------------------------------
+
+    def observes(self, layer: int) -> bool:
+        start = self.config.focus_layer
+        return start is not None and layer >= start and len(self.stopped) < len(self.spans)
+
+    def observe(self, layer: int, view: QueryView) -> torch.Tensor | None:
+        asking = self.question.to(view.active.device)[view.active]
+        mass = attention_mass(view.q[:, asking], view.keys, view.active[asking], view.scale)
+        per_chunk = torch.stack([mass[start:end].sum() for start, end in self.spans])
+        even = per_chunk.sum() / len(self.spans)
+        unfocused = {i for i, m in enumerate(per_chunk.tolist()) if m < self.config.focus_threshold * float(even)}
+        newly = unfocused - self.stopped
+        if not newly:
+            return None
+        self.stopped |= newly
+        drop = torch.zeros(self.pinned.numel(), dtype=torch.bool)
+        for i in newly:
+            drop[self.spans[i][0]:self.spans[i][1]] = True
+        drop &= ~self.pinned
+        return positions(~drop.to(view.active.device)[view.active])
