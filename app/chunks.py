@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 PERSISTENT_TIERS = ("disk", "redis")
 CRAFT = "cachecraft"
+PREFIX = "prefix"
 
 
 @dataclass
@@ -69,6 +70,9 @@ class ServiceChunkCache:
             return RequestChunks(LoadedChunks(inputs, [], self.cache), ["none (full prefill)"] * len(inputs))
         if mode == CRAFT:  # Cache-Craft: each chunk's variant of lowest CFO for this order
             refs = self.cache.choose_variants([(r.chunk.id, tuple(r.token_ids)) for r in retrieved])
+        elif mode == PREFIX:  # an exact prefix: the variant computed after exactly these chunks
+            ids = [str(r.chunk.id) for r in retrieved]
+            refs = [ChunkRef(r.chunk.id, tuple(r.token_ids), tuple(ids[:i])) for i, r in enumerate(retrieved)]
         else:
             refs = [ChunkRef(r.chunk.id, tuple(r.token_ids)) for r in retrieved]
         loaded = self.cache.load(refs)

@@ -17,3 +17,13 @@ def test_second_identical_request_reuses_the_variants_of_the_first(client, servi
         assert chunk["variant"] == ("base" if i == 0 else "after " + ",".join(
             str(c["chunk_id"]) for c in second["chunks"][:i]))
         assert chunk["recomputed"] == 0
+
+
+def test_prefix_mode_reuses_exact_context_variants(client, services):
+    question = {"question": "How tall is the lighthouse tower?", "top_k": 3, "mode": "cachecraft"}
+    client.post("/ask", json=question)
+    services.chunk_cache.builder.join()
+    body = client.post("/ask", json={**question, "mode": "prefix"}).json()
+    # every chunk has a variant computed after exactly the chunks before it: nothing recomputed
+    assert [c["recomputed"] for c in body["chunks"]] == [0, 0, 0]
+    assert body["chunks"][1]["variant"].startswith("after ")
