@@ -4,12 +4,15 @@ A `cachecraft` request leaves new variants for its context (engine/cachecraft/va
 which costs one more prefill of its prompt. That work must delay neither the first token
 nor the rest of the answer, and must not pile up under load: one background thread takes
 jobs from a short queue, and a request that finds the queue full leaves no variants
-(counted as skipped); the cache keeps improving from the requests it can afford.
+(counted as skipped); the cache keeps improving from the requests it can afford. The
+thread runs at a lower CPU priority (nice + 10, inherited by the threads torch starts from
+it), so on a busy machine the requests' own work goes first.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 
@@ -45,6 +48,7 @@ class VariantBuilder:
         self._thread.join()
 
     def _work(self) -> None:
+        _lower_priority()
         while True:
             job = self._jobs.get()
             try:
@@ -56,3 +60,12 @@ class VariantBuilder:
                 log.exception("building Cache-Craft variants failed")
             finally:
                 self._jobs.task_done()
+
+
+def _lower_priority(increment: int = 10) -> None:
+    """Raise this thread's nice value (Linux: per thread); elsewhere do nothing."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
+    except (AttributeError, OSError):
+        log.debug("could not lower the variant builder's priority")
