@@ -43,3 +43,28 @@ def test_a_query_ignores_keys_after_its_position():
     after = causal_attention(q, k, v, layout, 0.3)
     torch.testing.assert_close(after[:2], before[:2])
     assert not torch.allclose(after[2], before[2])
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3)])
+def test_blocks_far_from_the_start_split_their_keys_and_still_match(heads, kv_heads):
+    """Late blocks run the keys before their first row unmasked; the merge must be exact."""
+    torch.manual_seed(7)
+    n = 1200
+    q_pos = torch.cat([torch.tensor([3, 40]), torch.randperm(n - 600)[:2 * QUERY_BLOCK].sort().values + 600])
+    q = torch.randn(heads, q_pos.numel(), 16)
+    k, v = torch.randn(kv_heads, n, 16), torch.randn(kv_heads, n, 16)
+    layout = QueryLayout(q_pos, n, q.dtype)
+    assert [b.split > 0 for b in layout.blocks] == [False, True, True]
+    got = causal_attention(q, k, v, layout, 0.25)
+    torch.testing.assert_close(got, reference(q, k, v, q_pos, 0.25), rtol=1e-4, atol=1e-5)
+
+
+def test_split_blocks_keep_low_precision_dtypes():
+    torch.manual_seed(3)
+    n, q_pos = 900, torch.arange(500, 900, 3)
+    q = torch.randn(6, q_pos.numel(), 16, dtype=torch.bfloat16)
+    k, v = torch.randn(2, n, 16, dtype=torch.bfloat16), torch.randn(2, n, 16, dtype=torch.bfloat16)
+    got = causal_attention(q, k, v, QueryLayout(q_pos, n, q.dtype), 0.25)
+    assert got.dtype == torch.bfloat16
+    expected = reference(q.float(), k.float(), v.float(), q_pos, 0.25)
+    torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=2e-2)
