@@ -12,16 +12,11 @@ def add_parser(subparsers) -> None:
     kinds = bench.add_subparsers(dest="bench", required=True)
     fidelity = kinds.add_parser("fidelity", help="TTFT and fidelity of every mode against full prefill")
     add_engine_arguments(fidelity)
-    fidelity.add_argument("--dataset", type=Path, required=True, help="JSON list of {question, answers, ctxs}")
-    fidelity.add_argument("--start", type=int, default=0, help="first record (default 0)")
-    fidelity.add_argument("--n", type=int, default=20, help="number of records (default 20)")
-    fidelity.add_argument("--chunks", type=int, default=6, help="passages per prompt (default 6)")
+    add_dataset_arguments(fidelity)
     fidelity.add_argument("--modes", default="full,naive,epic,cacheblend", help="comma-separated modes")
     fidelity.add_argument("--ratio", type=float, default=None, help="recompute ratio r (default from config)")
     fidelity.add_argument("--max-new-tokens", type=int, default=32)
-    fidelity.add_argument("--warmup-orders", type=int, default=3,
-                          help="cachecraft: untimed requests in other orders before timing (0: cold)")
-    fidelity.add_argument("--seed", type=int, default=0, help="seed of the warm-up orders")
+    add_warmup_arguments(fidelity)
     fidelity.add_argument("--json", type=Path, default=None, help="also write the figures here")
     fidelity.set_defaults(handler=run_fidelity)
     add_kernels_parser(kinds)
@@ -36,6 +31,21 @@ def add_kernels_parser(kinds) -> None:
     kernels.add_argument("--repeats", type=int, default=200, help="timed calls per op (default 200)")
     kernels.add_argument("--json", type=Path, default=None, help="also write the figures here")
     kernels.set_defaults(handler=run_kernels)
+
+
+def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which records of a {question, answers, ctxs} dataset a benchmark runs, and how many passages."""
+    parser.add_argument("--dataset", type=Path, required=True, help="JSON list of {question, answers, ctxs}")
+    parser.add_argument("--start", type=int, default=0, help="first record (default 0)")
+    parser.add_argument("--n", type=int, default=20, help="number of records (default 20)")
+    parser.add_argument("--chunks", type=int, default=6, help="passages per prompt (default 6)")
+
+
+def add_warmup_arguments(parser: argparse.ArgumentParser) -> None:
+    """Cache-Craft warm-up: untimed requests in other orders leave variants before timing."""
+    parser.add_argument("--warmup-orders", type=int, default=3,
+                        help="cachecraft: untimed requests in other orders before timing (0: cold)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the warm-up orders")
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:

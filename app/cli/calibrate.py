@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from app.cli.bench import add_engine_arguments, engine_config
+from app.cli.bench import add_dataset_arguments, add_engine_arguments, add_warmup_arguments, engine_config
 
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("calibrate", help="fit cachecraft's alpha on a dataset slice")
     add_engine_arguments(parser)
-    parser.add_argument("--dataset", type=Path, required=True, help="JSON list of {question, answers, ctxs}")
-    parser.add_argument("--start", type=int, default=0, help="first record (default 0)")
-    parser.add_argument("--n", type=int, default=20, help="number of records (default 20)")
-    parser.add_argument("--chunks", type=int, default=6, help="passages per prompt (default 6)")
+    add_dataset_arguments(parser)
     parser.add_argument("--alphas", default="0.05,0.1,0.2,0.3,0.5,1", help="candidate alphas, comma-separated")
     parser.add_argument("--target-kl", type=float, default=0.05, help="mean first-token KL to meet (default 0.05)")
-    parser.add_argument("--warmup-orders", type=int, default=3, help="untimed requests in other orders per record")
-    parser.add_argument("--seed", type=int, default=0)
+    add_warmup_arguments(parser)
     parser.set_defaults(handler=run)
 
 
