@@ -118,7 +118,8 @@ class Engine:
             _synchronize(self.device)
         ttft = time.perf_counter() - started
         reports = chunk_reports(chunks, layout, out, self.loaded.spec.num_layers, planner.name, plan.decisions)
-        return PrefillResult(planner.name, layout, out.cache, out.logits, ttft, reports, fallback)
+        return PrefillResult(planner.name, layout, out.cache, out.logits, ttft, reports, fallback,
+                             layers_computed=out.layers_computed)
 
     def generate(self, result: PrefillResult, params: SamplingParams | None = None) -> Iterator[str]:
         """Stream the answer as text pieces; generated ids collect in result.generated_ids."""

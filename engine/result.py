@@ -52,6 +52,7 @@ class PrefillResult:
     ttft_s: float
     chunks: list[ChunkReport]
     fallback_reason: str | None = None
+    layers_computed: torch.Tensor | None = None  # [prompt rows] layers of attention + MLP per row
     generated_ids: list[int] = field(default_factory=list)
     _decoding: bool = False
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from engine.bench.flops import FlopCounter
 from engine.bench.metrics import best_f1, kl_divergence, rouge_l, same_top1
 from engine.cachecraft.book import VariantBook
 from engine.decode import SamplingParams
@@ -52,6 +53,7 @@ class ModeSample:
 
     ttft_s: float
     ttft_ratio: float
+    compute_ratio: float  # FLOPs of full / FLOPs of this mode (engine/bench/flops.py)
     recompute_share: float
     kl: float
     top1: bool
@@ -66,6 +68,7 @@ class ModeSummary:
     records: int
     median_ttft_s: float
     median_ttft_ratio: float
+    median_compute_ratio: float  # the floor: the speed-up if nothing but the arithmetic cost time
     recompute_share: float
     mean_kl: float
     top1_agreement: float
@@ -168,18 +171,20 @@ def _warm_up(engine, record, options, modes, provider) -> None:
 
 def _run_record(engine, record, inputs, modes, options) -> dict[str, ModeSample]:
     params = SamplingParams(max_new_tokens=options.max_new_tokens)
+    flops = FlopCounter.for_engine(engine)
     reference = None
     out = {}
     for mode in modes:
         result = engine.prefill(inputs[mode], record["question"], mode=mode, ratio=options.ratio,
                                 max_new_tokens=options.max_new_tokens)
         logits = result.logits.clone()
+        work = flops.prefill(result.layers_computed)
         answer = "".join(engine.generate(result, params)).strip()
         if reference is None:
-            reference = (result.ttft_s, logits, answer)
-        ref_ttft, ref_logits, ref_answer = reference
+            reference = (result.ttft_s, work, logits, answer)
+        ref_ttft, ref_work, ref_logits, ref_answer = reference
         out[mode] = ModeSample(
-            ttft_s=result.ttft_s, ttft_ratio=ref_ttft / result.ttft_s,
+            ttft_s=result.ttft_s, ttft_ratio=ref_ttft / result.ttft_s, compute_ratio=ref_work / max(work, 1.0),
             recompute_share=result.recompute_share, kl=kl_divergence(ref_logits, logits),
             top1=same_top1(ref_logits, logits), rouge_l=rouge_l(answer, ref_answer),
             f1=best_f1(answer, record.get("answers", [])), answer=answer)
@@ -192,17 +197,18 @@ def _summarize(mode: str, samples: list[ModeSample]) -> ModeSummary:
         mode=mode, records=len(samples),
         median_ttft_s=statistics.median(s.ttft_s for s in samples),
         median_ttft_ratio=statistics.median(s.ttft_ratio for s in samples),
+        median_compute_ratio=statistics.median(s.compute_ratio for s in samples),
         recompute_share=mean(s.recompute_share for s in samples),
         mean_kl=mean(s.kl for s in samples), top1_agreement=mean(s.top1 for s in samples),
         rouge_l=mean(s.rouge_l for s in samples), f1=mean(s.f1 for s in samples), samples=samples)
 
 
 def format_table(summaries: list[ModeSummary]) -> str:
-    header = f"{'mode':<11} {'n':>3} {'TTFT s':>8} {'vs full':>8} {'recomp':>7} {'KL':>8} {'top1':>6} {'ROUGE-L':>8} {'F1':>6}"
+    header = f"{'mode':<11} {'n':>3} {'TTFT s':>8} {'vs full':>8} {'floor':>8} {'recomp':>7} {'KL':>8} {'top1':>6} {'ROUGE-L':>8} {'F1':>6}"
     lines = [header, "-" * len(header)]
     for s in summaries:
         lines.append(f"{s.mode:<11} {s.records:>3} {s.median_ttft_s:>8.3f} {s.median_ttft_ratio:>7.2f}x "
-                     f"{s.recompute_share:>7.3f} {s.mean_kl:>8.4f} {s.top1_agreement:>6.2f} "
+                     f"{s.median_compute_ratio:>7.2f}x {s.recompute_share:>7.3f} {s.mean_kl:>8.4f} {s.top1_agreement:>6.2f} "
                      f"{s.rouge_l:>8.3f} {s.f1:>6.3f}")
     return "\n".join(lines)
 
