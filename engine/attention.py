@@ -28,6 +28,9 @@ QUERY_BLOCK = 192
 # Split a block's keys only when the unmasked head is at least this long (below it the
 # second kernel call and the merge cost more than the mask does).
 MIN_UNMASKED_HEAD = 128
+# The CPU flash kernel that also returns the log-sum-exp (a private ATen op: without it,
+# blocks are not split and run masked as a whole).
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 class QueryLayout:
@@ -101,7 +104,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: 
 
 def _block_attention(q, k, v, block: _Block, scale: float, gqa: bool) -> torch.Tensor:
     """One block's output [heads, rows, head_dim]."""
-    if block.split and q.device.type == "cpu":
+    if block.split and q.device.type == "cpu" and _CPU_FLASH is not None:
         return _split_block_attention(q, k, v, block, scale)
     return F.scaled_dot_product_attention(q[None, :, block.start:block.stop], k[None, :, :block.end],
                                           v[None, :, :block.end], attn_mask=block.mask, scale=scale,
@@ -118,7 +121,7 @@ def _split_block_attention(q, k, v, block: _Block, scale: float) -> torch.Tensor
     heads, kv_heads, head_dim = q.shape[0], k.shape[0], q.shape[2]
     group, rows = heads // kv_heads, block.stop - block.start
     folded = q[:, block.start:block.stop].reshape(kv_heads, group * rows, head_dim)[None]
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    flash = _CPU_FLASH
     head_out, head_lse = flash(folded, k[None, :, :block.split], v[None, :, :block.split], scale=scale)
     tail_out, tail_lse = flash(folded, k[None, :, block.split:block.end], v[None, :, block.split:block.end],
                                attn_mask=block.tail_mask_for(group), scale=scale)
