@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from engine import EngineConfig
+from engine.config import gradual_multipliers
 
 GiB = 1 << 30
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
@@ -42,8 +43,9 @@ class Settings(BaseSettings):
     # -- recompute ----------------------------------------------------------------------------
     default_mode: str = "cachecraft"
     recompute_ratio: float = Field(default=0.15, ge=0.0, le=1.0)
-    check_layers: Annotated[tuple[int, ...], NoDecode] = (1,)
-    check_multipliers: Annotated[tuple[float, ...] | None, NoDecode] = None  # None: 1 per layer
+    check_layers: Annotated[tuple[int, ...], NoDecode] = (1, 2)
+    # None: gradual filtering, the k-th check layer from the end keeps k * ratio (n, ..., 2, 1)
+    check_multipliers: Annotated[tuple[float, ...] | None, NoDecode] = None
     deviation: str = "value"
     selection: str = "question_weighted"
     epic_tokens: int = Field(default=16, ge=0)
@@ -142,7 +144,7 @@ class Settings(BaseSettings):
         return EngineConfig(
             data_dir=self.data_dir, model_path=self.model_path, device=self.device, dtype=self.dtype,
             num_threads=self.num_threads, recompute_ratio=self.recompute_ratio, check_layers=self.check_layers,
-            check_ratio_multipliers=self.check_multipliers or tuple(1.0 for _ in self.check_layers),
+            check_ratio_multipliers=self.check_multipliers or gradual_multipliers(len(self.check_layers)),
             deviation=self.deviation, selection=self.selection, epic_tokens=self.epic_tokens,
             craft_alpha=self.craft_alpha, craft_novelty=self.craft_novelty,
             craft_reuse_below=self.craft_reuse_below, craft_full_above=self.craft_full_above,

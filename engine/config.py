@@ -14,6 +14,11 @@ DEFAULT_INSTRUCTION = (
 )
 
 
+def gradual_multipliers(num_check_layers: int) -> tuple[float, ...]:
+    """Ratio multipliers for gradual filtering: the k-th check layer from the end keeps k * r."""
+    return tuple(float(k) for k in range(num_check_layers, 0, -1))
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs to load a model and plan recompute.
@@ -32,8 +37,11 @@ class EngineConfig:
     instruction: str = DEFAULT_INSTRUCTION
     # cacheblend: layers below the first check layer run fully; at each check layer the
     # top ratio * multiplier of the still-active context tokens (by KV deviation) stay active.
-    check_layers: tuple[int, ...] = (1,)
-    check_ratio_multipliers: tuple[float, ...] = (1.0,)
+    # Default: gradual filtering, 2r kept at layer 1 and r from layer 2 on. On MuSiQue 0-39
+    # (SmolLM2, r = 0.15) against one check at layer 1: mean KL 0.059 vs 0.075, top-1 0.975
+    # vs 0.925, compute floor 4.63x vs 4.84x.
+    check_layers: tuple[int, ...] = (1, 2)
+    check_ratio_multipliers: tuple[float, ...] = (2.0, 1.0)
     recompute_ratio: float = 0.15
     # Which cached tensor the deviation compares: "value" or "key".
     deviation: str = "value"
