@@ -56,35 +56,36 @@ class QueryLayout:
 
 
 class _Block:
-    """Query rows [start, stop) of the layout, at positions `rows` (ascending).
+    """Query rows [start, stop) of the layout, at positions `rows` (ascending), attending to
+    keys [0, end), end = last row + 1.
 
-    They attend to keys [0, end), end = last row + 1. `mask` is additive [len(rows), end]:
-    0 where key position <= query position, -inf above; None for a single row. `split` is the
-    first row's position: keys [0, split) are visible to every row of the block, so the CPU
-    path runs them unmasked (`tail_mask` = mask[:, split:]); 0 means no split.
+    `split` > 0 (CPU only): keys [0, split) are visible to every row (split is the first
+    row's position) and run unmasked; `mask` then covers keys [split, end) only. With
+    split = 0, `mask` covers [0, end). The mask is additive [len(rows), end - split]: 0 where
+    key position <= query position, -inf above; None for a single row.
     """
 
     def __init__(self, start: int, rows: torch.Tensor, dtype: torch.dtype):
         self.start, self.stop, self.end = start, start + rows.numel(), int(rows[-1]) + 1
-        self.mask = _block_mask(rows, dtype)
         first = int(rows[0])
-        self.split = first if self.mask is not None and first >= MIN_UNMASKED_HEAD else 0
-        self.tail_mask = self.mask[:, self.split:] if self.split else None
+        splittable = rows.numel() > 1 and rows.device.type == "cpu" and _CPU_FLASH is not None
+        self.split = first if splittable and first >= MIN_UNMASKED_HEAD else 0
+        self.mask = _block_mask(rows, self.split, dtype)
         self._tiled: dict[int, torch.Tensor] = {}
 
-    def tail_mask_for(self, group: int) -> torch.Tensor:
-        """The tail mask repeated for `group` query heads per key head: [group * rows, end - split]."""
+    def mask_for(self, group: int) -> torch.Tensor:
+        """The mask repeated for `group` query heads per key head: [group * rows, end - split]."""
         if group not in self._tiled:
-            self._tiled[group] = self.tail_mask.repeat(group, 1)
+            self._tiled[group] = self.mask.repeat(group, 1)
         return self._tiled[group]
 
 
-def _block_mask(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
-    """Additive mask [len(rows), rows[-1] + 1]: 0 where key position <= query position, -inf above."""
+def _block_mask(rows: torch.Tensor, first_key: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """Additive mask [len(rows), rows[-1] + 1 - first_key] over keys first_key..rows[-1]."""
     if rows.numel() == 1:  # one query sees every key up to itself
         return None
     end = int(rows[-1]) + 1
-    hidden = torch.arange(end, device=rows.device)[None, :] > rows[:, None]
+    hidden = torch.arange(first_key, end, device=rows.device)[None, :] > rows[:, None]
     return torch.zeros(hidden.shape, dtype=dtype, device=rows.device).masked_fill_(hidden, float("-inf"))
 
 
@@ -104,7 +105,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: 
 
 def _block_attention(q, k, v, block: _Block, scale: float, gqa: bool) -> torch.Tensor:
     """One block's output [heads, rows, head_dim]."""
-    if block.split and q.device.type == "cpu" and _CPU_FLASH is not None:
+    if block.split:
         return _split_block_attention(q, k, v, block, scale)
     return F.scaled_dot_product_attention(q[None, :, block.start:block.stop], k[None, :, :block.end],
                                           v[None, :, :block.end], attn_mask=block.mask, scale=scale,
@@ -121,10 +122,9 @@ def _split_block_attention(q, k, v, block: _Block, scale: float) -> torch.Tensor
     heads, kv_heads, head_dim = q.shape[0], k.shape[0], q.shape[2]
     group, rows = heads // kv_heads, block.stop - block.start
     folded = q[:, block.start:block.stop].reshape(kv_heads, group * rows, head_dim)[None]
-    flash = _CPU_FLASH
-    head_out, head_lse = flash(folded, k[None, :, :block.split], v[None, :, :block.split], scale=scale)
-    tail_out, tail_lse = flash(folded, k[None, :, block.split:block.end], v[None, :, block.split:block.end],
-                               attn_mask=block.tail_mask_for(group), scale=scale)
+    head_out, head_lse = _CPU_FLASH(folded, k[None, :, :block.split], v[None, :, :block.split], scale=scale)
+    tail_out, tail_lse = _CPU_FLASH(folded, k[None, :, block.split:block.end], v[None, :, block.split:block.end],
+                                    attn_mask=block.mask_for(group), scale=scale)
     top = torch.maximum(head_lse, tail_lse)
     head_w, tail_w = (head_lse - top).exp_(), (tail_lse - top).exp_()
     merged = (head_out.float() * head_w[..., None] + tail_out.float() * tail_w[..., None]) / (head_w + tail_w)[..., None]

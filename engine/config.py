@@ -14,6 +14,10 @@ DEFAULT_INSTRUCTION = (
 )
 
 
+# How check layers may rank rows (engine/planners/selection.py).
+SELECTIONS = ("deviation", "question_weighted")
+
+
 def gradual_multipliers(num_check_layers: int) -> tuple[float, ...]:
     """Ratio multipliers for gradual filtering: the k-th check layer from the end keeps k * r."""
     return tuple(float(k) for k in range(num_check_layers, 0, -1))
@@ -83,8 +87,8 @@ class EngineConfig:
             raise ValueError("recompute_ratio must lie in [0, 1]")
         if self.deviation not in ("value", "key"):
             raise ValueError("deviation must be 'value' or 'key'")
-        if self.selection not in ("deviation", "question_weighted"):
-            raise ValueError("selection must be 'deviation' or 'question_weighted'")
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}")
         if self.craft_alpha < 0 or not 0 <= self.craft_reuse_below <= self.craft_full_above <= 1:
             raise ValueError("need craft_alpha >= 0 and 0 <= craft_reuse_below <= craft_full_above <= 1")
         if not self.craft_stats_layers or min(self.craft_stats_layers) < 0 or self.craft_max_variants < 1:

@@ -6,6 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
+from engine.config import SELECTIONS
+
 
 def add_parser(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="run a benchmark")
@@ -58,7 +60,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check-layers", default=None, help="cacheblend check layers, e.g. 1 or 1,2,3")
     parser.add_argument("--check-multipliers", default=None, help="ratio multiplier per check layer, e.g. 2,1.5,1")
     parser.add_argument("--deviation", choices=["value", "key"], default=None)
-    parser.add_argument("--selection", choices=["deviation", "question_weighted"], default=None,
+    parser.add_argument("--selection", choices=SELECTIONS, default=None,
                         help="how check layers rank rows")
     parser.add_argument("--epic-tokens", type=int, default=None)
     parser.add_argument("--craft-alpha", type=float, default=None)

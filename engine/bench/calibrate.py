@@ -51,8 +51,7 @@ def run_calibration(engine, options: CalibrateOptions, progress: bool = True) ->
     try:
         for offset, record in enumerate(tqdm(records, desc="calibrate", unit="record", file=sys.stderr,
                                              disable=not progress)):
-            engine.config = configured
-            _measure_record(engine, record, options, options.start + offset, rows)
+            _measure_record(engine, configured, record, options, options.start + offset, rows)
     finally:
         engine.config = configured
     return [CurvePoint(a, statistics.fmean(r[0] for r in rows[a]), statistics.fmean(r[1] for r in rows[a]),
@@ -60,13 +59,14 @@ def run_calibration(engine, options: CalibrateOptions, progress: bool = True) ->
             for a in options.alphas]
 
 
-def _measure_record(engine, record, options: CalibrateOptions, index: int, rows) -> None:
+def _measure_record(engine, configured, record, options: CalibrateOptions, index: int, rows) -> None:
+    """Full, the warm-up and one cachecraft prefill per α; `configured` is the engine's own config."""
+    engine.config = configured
     base = base_variant_chunks(engine, record, options.chunks, index)
     question = record["question"]
     full = engine.prefill(base, question, mode="full", max_new_tokens=1)
     book = warmed_book(engine, question, base, options.warmup_orders, options.seed + index)
     ids = [c.chunk_id for c in base]
-    configured = engine.config
     for alpha in options.alphas:
         engine.config = dataclasses.replace(configured, craft_alpha=alpha)
         result = engine.prefill(book.inputs(ids), question, mode=CRAFT, max_new_tokens=1)

@@ -17,7 +17,7 @@ import torch
 from engine.config import EngineConfig
 from engine.planners import register
 from engine.planners.base import BasePlanner, LayerView, Plan, PlanRequest, positions
-from engine.planners.selection import keep_top, row_scores
+from engine.planners.selection import keep_best
 
 
 @register
@@ -55,5 +55,5 @@ class BlendPlan(Plan):
         return layer in self.schedule
 
     def select(self, layer: int, view: LayerView) -> torch.Tensor:
-        scores = row_scores(view, self.config.deviation, self.config.selection, self.question)
-        return keep_top(view, self.eligible, math.ceil(self.schedule[layer] * self.num_eligible), scores)
+        count = math.ceil(self.schedule[layer] * self.num_eligible)
+        return keep_best(view, self.config, self.question, self.eligible, count)

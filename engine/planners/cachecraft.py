@@ -23,7 +23,7 @@ from engine.config import EngineConfig
 from engine.planners import register
 from engine.planners.base import BasePlanner, ChunkDecision, LayerView, Plan, PlanRequest, QueryView, positions
 from engine.planners.cacheblend import blend_schedule
-from engine.planners.selection import keep_top, row_scores
+from engine.planners.selection import keep_best
 
 
 @register
@@ -88,8 +88,8 @@ class CraftPlan(Plan):
         return layer in self.schedule
 
     def select(self, layer: int, view: LayerView) -> torch.Tensor:
-        scores = row_scores(view, self.config.deviation, self.config.selection, self.question)
-        return keep_top(view, self.blended, math.ceil(self.schedule[layer] * self.num_blended), scores)
+        count = math.ceil(self.schedule[layer] * self.num_blended)
+        return keep_best(view, self.config, self.question, self.blended, count)
 
     # -- early termination -------------------------------------------------------------------------
 

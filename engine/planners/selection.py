@@ -12,10 +12,8 @@ from __future__ import annotations
 import torch
 
 from engine import ops
+from engine.config import EngineConfig
 from engine.planners.base import LayerView, positions
-
-SELECTIONS = ("deviation", "question_weighted")
-
 
 def row_scores(view: LayerView, deviation: str, selection: str, question: torch.Tensor) -> torch.Tensor:
     """Score [m] of every active row; `question`: bool [total] marking the question rows."""
@@ -25,6 +23,13 @@ def row_scores(view: LayerView, deviation: str, selection: str, question: torch.
         asking = question.to(view.active.device)[view.active]
         scores = scores * view.attention_from(asking)
     return scores
+
+
+def keep_best(view: LayerView, config: EngineConfig, question: torch.Tensor, eligible: torch.Tensor,
+              count: int) -> torch.Tensor:
+    """Indices into view.active: every non-eligible row plus the `count` eligible rows of
+    highest score by `config.deviation` / `config.selection`."""
+    return keep_top(view, eligible, count, row_scores(view, config.deviation, config.selection, question))
 
 
 def keep_top(view: LayerView, eligible: torch.Tensor, count: int, scores: torch.Tensor) -> torch.Tensor:
