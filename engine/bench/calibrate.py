@@ -16,21 +16,15 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from engine.bench.fidelity import CRAFT, base_variant_chunks, load_dataset, warmed_book
+from engine.bench.fidelity import CRAFT, DatasetSlice, base_variant_chunks, warmed_book
 from engine.bench.metrics import kl_divergence, same_top1
 from engine.errors import InvalidRequest
 
 
 @dataclass(frozen=True)
-class CalibrateOptions:
-    dataset: object
-    start: int = 0
-    n: int = 20
-    chunks: int = 6
+class CalibrateOptions(DatasetSlice):
     alphas: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
     target_kl: float = 0.05
-    warmup_orders: int = 3
-    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -43,9 +37,9 @@ class CurvePoint:
 
 
 def run_calibration(engine, options: CalibrateOptions, progress: bool = True) -> list[CurvePoint]:
-    records = load_dataset(options.dataset)[options.start:options.start + options.n]
-    if not records or not options.alphas:
-        raise InvalidRequest("calibration needs a non-empty dataset slice and at least one alpha")
+    if not options.alphas:
+        raise InvalidRequest("calibration needs at least one alpha")
+    records = options.records()
     rows: dict[float, list[tuple[float, bool, float, float]]] = {a: [] for a in options.alphas}
     configured = engine.config
     try:

@@ -35,16 +35,30 @@ CRAFT = "cachecraft"
 
 
 @dataclass(frozen=True)
-class FidelityOptions:
+class DatasetSlice:
+    """Records [start, start + n) of a dataset, `chunks` passages each, and the Cache-Craft
+    warm-up (`warmup_orders` untimed requests in other orders, seeded by `seed`)."""
+
     dataset: Path
     start: int = 0
     n: int = 20
     chunks: int = 6
+    warmup_orders: int = 3
+    seed: int = 0
+
+    def records(self) -> list[dict]:
+        """The slice's records; InvalidRequest if the file is unreadable or the slice empty."""
+        records = load_dataset(self.dataset)[self.start:self.start + self.n]
+        if not records:
+            raise InvalidRequest("the dataset slice is empty")
+        return records
+
+
+@dataclass(frozen=True)
+class FidelityOptions(DatasetSlice):
     modes: tuple[str, ...] = ("full", "naive", "epic", "cacheblend")
     ratio: float | None = None
     max_new_tokens: int = 32
-    warmup_orders: int = 3
-    seed: int = 0
 
 
 @dataclass
@@ -108,9 +122,7 @@ def base_variant_chunks(engine, record: dict, count: int, index: int) -> list[Ch
 
 def run_fidelity(engine, options: FidelityOptions, provider: ChunkProvider = base_variant_chunks,
                  progress: bool = True) -> list[ModeSummary]:
-    records = load_dataset(options.dataset)[options.start:options.start + options.n]
-    if not records:
-        raise InvalidRequest("the dataset slice is empty")
+    records = options.records()
     modes = (REFERENCE,) + tuple(m for m in options.modes if m != REFERENCE)
     _warm_up(engine, records[0], options, modes, provider)
     samples: dict[str, list[ModeSample]] = {m: [] for m in modes}
