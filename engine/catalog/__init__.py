@@ -14,6 +14,11 @@ Public API (stable; the service and the chunk cache build on it):
   `variants_of_chunk`, `record_access`, `update_variant_stats`, `set_variant_tier`,
   `mark_missing`, `mark_ready`, `delete_variants`, `variant_statuses`,
   `variant_locations`. Totals: `stats()`.
+  Ingest leases: `begin_ingest` (document + chunks with embeddings + a RUNNING row owned
+  by a replica), `heartbeat`, `finish_ingest` (the commit point; `LeaseLost` if reclaimed),
+  `expired_ingests`, `claim_ingest`, `ingest_of`, `ingests`.
+  Change log: `last_change_seq`, `changes_since(cursor)`, `indexed_chunk_ids`,
+  `iter_indexed_chunks` (what every replica's vector index is built from and follows).
 - `upgrade_to_head(url)` / `downgrade_to_base(url)`: Alembic migrations from code.
 - `context_signature(chunk_ids)`: the stored form of a variant's context ("" = base).
 
@@ -21,14 +26,18 @@ The catalog stores no KV bytes; those live in `engine.store` under each variant'
 """
 
 from engine.catalog.db import CatalogConfig, create_db_engine, default_sqlite_url
+from engine.catalog.ingests import LeaseLost
 from engine.catalog.migrate import downgrade_to_base, upgrade_to_head
-from engine.catalog.models import MISSING, READY
+from engine.catalog.models import ADD, MISSING, READY, RECLAIMING, REMOVE, RUNNING
 from engine.catalog.records import (
     AddedDocument,
     CatalogStats,
     ChunkRecord,
     DeletedDocument,
     DocumentRecord,
+    IndexChangeRecord,
+    IndexedChunk,
+    IngestRecord,
     NewChunk,
     NewVariant,
     VariantLocation,
@@ -40,8 +49,16 @@ from engine.catalog.records import (
 from engine.catalog.repository import Catalog, CatalogError
 
 __all__ = [
+    "ADD",
     "MISSING",
     "READY",
+    "RECLAIMING",
+    "REMOVE",
+    "RUNNING",
+    "IndexChangeRecord",
+    "IndexedChunk",
+    "IngestRecord",
+    "LeaseLost",
     "AddedDocument",
     "Catalog",
     "CatalogConfig",

@@ -5,8 +5,13 @@ the chunks that preceded it; empty for the base variant, computed alone after th
 prefix) by one model. Its KV bytes live in the tiered store under `store_key`; the row only
 says where, how big, how often used, and carries the Cache-Craft statistics of that context.
 
+Scale-out tables (migration `0002`): each chunk carries its embedding (the vector index of
+every replica is rebuilt from, and follows, the catalog); `index_changes` is the ordered log
+of chunks entering and leaving retrieval that replicas follow; `ingests` holds one row per
+document being ingested, with its owner and lease (see engine/README.md, "Write order").
+
 The schema is created by Alembic (`migrations/`), never by `create_all` in the app; the
-migration `0001` must stay identical to these models (a test compares them).
+migrations at head must stay identical to these models (a test compares them).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (
     JSON,
     BigInteger,
+    LargeBinary,
     DateTime,
     Float,
     ForeignKey,
@@ -32,6 +38,15 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 READY = "ready"  # the KV is in some tier of the store
 MISSING = "missing"  # the KV was lost (evicted from the last tier, crash, corruption)
 VARIANT_STATUSES = (READY, MISSING)
+
+# IndexChange.op values: the chunk became retrievable / stopped being retrievable.
+ADD = "add"
+REMOVE = "remove"
+
+# Ingest.state values. A row exists only while a document is not yet retrievable.
+RUNNING = "running"  # the owner is computing KV; it renews `lease_expires_at`
+RECLAIMING = "reclaiming"  # the lease expired; a replica (the new owner) is deleting it
+INGEST_STATES = (RUNNING, RECLAIMING)
 
 
 def utcnow() -> datetime:
@@ -86,6 +101,10 @@ class Chunk(Base):
     token_ids_hash: Mapped[str] = mapped_column(String(64), index=True)
     # Row of the chunk's embedding in the retriever's FAISS index (None: not indexed yet).
     embedding_row: Mapped[int | None] = mapped_column(BigInteger, unique=True, nullable=True)
+    # The embedding of the chunk's "title\ntext" (float32 little-endian, unit length) and the
+    # name of the embedder that made it; None for chunks ingested before migration 0002.
+    embedding: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    embedder: Mapped[str | None] = mapped_column(String(256), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     document: Mapped[Document] = relationship(back_populates="chunks")
@@ -132,3 +151,36 @@ class Variant(Base):
     expected_savings: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     chunk: Mapped[Chunk] = relationship(back_populates="variants")
+
+
+class IndexChange(Base):
+    """One entry of the retrieval change log: chunk `chunk_id` was added to or removed from
+    retrieval. `seq` grows in commit order (writers serialise on a lock, see
+    `engine.catalog.changes`), so a replica that applied everything up to `seq` misses nothing
+    by reading `seq > cursor`. No foreign key: a removal outlives its chunk."""
+
+    __tablename__ = "index_changes"
+
+    seq: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                                     autoincrement=True)
+    chunk_id: Mapped[int] = mapped_column(Integer)
+    op: Mapped[str] = mapped_column(String(8))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Ingest(Base):
+    """A document being ingested: who owns the work and until when (the lease).
+
+    The owner renews `lease_expires_at` while it computes KV and deletes the row when the
+    document becomes retrievable. A row whose lease expired is a crash leftover: any replica
+    may claim it (state RECLAIMING, itself as owner) and delete the document.
+    """
+
+    __tablename__ = "ingests"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    document_id: Mapped[int] = mapped_column(ForeignKey("documents.id", ondelete="CASCADE"), unique=True)
+    owner: Mapped[str] = mapped_column(String(128))
+    state: Mapped[str] = mapped_column(String(16), default=RUNNING)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    lease_expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)

@@ -27,12 +27,14 @@ def parse_context_signature(signature: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class NewChunk:
-    """A chunk to add with its document. `embedding_row`: its FAISS row, if already known."""
+    """A chunk to add with its document. `embedding_row`: its FAISS row, if already known;
+    `embedding`: its vector as float32 little-endian bytes (see `Catalog.begin_ingest`)."""
 
     text: str
     num_tokens: int
     token_ids_hash: str
     embedding_row: int | None = None
+    embedding: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,44 @@ class CatalogStats:
     num_variants_missing: int
     ready_bytes_by_tier: dict[str, int]
     total_accesses: int
+
+
+@dataclass(frozen=True)
+class IndexedChunk:
+    """A retrievable chunk as the vector index needs it: the text it embeds ("title\ntext")
+    and the stored embedding, if any (None: ingested before migration 0002, embed the text)."""
+
+    chunk_id: int
+    title: str
+    text: str
+    embedder: str | None
+    embedding: bytes | None
+
+    @property
+    def embedding_text(self) -> str:
+        return f"{self.title}\n{self.text}"
+
+
+@dataclass(frozen=True)
+class IndexChangeRecord:
+    """One entry of the retrieval change log. `chunk` is set for an `add` whose chunk still
+    exists (None: removed since; a later `remove` entry follows)."""
+
+    seq: int
+    chunk_id: int
+    op: str
+    chunk: IndexedChunk | None
+
+
+@dataclass(frozen=True)
+class IngestRecord:
+    """A document not yet retrievable: who ingests it, in which state, until when."""
+
+    document_id: int
+    owner: str
+    state: str
+    started_at: datetime
+    lease_expires_at: datetime
 
 
 def aware(moment: datetime | None) -> datetime | None:

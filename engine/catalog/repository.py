@@ -21,8 +21,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from engine.catalog import records as rec
+from engine.catalog.changes import ChangeLog, append_changes
 from engine.catalog.db import CatalogConfig, create_db_engine, create_session_factory
-from engine.catalog.models import MISSING, READY, Chunk, Document, Variant, utcnow
+from engine.catalog.ingests import IngestLeases
+from engine.catalog.models import MISSING, READY, REMOVE, Chunk, Document, Ingest, Variant, utcnow
 from engine.errors import KvMosaicError
 
 # Bound parameters per IN (...) clause; SQLite allows 32766, PostgreSQL 65535.
@@ -33,8 +35,13 @@ class CatalogError(KvMosaicError):
     """A catalog write broke an integrity rule; nothing of it was stored."""
 
 
-class Catalog:
-    """Thread-safe: each call takes its own pooled connection and transaction."""
+class Catalog(IngestLeases, ChangeLog):
+    """Thread-safe: each call takes its own pooled connection and transaction.
+
+    Ingest leases (`begin_ingest`, `heartbeat`, `finish_ingest`, `claim_ingest`, ...) live in
+    `ingests.py`; the retrieval change log (`changes_since`, `iter_indexed_chunks`, ...) in
+    `changes.py`.
+    """
 
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -52,6 +59,12 @@ class Catalog:
 
     def close(self) -> None:
         self.engine.dispose()
+
+    @property
+    def is_shared(self) -> bool:
+        """True for a server database (PostgreSQL) that other replicas may use too; False for
+        a SQLite file, which only this machine sees."""
+        return self.engine.dialect.name != "sqlite"
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -102,7 +115,9 @@ class Catalog:
         """Delete a document, its chunks and their variants; None if there was no such document.
 
         The returned store keys are the variants' KV; the caller removes them from the store
-        (a crash in between leaves orphan KV, which start-up reconciliation removes).
+        (a crash in between leaves orphan KV, which the orphan sweep removes). The chunks'
+        `remove` entries go to the change log in the same transaction, so every replica's
+        index drops them.
         """
         with self.session() as s:
             document = s.get(Document, document_id)
@@ -112,7 +127,9 @@ class Catalog:
             keys = s.scalars(select(Variant.store_key).where(Variant.chunk_id.in_(chunk_ids))).all()
             num_chunks = s.scalar(select(func.count()).select_from(Chunk)
                                   .where(Chunk.document_id == document_id))
+            append_changes(s, REMOVE, list(s.scalars(chunk_ids.order_by(Chunk.id))))
             # Explicit deletes, so the cascade never depends on the database enforcing it.
+            s.execute(delete(Ingest).where(Ingest.document_id == document_id))
             s.execute(delete(Variant).where(Variant.chunk_id.in_(chunk_ids)))
             s.execute(delete(Chunk).where(Chunk.document_id == document_id))
             s.execute(delete(Document).where(Document.id == document_id))
