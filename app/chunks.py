@@ -5,9 +5,11 @@ by layer; a chunk with no stored KV is computed and stored), `store_variants` (t
 request produced in a new context) and `release`. Ingest uses `put_base`; deletion uses
 `forget_document`; `/admin` uses `tier_stats`, `evict` and `clear`.
 
-Variants belong to Cache-Craft: a `cachecraft` request gets each chunk's stored variant of
-lowest CFO and leaves new variants for its context; every other mode uses the base variants
-and stores nothing new.
+Which variant each chunk uses and what a finished request leaves is the mode's policy
+(`engine.variants.VariantPolicy`, from the planner's `variant_use` / `leaves`): `prefix`
+uses exact-context variants and keeps what it computed; `cachecraft` uses the cheapest variant
+to fix, keeps its exact rows and, for chunk sets that recur, has exact variants built in the
+background on idle capacity; the other modes use base variants and leave nothing.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from dataclasses import dataclass
 
 from app.variant_builder import VariantBuilder
 from engine.catalog import context_signature
-from engine.chunk_cache import ChunkKVCache, ChunkRef, LoadedChunks
-from engine.planners import PLANNERS
+from engine.chunk_cache import ChunkKVCache, LoadedChunks
+from engine.planners import planner_class
 from engine.planners.base import ChunkInput
+from engine.variants.harvest import source_contexts
 from engine.errors import InvalidRequest
 from engine.store import create_store
 from engine.store.config import KNOWN_POLICIES
@@ -28,8 +31,6 @@ from engine.store.config import KNOWN_POLICIES
 log = logging.getLogger(__name__)
 
 PERSISTENT_TIERS = ("disk", "redis")
-CRAFT = "cachecraft"
-PREFIX = "prefix"
 
 
 @dataclass
@@ -64,25 +65,32 @@ class ServiceChunkCache:
         A mode that reuses no cache (`full`) gets no sources at all: nothing is read or
         pinned, so its TTFT is the plain prefill it stands for.
         """
-        planner = PLANNERS.get(mode)
-        if planner is not None and not planner.reuses_cache:
+        if not planner_class(mode).reuses_cache:
             inputs = [ChunkInput(str(r.chunk.id), tuple(r.token_ids)) for r in retrieved]
             return RequestChunks(LoadedChunks(inputs, [], self.cache), ["none (full prefill)"] * len(inputs))
-        if mode == CRAFT:  # Cache-Craft: each chunk's variant of lowest CFO for this order
-            refs = self.cache.choose_variants([(r.chunk.id, tuple(r.token_ids)) for r in retrieved])
-        elif mode == PREFIX:  # an exact prefix: the variant computed after exactly these chunks
-            ids = [str(r.chunk.id) for r in retrieved]
-            refs = [ChunkRef(r.chunk.id, tuple(r.token_ids), tuple(ids[:i])) for i, r in enumerate(retrieved)]
-        else:
-            refs = [ChunkRef(r.chunk.id, tuple(r.token_ids)) for r in retrieved]
+        refs = self.cache.choose_variants(mode, [(r.chunk.id, tuple(r.token_ids)) for r in retrieved])
         loaded = self.cache.load(refs)
         labels = [_label(getattr(i.kv, "context", ()), int(i.chunk_id) in loaded.computed) for i in loaded.inputs]
         return RequestChunks(loaded, labels)
 
     def store_variants(self, chunks: RequestChunks, result) -> bool:
-        """Cache-Craft requests leave new variants (their chunks in this context), built in the
-        background; other modes store nothing new. True if a build was queued."""
-        return result.mode == CRAFT and self.builder.submit(result)
+        """What the finished request leaves, by its mode's policy: the savings its context
+        variants brought, the exact rows it computed (at once: a copy), and a background build
+        of exact variants where its chunk set recurs. True if a build was queued."""
+        inputs = chunks.inputs
+        if not planner_class(result.mode).reuses_cache:
+            return False
+        try:
+            self.cache.record_savings(result, inputs)
+            self.cache.harvest_variants(result, inputs)
+        except Exception:  # variants are an optimisation: never fail an answered request
+            log.exception("keeping the request's variants failed")
+        ids = [c.chunk_id for c in inputs]
+        return self.cache.policy.should_build(result.mode, ids) and self.builder.submit(result, source_contexts(inputs))
+
+    def drain(self) -> None:
+        """Wait until the background work queued so far (variant builds) is done (benchmarks, tests)."""
+        self.builder.join()
 
     # -- ingest and deletion -------------------------------------------------------------------
 
@@ -148,7 +156,7 @@ class ServiceChunkCache:
 def open_chunk_cache(settings, catalog, engine) -> ServiceChunkCache:
     """The store from settings, joined to the catalog; reconciled before the first request."""
     config = settings.store_config()
-    cache = ChunkKVCache(engine, create_store(config), catalog, storage_dtype=config.storage_dtype,
+    cache = ChunkKVCache(engine, create_store(config), catalog, storage_dtype=config.codec,
                          prefetch_layers=config.prefetch_layers)
     cache.reconcile()
     return ServiceChunkCache(cache)

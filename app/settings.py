@@ -9,11 +9,12 @@ import re
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from engine import EngineConfig
 from engine.config import gradual_multipliers
+from engine.store.config import StoreConfig
 
 GiB = 1 << 30
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
@@ -73,6 +74,8 @@ class Settings(BaseSettings):
     queue_size: int = Field(default=8, ge=0)  # requests waiting beyond those; more get 503
     retry_after_s: int = Field(default=2, ge=1)
     admin_token: SecretStr | None = None  # None: admin endpoints answer 403
+    # None: document writes only from loopback clients (see app/api/access.py)
+    write_token: SecretStr | None = None
     log_level: str = "info"
     # -- the KV store (see engine.store.config.StoreConfig) -----------------------------------
     store_tiers: Annotated[tuple[str, ...], NoDecode] = ("gpu", "cpu", "disk")
@@ -81,7 +84,9 @@ class Settings(BaseSettings):
     store_disk_bytes: int = Field(default=50 * GiB, ge=0)
     store_redis_bytes: int = Field(default=8 * GiB, ge=0)
     store_disk_dir: Path | None = None  # None: <data_dir>/kv
-    store_dtype: str = "float16"
+    # KVMOSAIC_STORE_CODEC (KVMOSAIC_STORE_DTYPE, its former name, is still read)
+    store_codec: str = Field(default=StoreConfig.codec, validation_alias=AliasChoices(
+        "KVMOSAIC_STORE_CODEC", "KVMOSAIC_STORE_DTYPE", "store_codec"))
     store_eviction: str = "lru"
     redis_url: str = "redis://127.0.0.1:6379/0"
 
@@ -133,7 +138,7 @@ class Settings(BaseSettings):
         return StoreConfig(tiers=self.store_tiers, gpu_bytes=self.store_gpu_bytes, cpu_bytes=self.store_cpu_bytes,
                            disk_bytes=self.store_disk_bytes, redis_bytes=self.store_redis_bytes,
                            disk_dir=self.store_disk_dir or self.data_dir / "kv", redis_url=self.redis_url,
-                           storage_dtype=self.store_dtype, eviction=self.store_eviction)
+                           codec=self.store_codec, eviction=self.store_eviction)
 
     @property
     def index_dir(self) -> Path:

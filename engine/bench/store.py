@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from engine.store import EntryMeta, KVEntry, StoreConfig, TierUnavailable, create_tier
-from engine.store.entry import storage_dtype
+from engine.store.quant import get_codec
 
 SHAPES = {"chunk-512": (30, 2, 3, 512, 64), "10MiB": (20, 2, 2, 1024, 64)}
 QUESTION = "Which of these passages mentions a date, and what happened then?"
@@ -77,10 +77,11 @@ class OverlapResult:
 
 
 def make_entry(shape: tuple[int, ...], dtype: str, seed: int) -> KVEntry:
+    """A random entry of KV `shape` [layers, 2, heads, tokens, dim] encoded by codec `dtype`."""
     generator = torch.Generator().manual_seed(seed)
-    kv = torch.randn(shape, generator=generator).to(storage_dtype(dtype))  # [layers, 2, heads, tokens, dim]
+    kv = torch.randn(shape, generator=generator)  # [layers, 2, heads, tokens, dim]
     meta = EntryMeta("bench", "bench", f"{seed:064x}", 0, dtype, tuple(shape))
-    return KVEntry(meta, kv)
+    return KVEntry(meta, get_codec(dtype).encode(kv))
 
 
 def _mb_s(num_bytes: int, seconds: float) -> float:
@@ -138,7 +139,7 @@ def run_throughput(options: StoreBenchOptions, work_dir: Path, log=print) -> lis
         raw = raw_file_throughput(work_dir, payload, options.repeats, options.fsync)
         for tier_name in options.tiers:
             config = StoreConfig(tiers=(tier_name,), disk_dir=work_dir / "kv", disk_fsync=options.fsync,
-                                 redis_url=options.redis_url, redis_prefix="kvmosaic-bench:", storage_dtype=options.dtype)
+                                 redis_url=options.redis_url, redis_prefix="kvmosaic-bench:", codec=options.dtype)
             try:
                 tier = create_tier(tier_name, config)
             except TierUnavailable as exc:
@@ -224,7 +225,7 @@ def run_overlap(engine, options: StoreBenchOptions, work_dir: Path) -> OverlapRe
 
     catalog = Catalog.open(CatalogConfig(data_dir=work_dir))
     config = StoreConfig(tiers=("disk",), disk_dir=work_dir / "blend-kv", disk_fsync=options.fsync,
-                         storage_dtype=options.dtype)
+                         codec=options.dtype)
     cache = ChunkKVCache(engine, create_store(config), catalog, options.dtype)
     try:
         refs = bench_chunk_refs(engine, catalog, options)

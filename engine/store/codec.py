@@ -4,8 +4,9 @@ Layout (plain safetensors, readable by `safetensors.torch.load`; never pickle):
 
     [8-byte little-endian header length][JSON header][layer 0 bytes][layer 1 bytes]...
 
-The header maps `layer.0000`, `layer.0001`, ... to dtype, shape [2, kv_heads, tokens,
-head_dim] and byte offsets, and `__metadata__` holds strings: `format`, `meta` (the
+The header maps `layer.0000`, `layer.0001`, ... to dtype, shape and byte offsets of each
+layer's payload ([2, kv_heads, tokens, head_dim] floats, or the uint8 bytes of a quantized
+layer, see `quant.py`), and `__metadata__` holds strings: `format`, `meta` (the
 `EntryMeta` as JSON), `checksums` (crc32 of every layer's bytes, JSON list) and
 `header_crc` (crc32 of format + meta + checksums). One tensor per layer lets a reader fetch
 and verify layer i alone (`read_layer`), so loading can start before the whole entry is read.
@@ -26,7 +27,7 @@ from engine.store.entry import CorruptEntry, EntryMeta, KVEntry
 
 FORMAT = "kvmosaic-kv/1"
 MAX_HEADER_BYTES = 1 << 24
-_ST_DTYPES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
+_ST_DTYPES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.uint8: "U8"}
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def layer_bytes(layer: torch.Tensor) -> memoryview:
 def encode_parts(entry: KVEntry) -> tuple[bytes, list[memoryview]]:
     """The header bytes and one buffer per layer; written in order they form the entry."""
     meta, kv = entry.meta, entry.kv.cpu()
-    if tuple(kv.shape) != meta.shape or kv.dtype != meta.torch_dtype:
+    if tuple(kv.shape) != (meta.num_layers, *meta.payload_shape) or kv.dtype != meta.torch_dtype:
         raise ValueError(f"entry tensor {tuple(kv.shape)} {kv.dtype} does not match its meta")
     layers = [layer_bytes(kv[i]) for i in range(meta.num_layers)]
     checksums = [zlib.crc32(b) for b in layers]
@@ -64,7 +65,7 @@ def encode_parts(entry: KVEntry) -> tuple[bytes, list[memoryview]]:
                                "header_crc": str(_header_crc(meta_json, checksums_json))}}
     start = 0
     for i, buf in enumerate(layers):
-        header[_layer_name(i)] = {"dtype": _ST_DTYPES[meta.dtype], "shape": list(meta.layer_shape),
+        header[_layer_name(i)] = {"dtype": _ST_DTYPES[meta.torch_dtype], "shape": list(meta.payload_shape),
                                   "data_offsets": [start, start + len(buf)]}
         start += len(buf)
     text = json.dumps(header, separators=(",", ":")).encode()
@@ -118,7 +119,7 @@ def _layer_offsets(table: dict, meta: EntryMeta, data_start: int) -> tuple[tuple
     for i in range(meta.num_layers):
         spec = table[_layer_name(i)]
         start, end = (int(x) for x in spec["data_offsets"])
-        if spec["dtype"] != _ST_DTYPES[meta.dtype] or tuple(spec["shape"]) != meta.layer_shape:
+        if spec["dtype"] != _ST_DTYPES[meta.torch_dtype] or tuple(spec["shape"]) != meta.payload_shape:
             raise CorruptEntry(f"layer {i} header does not match the entry meta")
         if start != expected or end - start != layer_size:
             raise CorruptEntry(f"layer {i} offsets are inconsistent")
@@ -139,17 +140,17 @@ def verify_layer(layout: EntryLayout, index: int, raw: bytes | bytearray | memor
 
 
 def decode_layer(layout: EntryLayout, index: int, raw: bytes | bytearray | memoryview) -> torch.Tensor:
-    """Layer `index` from its raw bytes, checksum verified: [2, kv_heads, tokens, head_dim].
+    """Layer `index`'s payload from its raw bytes, checksum verified: [*meta.payload_shape].
 
     A bytearray is wrapped without copying (the tensor then owns it); anything else is copied.
     """
     verify_layer(layout, index, raw)
     buffer = raw if isinstance(raw, bytearray) else bytearray(raw)
-    return torch.frombuffer(buffer, dtype=layout.meta.torch_dtype).view(layout.meta.layer_shape)
+    return torch.frombuffer(buffer, dtype=layout.meta.torch_dtype).view(layout.meta.payload_shape)
 
 
 def decode(data: bytes | bytearray | memoryview) -> KVEntry:
-    """A whole serialized entry, every layer verified; kv: [layers, 2, kv_heads, tokens, head_dim].
+    """A whole serialized entry, every layer verified; kv: [layers, *meta.payload_shape].
 
     A bytearray is wrapped without copying (the tensor then owns it); anything else is copied once.
     """
@@ -162,7 +163,7 @@ def decode(data: bytes | bytearray | memoryview) -> KVEntry:
     buffer, offset = (data, start) if isinstance(data, bytearray) else (bytearray(view[start:]), 0)
     count = layout.meta.num_bytes // layout.meta.torch_dtype.itemsize
     kv = torch.frombuffer(buffer, dtype=layout.meta.torch_dtype, count=count, offset=offset)
-    return KVEntry(layout.meta, kv.view(layout.meta.shape))
+    return KVEntry(layout.meta, kv.view(layout.meta.num_layers, *layout.meta.payload_shape))
 
 
 def _header_crc(meta_json: str, checksums_json: str) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.store.entry import STORAGE_DTYPES
+from engine.store.quant import CODECS
 
 GiB = 1 << 30
 KNOWN_TIERS = ("gpu", "cpu", "disk", "redis")
@@ -27,9 +27,11 @@ class StoreConfig:
     redis_url: the shared Redis [KVMOSAIC_REDIS_URL]; redis_prefix: namespace of its keys
       (several deployments can share one Redis); redis_timeout_s: socket timeouts;
       redis_retry_s: how long a Redis tier that failed is skipped before it is tried again.
-    storage_dtype: dtype of stored KV in every tier (float16 halves memory, disk and network
-      bytes; entries are converted back to the engine's dtype when loaded)
-      [KVMOSAIC_STORE_DTYPE].
+    codec: how KV is stored in every tier (`engine/store/quant.py`): `float16` (the default;
+      half of float32), `bfloat16`, `float32`, or quantized `int8` (~0.54x float16) and
+      `int4` (~0.29x), keys per channel and values per token (KIVI). Entries are decoded to
+      the engine's dtype layer by layer when loaded; tiers keep and count the encoded bytes
+      [KVMOSAIC_STORE_CODEC].
     eviction: `lru`, `lfu` or `value` (expected savings x access frequency / size)
       [KVMOSAIC_STORE_EVICTION].
     load_threads: background threads that read layers ahead of the compute.
@@ -47,7 +49,7 @@ class StoreConfig:
     redis_prefix: str = "kvmosaic:kv:"
     redis_timeout_s: float = 2.0
     redis_retry_s: float = 30.0
-    storage_dtype: str = "float16"
+    codec: str = "float16"
     eviction: str = "lru"
     load_threads: int = 2
     prefetch_layers: int = 2
@@ -59,8 +61,8 @@ class StoreConfig:
         for tier in KNOWN_TIERS:
             if self.capacity(tier) < 0:
                 raise ValueError(f"{tier}_bytes must be >= 0")
-        if self.storage_dtype not in STORAGE_DTYPES:
-            raise ValueError(f"storage_dtype must be one of {tuple(STORAGE_DTYPES)}")
+        if self.codec not in CODECS:
+            raise ValueError(f"codec must be one of {tuple(CODECS)}")
         if self.eviction not in KNOWN_POLICIES:
             raise ValueError(f"eviction must be one of {KNOWN_POLICIES}")
         if self.load_threads < 1 or self.prefetch_layers < 1:

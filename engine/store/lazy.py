@@ -6,6 +6,9 @@ threads, waits for layer i only, and drops reads of layers it has passed. Right 
 construction layers 0 .. prefetch are already on their way, so while the runner computes
 layer i of the request, the reads of layer i + 1 of every chunk run in parallel.
 
+Decoding (dequantizing, for `int8` / `int4` entries) happens on those background threads
+too, on the engine's device, so it hides behind the compute like the read itself.
+
 A layer that fails its checksum is never returned: the source reports the entry as corrupt
 (the store removes it) and, if it was given a `fallback`, switches to the fallback's KV
 (the chunk recomputed) for that and every later layer; without one it raises CorruptEntry.
@@ -23,7 +26,7 @@ import torch
 
 from engine.kv import ChunkKV
 from engine.store.base import EntryReader
-from engine.store.entry import CorruptEntry
+from engine.store.entry import CorruptEntry, decode_layer
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,7 @@ class LazyChunkKV:
         self.prefix_digest = meta.prefix_digest
         self.context = meta.context
         self.num_layers = meta.num_layers
+        self._meta = meta
         self.stats = LoadStats()
         self._reader, self._executor = reader, executor
         self._dtype, self._device = dtype, torch.device(device)
@@ -115,10 +119,10 @@ class LazyChunkKV:
                 self.stats.layers_wasted += 1  # already read or being read
 
     def _read(self, index: int) -> tuple[torch.Tensor, float]:
-        """Layer `index` converted for the engine, and the seconds it took (background thread)."""
+        """Layer `index` decoded for the engine, and the seconds it took (background thread)."""
         started = time.perf_counter()
-        stored = self._reader.layer(index)  # verified bytes, storage dtype
-        tensor = stored.to(device=self._device, dtype=self._dtype)
+        stored = self._reader.layer(index)  # verified payload of the entry's codec
+        tensor = decode_layer(self._meta, stored, self._dtype, self._device)
         return tensor, time.perf_counter() - started
 
     def _switch_to_fallback(self, index: int, exc: CorruptEntry) -> torch.Tensor:

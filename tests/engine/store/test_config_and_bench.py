@@ -10,7 +10,7 @@ from engine.store import StoreConfig, TierUnavailable, create_store, create_tier
 
 
 @pytest.mark.parametrize("bad", [dict(tiers=()), dict(tiers=("cpu", "cpu")), dict(tiers=("tape",)),
-                                 dict(cpu_bytes=-1), dict(storage_dtype="int8"), dict(eviction="fifo"),
+                                 dict(cpu_bytes=-1), dict(codec="int3"), dict(eviction="fifo"),
                                  dict(load_threads=0), dict(prefetch_layers=0)])
 def test_config_rejects_bad_settings(bad):
     with pytest.raises(ValueError):
