@@ -6,8 +6,8 @@
     claim_ingest   any replica, once the lease has expired: RECLAIMING, itself as owner; it
                    then deletes the document (`Catalog.delete_document`)
 
-`finish_ingest` and `claim_ingest` decide under the row's lock (`SELECT … FOR UPDATE` /
-a conditional `UPDATE`), so exactly one of them wins: an owner that lost its lease learns it
+`finish_ingest` and `claim_ingest` each decide with one conditional write to the row (a
+`DELETE` / an `UPDATE` whose `WHERE` is re-checked under the row lock), so exactly one wins: an owner that lost its lease learns it
 (`LeaseLost`) and undoes its work; a claim on a row that finished changes nothing. Lease
 times come from the clock of the replica that writes them: keep replicas' clocks within a
 small fraction of the lease of each other (NTP does).
@@ -67,15 +67,18 @@ class IngestLeases:
         change log, the ingest row deleted. `LeaseLost` (nothing changed) if `owner` no longer
         holds a RUNNING row for it."""
         with self.session() as s:
-            row = s.scalar(select(Ingest).where(Ingest.document_id == document_id).with_for_update())
-            if row is None or row.owner != owner or row.state != RUNNING:
+            # The conditional delete is the decision: it takes the row's write lock first, so a
+            # concurrent claim either already changed the row (we delete nothing) or waits.
+            won = s.execute(delete(Ingest).where(Ingest.document_id == document_id, Ingest.owner == owner,
+                                                 Ingest.state == RUNNING)).rowcount == 1
+            if not won:
+                row = s.scalar(select(Ingest).where(Ingest.document_id == document_id))
                 raise LeaseLost(f"document {document_id}: the ingest lease was lost "
                                 f"({'deleted' if row is None else f'{row.state} by {row.owner}'})")
             chunk_ids = list(s.scalars(select(Chunk.id).where(Chunk.document_id == document_id).order_by(Chunk.id)))
             for chunk_id in chunk_ids:
                 s.execute(update(Chunk).where(Chunk.id == chunk_id).values(embedding_row=chunk_id))
             append_changes(s, ADD, chunk_ids)
-            s.execute(delete(Ingest).where(Ingest.id == row.id))
 
     def ingest_of(self, document_id: int) -> rec.IngestRecord | None:
         """The document's ingest row (None: retrievable, or no such document)."""
