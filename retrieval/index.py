@@ -1,5 +1,10 @@
 """A FAISS inner-product index over normalised embeddings, keyed by integer chunk ids.
 
+Exact (flat) up to `IndexConfig.approx_above` rows; beyond, approximate (IVF-Flat, see
+`retrieval/ivf.py`), retrained when the rows grow `regrow` times past the size it was
+trained for. The k-means training runs outside the lock on a snapshot, so searches go on
+meanwhile; only the final assignment of the rows to lists blocks them.
+
 Persisted as two files in a directory: `vectors.faiss` (the index) and `manifest.json`
 (embedder name, dimension, number of rows and a digest of the ids). `load` returns None when
 the files are missing, unreadable or do not match what the caller expects; the caller then
@@ -13,12 +18,15 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import faiss
 import numpy as np
+
+from retrieval import ivf
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +42,25 @@ class Hit:
     score: float
 
 
+@dataclass(frozen=True)
+class IndexConfig:
+    """How the index scales (env names the app maps them from in brackets).
+
+    approx_above: rows above which the exact flat index becomes IVF; 0 = always exact
+      [KVMOSAIC_INDEX_APPROX_ABOVE].
+    nprobe: IVF lists searched per query (more: higher recall, slower) [KVMOSAIC_INDEX_NPROBE].
+    regrow: retrain the IVF lists once the rows are this many times the trained size.
+    """
+
+    approx_above: int = 100_000
+    nprobe: int = 32
+    regrow: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.approx_above < 0 or self.nprobe < 1 or self.regrow <= 1:
+            raise ValueError("approx_above must be >= 0, nprobe >= 1 and regrow > 1")
+
+
 def ids_digest(ids: Iterable[int]) -> str:
     """Order-free digest of a set of ids: two indexes over the same chunks agree."""
     joined = ",".join(str(i) for i in sorted(int(i) for i in ids))
@@ -43,18 +70,29 @@ def ids_digest(ids: Iterable[int]) -> str:
 class VectorIndex:
     """Thread-safe add / remove / search over (id, unit vector) rows."""
 
-    def __init__(self, dim: int, embedder_name: str, index: faiss.Index | None = None):
+    def __init__(self, dim: int, embedder_name: str, index: faiss.Index | None = None,
+                 config: IndexConfig = IndexConfig()):
         self.dim = dim
         self.embedder_name = embedder_name
-        self._index = index if index is not None else faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+        self.config = config
+        self._index = index if index is not None else _flat(dim)
+        self._trained_rows = int(self._index.ntotal)
         self._lock = threading.Lock()
+        self._training = False
+        if ivf.is_ivf(self._index):
+            faiss.downcast_index(self._index).nprobe = config.nprobe
 
     def __len__(self) -> int:
         return int(self._index.ntotal)
 
+    @property
+    def approximate(self) -> bool:
+        """True once the index is IVF (searches may miss a true neighbour; see the bench)."""
+        return ivf.is_ivf(self._index)
+
     def ids(self) -> list[int]:
         with self._lock:
-            return [int(i) for i in faiss.vector_to_array(self._index.id_map)]
+            return [int(i) for i in ivf.ids_of(self._index)]
 
     def add(self, ids: Sequence[int], vectors: np.ndarray) -> None:
         """Add rows; vectors [len(ids), dim] should be unit length. Re-adding an id replaces it."""
@@ -63,6 +101,7 @@ class VectorIndex:
         with self._lock:
             self._index.remove_ids(id_array)
             self._index.add_with_ids(vectors, id_array)
+        self._reshape_if_grown()
 
     def remove(self, ids: Sequence[int]) -> int:
         """Remove rows by id; unknown ids are ignored. Returns how many rows went."""
@@ -70,6 +109,28 @@ class VectorIndex:
             return 0
         with self._lock:
             return int(self._index.remove_ids(np.asarray(ids, dtype=np.int64)))
+
+    def _reshape_if_grown(self) -> None:
+        """Switch to IVF past `approx_above` rows, or retrain it past `regrow` x its trained size."""
+        with self._lock:
+            rows, limit = int(self._index.ntotal), self.config.approx_above
+            grown = rows > limit if not self.approximate else rows > self.config.regrow * self._trained_rows
+            if not limit or not grown or self._training:
+                return
+            self._training = True
+            _, sample = ivf.rows(self._index)
+        try:
+            started = time.perf_counter()
+            trained = ivf.train_ivf(sample, ivf.default_nlist(len(sample)), self.config.nprobe)
+            del sample
+            with self._lock:  # the rows as they are now, changes during training included
+                ids, vectors = ivf.rows(self._index)
+                trained.add_with_ids(vectors, ids)
+                self._index, self._trained_rows = trained, len(ids)
+            log.info("vector index: %d rows now in IVF with %d lists (%.1f s)", len(ids), trained.nlist,
+                     time.perf_counter() - started)
+        finally:
+            self._training = False
 
     def search(self, vector: np.ndarray, k: int) -> list[Hit]:
         """The k nearest rows to one query vector [dim], best first (fewer if the index is small)."""
@@ -85,14 +146,19 @@ class VectorIndex:
     def save(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         with self._lock:
-            ids = [int(i) for i in faiss.vector_to_array(self._index.id_map)]
+            ids = [int(i) for i in ivf.ids_of(self._index)]
             _atomic_write(directory / INDEX_FILE, faiss.serialize_index(self._index).tobytes())
-        manifest = {"embedder": self.embedder_name, "dim": self.dim, "rows": len(ids), "ids": ids_digest(ids)}
+            trained = self._trained_rows
+        manifest = {"embedder": self.embedder_name, "dim": self.dim, "rows": len(ids), "ids": ids_digest(ids),
+                    "trained_rows": trained}
         _atomic_write(directory / MANIFEST_FILE, json.dumps(manifest).encode())
 
     @classmethod
-    def load(cls, directory: Path, dim: int, embedder_name: str, expected_ids: Iterable[int]) -> "VectorIndex | None":
-        """The saved index if it holds exactly `expected_ids` under this embedder; else None."""
+    def load(cls, directory: Path, dim: int, embedder_name: str, expected_ids: Iterable[int],
+             config: IndexConfig = IndexConfig()) -> "VectorIndex | None":
+        """The saved index if it holds exactly `expected_ids` under this embedder; else None.
+
+        A saved IVF index is used only while `config` still wants one (`approx_above`)."""
         try:
             manifest = json.loads((directory / MANIFEST_FILE).read_text())
             raw = np.frombuffer((directory / INDEX_FILE).read_bytes(), dtype=np.uint8)
@@ -100,12 +166,18 @@ class VectorIndex:
         except (OSError, ValueError, RuntimeError) as exc:
             log.info("vector index at %s not usable (%s); it will be rebuilt", directory, exc)
             return None
-        loaded = cls(dim, embedder_name, index)
+        loaded = cls(dim, embedder_name, index, config)
+        loaded._trained_rows = int(manifest.get("trained_rows") or len(loaded))
         fresh = (manifest.get("embedder") == embedder_name and manifest.get("dim") == dim
-                 and index.d == dim and ids_digest(loaded.ids()) == ids_digest(expected_ids))
+                 and index.d == dim and ids_digest(loaded.ids()) == ids_digest(expected_ids)
+                 and (not loaded.approximate or config.approx_above > 0))
         if not fresh:
             log.info("vector index at %s is stale; it will be rebuilt", directory)
         return loaded if fresh else None
+
+
+def _flat(dim: int) -> faiss.Index:
+    return faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -2,7 +2,9 @@
 
 The chunks' source of truth is the caller's (the catalog): `open` loads the persisted index
 when it holds exactly the caller's chunk ids under this embedder, and otherwise rebuilds it
-from (id, text) pairs the caller supplies. Knows nothing about documents or the catalog.
+from (id, text[, stored vector]) rows the caller supplies (a row without a usable vector is
+embedded). Afterwards the caller feeds it the catalog's changes (`apply`), remembering how
+far it got in `cursor`. Knows nothing about documents or the catalog.
 """
 
 from __future__ import annotations
@@ -11,58 +13,105 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from retrieval.embedder import Embedder
-from retrieval.index import Hit, VectorIndex
+from retrieval.index import Hit, IndexConfig, VectorIndex
 
 log = logging.getLogger(__name__)
 
-# (chunk id, chunk text) pairs, produced lazily: only read when a rebuild is needed.
-ChunkTexts = Callable[[], Iterable[tuple[int, str]]]
+# (chunk id, text) or (chunk id, text, vector or None) rows, produced lazily: only read when a
+# rebuild is needed. A vector given must be this embedder's, unit length, [dim].
+ChunkRow = tuple[int, str] | tuple[int, str, np.ndarray | None]
+ChunkTexts = Callable[[], Iterable[ChunkRow]]
+
+
+@dataclass(frozen=True)
+class IndexUpdate:
+    """One change to apply: chunk `chunk_id` enters retrieval with `vector` ([dim], unit), or
+    leaves it (`vector` None). `seq` is the change's position in the caller's log."""
+
+    seq: int
+    chunk_id: int
+    vector: np.ndarray | None
 
 
 class Retriever:
-    """Thread-safe. Changes are persisted by `save` (the ingest step calls it per document)."""
+    """Thread-safe. Changes are persisted by `save` (the ingest step calls it per document).
 
-    def __init__(self, embedder: Embedder, index: VectorIndex, directory: Path | None = None):
+    `cursor`: the position in the caller's change log up to which `apply` has brought the
+    index (the caller sets it when it opens the index, `apply` advances it).
+    """
+
+    def __init__(self, embedder: Embedder, index: VectorIndex, directory: Path | None = None,
+                 config: IndexConfig = IndexConfig()):
         self.embedder = embedder
         self.index = index
         self.directory = directory
+        self.config = config
+        self.cursor = 0
         self._save_lock = threading.Lock()
+        self._apply_lock = threading.Lock()
 
     @classmethod
     def open(cls, embedder: Embedder, directory: Path, chunk_ids: Iterable[int], chunk_texts: ChunkTexts,
-             batch_size: int = 256) -> "Retriever":
+             batch_size: int = 256, config: IndexConfig = IndexConfig()) -> "Retriever":
         """Load the saved index if it is fresh for `chunk_ids`; else rebuild and save it."""
         ids = list(chunk_ids)
-        index = VectorIndex.load(directory, embedder.dim, embedder.name, ids)
-        retriever = cls(embedder, index or VectorIndex(embedder.dim, embedder.name), directory)
+        index = VectorIndex.load(directory, embedder.dim, embedder.name, ids, config)
+        retriever = cls(embedder, index or VectorIndex(embedder.dim, embedder.name, config=config), directory,
+                        config)
         if index is None:
             retriever.rebuild(chunk_texts(), batch_size)
         return retriever
 
-    def rebuild(self, pairs: Iterable[tuple[int, str]], batch_size: int = 256) -> int:
-        """Replace the whole index with embeddings of `pairs`; returns the number of rows."""
+    def rebuild(self, rows: Iterable[ChunkRow], batch_size: int = 256) -> int:
+        """Replace the whole index with `rows` (stored vectors used, missing ones embedded);
+        returns the number of rows."""
         started = time.perf_counter()
-        fresh = VectorIndex(self.embedder.dim, self.embedder.name)
-        batch: list[tuple[int, str]] = []
-        for pair in pairs:
-            batch.append(pair)
+        fresh = VectorIndex(self.embedder.dim, self.embedder.name, config=self.config)
+        batch: list[ChunkRow] = []
+        for row in rows:
+            batch.append(row)
             if len(batch) == batch_size:
-                fresh.add([i for i, _ in batch], self.embedder.encode([t for _, t in batch]))
+                fresh.add([r[0] for r in batch], self._vectors(batch))
                 batch.clear()
         if batch:
-            fresh.add([i for i, _ in batch], self.embedder.encode([t for _, t in batch]))
+            fresh.add([r[0] for r in batch], self._vectors(batch))
         self.index = fresh
         self.save()
         log.info("rebuilt the vector index: %d chunks in %.1f s", len(fresh), time.perf_counter() - started)
         return len(fresh)
 
+    def _vectors(self, rows: Sequence[ChunkRow]) -> np.ndarray:
+        """[len(rows), dim]: each row's stored vector, or its text embedded (in one batch)."""
+        out = np.zeros((len(rows), self.embedder.dim), dtype=np.float32)
+        missing = [i for i, r in enumerate(rows) if len(r) < 3 or r[2] is None]
+        for i, row in enumerate(rows):
+            if i not in missing:
+                out[i] = row[2]
+        if missing:
+            out[missing] = self.embedder.encode([rows[i][1] for i in missing])
+        return out
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         return self.embedder.encode(texts)
+
+    def apply(self, updates: Sequence[IndexUpdate]) -> int:
+        """Apply changes in order (adds replace, removes of unknown ids are no-ops, so applying
+        a change twice is harmless) and advance `cursor`; returns how many were applied."""
+        with self._apply_lock:
+            for run in _runs(updates):  # consecutive adds (or removes) in one call each
+                ids = [u.chunk_id for u in run]
+                if run[0].vector is None:
+                    self.index.remove(ids)
+                else:
+                    self.index.add(ids, np.stack([u.vector for u in run]))
+                self.cursor = max(self.cursor, run[-1].seq)
+        return len(updates)
 
     def add(self, ids: Sequence[int], vectors: np.ndarray) -> None:
         self.index.add(ids, vectors)
@@ -81,3 +130,16 @@ class Retriever:
 
     def __len__(self) -> int:
         return len(self.index)
+
+
+def _runs(updates: Sequence[IndexUpdate]) -> list[list[IndexUpdate]]:
+    """Split into maximal runs of adds or removes with distinct ids, keeping the order."""
+    runs: list[list[IndexUpdate]] = []
+    for update in updates:
+        last = runs[-1] if runs else None
+        same_kind = last is not None and (last[0].vector is None) == (update.vector is None)
+        if same_kind and all(u.chunk_id != update.chunk_id for u in last):
+            last.append(update)
+        else:
+            runs.append([update])
+    return runs

@@ -56,3 +56,57 @@ def test_missing_or_corrupt_index_is_not_loaded(index, tmp_path):
     index.save(tmp_path)
     (tmp_path / INDEX_FILE).write_bytes(b"garbage")
     assert VectorIndex.load(tmp_path, 3, "test-embedder", [10, 20, 30]) is None
+
+
+def clustered(n: int, dim: int = 16, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(32, dim))
+    x = centers[rng.integers(0, 32, n)] + 0.3 * rng.normal(size=(n, dim))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def test_grows_into_ivf_past_the_threshold_and_keeps_working(tmp_path):
+    from retrieval.index import IndexConfig
+
+    config = IndexConfig(approx_above=2000, nprobe=8)
+    vectors = clustered(3000)
+    index = VectorIndex(16, "e", config=config)
+    index.add(list(range(1500)), vectors[:1500])
+    assert not index.approximate
+    index.add(list(range(1500, 3000)), vectors[1500:])
+    assert index.approximate and len(index) == 3000 and sorted(index.ids()) == list(range(3000))
+    assert index.search(vectors[2500], 1)[0].chunk_id == 2500  # a stored vector finds itself
+    assert index.remove([2500, 99999]) == 1 and 2500 not in {h.chunk_id for h in index.search(vectors[2500], 5)}
+    index.add([7], vectors[8][None])  # replace
+    assert index.search(vectors[8], 2)[0].chunk_id in (7, 8) and len(index) == 2999
+    index.save(tmp_path)
+    loaded = VectorIndex.load(tmp_path, 16, "e", index.ids(), config)
+    assert loaded.approximate and loaded.search(vectors[100], 1)[0].chunk_id == 100
+    assert VectorIndex.load(tmp_path, 16, "e", index.ids(), IndexConfig(approx_above=0)) is None
+
+
+def test_zero_threshold_stays_exact():
+    from retrieval.index import IndexConfig
+
+    index = VectorIndex(16, "e", config=IndexConfig(approx_above=0))
+    index.add(list(range(500)), clustered(500))
+    assert not index.approximate
+
+
+def test_retriever_applies_changes_in_order():
+    from retrieval.retriever import IndexUpdate, Retriever
+
+    class Fake:
+        dim, name = 3, "e"
+
+        def encode(self, texts):
+            return np.stack([unit(1, 0, 0) for _ in texts])
+
+    retriever = Retriever(Fake(), VectorIndex(3, "e"))
+    updates = [IndexUpdate(1, 10, unit(1, 0, 0)), IndexUpdate(2, 20, unit(0, 1, 0)), IndexUpdate(3, 10, None),
+               IndexUpdate(4, 10, unit(0, 0, 1)), IndexUpdate(5, 30, None)]
+    assert retriever.apply(updates) == 5 and retriever.cursor == 5
+    assert sorted(retriever.index.ids()) == [10, 20]
+    assert retriever.index.search(unit(0, 0, 1), 1)[0].chunk_id == 10
+    assert retriever.rebuild([(1, "a", unit(0, 1, 0)), (2, "b"), (3, "c", None)]) == 3
+    assert retriever.index.search(unit(0, 1, 0), 1)[0].chunk_id == 1
