@@ -17,7 +17,8 @@ from starlette.concurrency import run_in_threadpool
 from app.api.errors import install_error_handlers
 from app.api.routes import ROUTERS
 from app.api.routes.web import WEB_DIR
-from app.middleware import MetricsMiddleware
+from app.api.openapi import install_openapi
+from app.middleware import ErrorMiddleware, MetricsMiddleware
 from app.services import Services
 from app.settings import Settings
 
@@ -43,6 +44,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     app = FastAPI(title="kvmosaic", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
     install_error_handlers(app)
+    install_openapi(app)
+    app.add_middleware(ErrorMiddleware)  # inside the metrics, so they count its 500s
     app.add_middleware(MetricsMiddleware)
     for router in ROUTERS:
         app.include_router(router)

@@ -13,6 +13,8 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from engine import EngineConfig
+from engine.store.config import StoreConfig
+from retrieval.index import IndexConfig
 from engine.config import gradual_multipliers
 from engine.store.config import StoreConfig
 
@@ -89,6 +91,14 @@ class Settings(BaseSettings):
         "KVMOSAIC_STORE_CODEC", "KVMOSAIC_STORE_DTYPE", "store_codec"))
     store_eviction: str = "lru"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = Field(default=StoreConfig.redis_prefix, min_length=1)
+    # -- replicas (see app/replica.py; defaults in retrieval.index.IndexConfig) ----------------
+    replica_id: str | None = Field(default=None, max_length=128)  # None: host:pid:random
+    index_poll_s: float = Field(default=1.0, ge=0.0)  # 0: never follow the catalog's changes
+    ingest_lease_s: float = Field(default=30.0, gt=0.0)
+    kv_orphan_grace_s: float = Field(default=600.0, ge=0.0)
+    index_approx_above: int = Field(default=IndexConfig.approx_above, ge=0)
+    index_nprobe: int = Field(default=IndexConfig.nprobe, ge=1)
 
     @field_validator("check_layers", "craft_stats_layers", mode="before")
     @classmethod
@@ -138,7 +148,11 @@ class Settings(BaseSettings):
         return StoreConfig(tiers=self.store_tiers, gpu_bytes=self.store_gpu_bytes, cpu_bytes=self.store_cpu_bytes,
                            disk_bytes=self.store_disk_bytes, redis_bytes=self.store_redis_bytes,
                            disk_dir=self.store_disk_dir or self.data_dir / "kv", redis_url=self.redis_url,
+                           redis_prefix=self.redis_prefix,
                            codec=self.store_codec, eviction=self.store_eviction)
+
+    def index_config(self) -> IndexConfig:
+        return IndexConfig(approx_above=self.index_approx_above, nprobe=self.index_nprobe)
 
     @property
     def index_dir(self) -> Path:

@@ -1,4 +1,4 @@
-"""FastAPI dependencies: the services built in the lifespan, the settings, the admin guard."""
+"""FastAPI dependencies: the services built in the lifespan, the settings, the admin and write guards."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Request
 
+from app.api.access import check_write_access
 from app.services import Services
 from app.settings import Settings
 
@@ -36,3 +37,11 @@ def require_admin(settings: SettingsDep, authorization: Annotated[str | None, He
 
 
 AdminDep = Depends(require_admin)
+
+
+def require_writer(request: Request, settings: SettingsDep) -> None:
+    """Document writes: the access rule of `app.api.access` (write or admin token, loopback)."""
+    check_write_access(request, settings.write_token, settings.admin_token)
+
+
+WriterDep = Depends(require_writer)

@@ -2,7 +2,8 @@
 
 Malformed JSON → 400, schema violations → 422, engine `InvalidRequest` (unknown mode, prompt
 too long, ...) → 422, missing resources → 404, full queue → 503 with Retry-After. Anything
-else is a bug: 500 with a generic message (details go to the log, not the client).
+else is a bug: `app.middleware.ErrorMiddleware` answers 500 with a generic message (the
+traceback goes to the log, not the client) and keeps the connection usable.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.queue import QueueFull
+from app.schemas.errors import ErrorBody
 from engine.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -22,6 +24,19 @@ log = logging.getLogger(__name__)
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
           415: "invalid_request_error", 422: "invalid_request_error", 503: "server_busy"}
+
+
+# What each refusal means, for the OpenAPI document (`documented`).
+_DESCRIPTIONS = {400: "the body is not valid JSON", 401: "missing or wrong bearer token",
+                 403: "not allowed (no token configured, or a cross-site write)", 404: "no such resource",
+                 411: "a file upload without Content-Length", 413: "the document is larger than the limit",
+                 415: "unsupported content type", 422: "a field is invalid (the message says which)",
+                 503: "the work queue is full; retry after `Retry-After` seconds"}
+
+
+def documented(*statuses: int) -> dict:
+    """OpenAPI `responses` for these error statuses, all with the one `ErrorBody` shape."""
+    return {status: {"model": ErrorBody, "description": _DESCRIPTIONS[status]} for status in statuses}
 
 
 def error_response(status: int, message: str, details=None, headers=None, param=None) -> JSONResponse:
@@ -44,7 +59,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(InvalidRequest, _invalid_request)
     app.add_exception_handler(QueueFull, _queue_full)
-    app.add_exception_handler(Exception, _unexpected)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -70,7 +84,3 @@ async def _queue_full(request: Request, exc: QueueFull) -> JSONResponse:
     request.app.state.services.metrics.rejected.inc()
     return error_response(503, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
 
-
-async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response(500, "internal server error")

@@ -1,7 +1,9 @@
 """Read a document from a request: JSON `{text, title?, source?}` or a multipart file upload.
 
 Refuses, before anything is written: bodies over the size limit (413), other content types
-(415), malformed JSON (400), schema violations (422), non-UTF-8 or empty text (422).
+(415), malformed or too deeply nested JSON (400), schema violations (422), non-UTF-8 or empty
+text (422), titles over `TITLE_MAX_CHARS` or file names over `FILENAME_MAX_CHARS` (422: the
+catalog's columns are bounded). A title taken from the text's first heading is cut to fit.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from app.schemas.documents import DocumentIn
+from app.schemas.documents import FILENAME_MAX_CHARS, TITLE_MAX_CHARS, DocumentIn
 from retrieval.sources import SourceDocument, title_of
 
 # JSON escaping can inflate text; the raw body may exceed the text limit by this much.
@@ -50,6 +52,8 @@ def _from_json(raw: bytes, limit: int) -> SourceDocument:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise HTTPException(400, "the request body is not valid JSON") from None
+    except RecursionError:  # e.g. [[[[...]]]] 100,000 deep: refuse it like /ask does
+        raise HTTPException(400, "the request body is not valid JSON (nested too deeply)") from None
     try:
         doc = DocumentIn.model_validate(data)
     except ValidationError as exc:
@@ -63,6 +67,8 @@ async def _from_form(request: Request, limit: int) -> SourceDocument:
     if not isinstance(upload, UploadFile):
         raise HTTPException(422, "the form has no 'file' part")
     name = upload.filename or "upload.txt"
+    if len(name) > FILENAME_MAX_CHARS:
+        raise HTTPException(422, f"the file name has {len(name)} characters; the limit is {FILENAME_MAX_CHARS}")
     if not name.lower().endswith(TEXT_SUFFIXES) and (upload.content_type or "") not in TEXT_TYPES[:3]:
         raise HTTPException(415, f"{name}: only UTF-8 .txt and .md files are accepted")
     raw = await upload.read(limit + 1)
@@ -73,6 +79,8 @@ async def _from_form(request: Request, limit: int) -> SourceDocument:
     except UnicodeDecodeError as exc:
         raise HTTPException(422, f"{name}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
     title = form.get("title")
+    if isinstance(title, str) and len(title) > TITLE_MAX_CHARS:
+        raise HTTPException(422, f"title: the title has {len(title)} characters; the limit is {TITLE_MAX_CHARS}")
     return _document(text, title if isinstance(title, str) else None, f"upload:{name}", limit,
                      fallback_title=name.rsplit(".", 1)[0])
 
@@ -84,7 +92,8 @@ def _document(text: str, title: str | None, source: str, limit: int, fallback_ti
         raise HTTPException(422, "the document is empty")
     if "\x00" in text:
         raise HTTPException(422, "the document contains NUL characters; send plain text")
-    return SourceDocument(source=source, title=(title or "").strip() or title_of(text, fallback_title), text=text)
+    title = (title or "").strip() or title_of(text, fallback_title)[:TITLE_MAX_CHARS]
+    return SourceDocument(source=source, title=title, text=text)
 
 
 def _too_large(limit: int) -> HTTPException:

@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.schemas.common import INT64_MAX, RowId
+
 
 class TierStats(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -36,9 +38,10 @@ class EvictRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tier: str | None = None
-    chunk_id: int | None = None
+    chunk_id: RowId | None = None
     policy: str | None = Field(default=None, description="lru, lfu or value (default: the store's)")
-    bytes: int | None = Field(default=None, ge=1, description="free at least this many bytes")
+    bytes: int | None = Field(default=None, ge=1, le=INT64_MAX, strict=True,
+                              description="free at least this many bytes")
 
     @model_validator(mode="after")
     def _something(self):

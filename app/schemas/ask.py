@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+from app.schemas.common import Seed
 
 
 class AskRequest(BaseModel):
@@ -11,15 +13,16 @@ class AskRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     question: str = Field(min_length=1, description="the question; its length limit is a setting")
-    top_k: int | None = Field(default=None, ge=1, le=20, description="chunks to retrieve (1-20)")
+    top_k: int | None = Field(default=None, ge=1, le=20, strict=True, description="chunks to retrieve (1-20)")
     mode: str | None = Field(default=None, description="recompute mode (see GET /modes)")
     ratio: float | None = Field(default=None, ge=0.0, le=1.0, description="cacheblend recompute ratio")
-    max_tokens: int | None = Field(default=None, ge=1, description="answer token budget")
+    max_tokens: int | None = Field(default=None, ge=1, strict=True,
+                                   description="answer token budget; its limit is a setting")
     temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 = greedy")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
-    stream: bool = Field(default=False, description="Server-Sent Events: piece*, then report")
-    explain: bool = Field(default=False, description="add each chunk's tokens and recomputed offsets")
+    seed: Seed | None = None
+    stream: StrictBool = Field(default=False, description="Server-Sent Events: piece*, then report")
+    explain: StrictBool = Field(default=False, description="add each chunk's tokens and recomputed offsets")
 
 
 class ChunkOut(BaseModel):

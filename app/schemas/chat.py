@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+from app.schemas.common import Seed
 
 
 class ContentPart(BaseModel):
@@ -37,7 +39,7 @@ class ChatMessage(BaseModel):
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class ChatRequest(BaseModel):
@@ -45,16 +47,16 @@ class ChatRequest(BaseModel):
 
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, strict=True)
+    max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = None
-    n: int | None = Field(default=None, ge=1, le=1, description="only one choice is supported")
+    seed: Seed | None = None
+    n: int | None = Field(default=None, ge=1, le=1, strict=True, description="only one choice is supported")
     mode: str | None = None
-    top_k: int | None = Field(default=None, ge=1, le=20)
+    top_k: int | None = Field(default=None, ge=1, le=20, strict=True)
     ratio: float | None = Field(default=None, ge=0.0, le=1.0)
 
     def question(self) -> str:

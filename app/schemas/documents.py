@@ -7,12 +7,17 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict, Field
 
 
+# The catalog's title and source columns hold 1024 characters; "upload:" + a file name must fit.
+TITLE_MAX_CHARS = 1000
+FILENAME_MAX_CHARS = 255
+
+
 class DocumentIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     text: str = Field(min_length=1, description="UTF-8 text or markdown; size limit is a setting")
-    title: str | None = Field(default=None, max_length=1000, description="default: first heading")
-    source: str | None = Field(default=None, max_length=1000, description="where it came from")
+    title: str | None = Field(default=None, max_length=TITLE_MAX_CHARS, description="default: first heading")
+    source: str | None = Field(default=None, max_length=TITLE_MAX_CHARS, description="where it came from")
 
 
 class DocumentOut(BaseModel):

@@ -215,9 +215,10 @@ async function addDocument(event) {
       const form = new FormData();
       form.append("file", file);
       if ($("doc-title").value) form.append("title", $("doc-title").value);
-      result = await api("/documents", { method: "POST", body: form });
+      result = await api("/documents", { method: "POST", body: form, headers: writeHeaders() });
     } else {
-      result = await api("/documents", jsonPost({ text: $("doc-text").value, title: $("doc-title").value || null }));
+      const request = jsonPost({ text: $("doc-text").value, title: $("doc-title").value || null });
+      result = await api("/documents", { ...request, headers: { ...request.headers, ...writeHeaders() } });
     }
     status.textContent = result.created
       ? `Added “${result.document.title}”: ${result.document.num_chunks} chunks in ${result.seconds.toFixed(1)} s.`
@@ -231,8 +232,16 @@ async function addDocument(event) {
 
 async function deleteDocument(id) {
   if (!confirm(`Delete document ${id}, its chunks and cached KV?`)) return;
-  await api(`/documents/${id}`, { method: "DELETE" }).catch((error) => alert(error.message));
+  await api(`/documents/${id}`, { method: "DELETE", headers: writeHeaders() }).catch((error) => alert(error.message));
   loadDocuments();
+}
+
+// Document writes: a server with KVMOSAIC_WRITE_TOKEN set wants a bearer token; the admin
+// token is accepted too, so the token typed in the Admin tab is sent when there is one.
+// Without a write token the server accepts writes from this machine and no header is needed.
+function writeHeaders() {
+  const token = $("admin-token").value || sessionStorage.getItem("kvmosaic-admin-token") || "";
+  return token ? { Authorization: `Bearer ${token}` } : {};
 }
 
 // -- admin ---------------------------------------------------------------------------------

@@ -17,6 +17,9 @@ import pytest
 from retrieval import SourceDocument
 
 ADMIN_TOKEN = "test-admin-token"
+# The in-process client's address: loopback, like a browser on the serving machine, so the
+# default write rule (no write token: loopback clients only) lets the tests add documents.
+LOCAL_CLIENT = ("127.0.0.1", 50000)
 
 DOCS = [
     SourceDocument("test:lighthouse", "Hollin Point Lighthouse",
@@ -83,7 +86,7 @@ def client(services):
 
     from app.main import create_app
 
-    with TestClient(create_app(services=services)) as client:
+    with TestClient(create_app(services=services), client=LOCAL_CLIENT) as client:
         yield client
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from app.api.deps import AdminDep, ServicesDep
+from app.api.errors import documented
 from app.schemas.admin import AdminStats, EvictRequest, EvictResult, TierStats
 
-router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
+router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], responses=documented(401, 403, 422))
 
 
 @router.get("/stats", response_model=AdminStats)
@@ -23,7 +24,7 @@ def stats(services: ServicesDep) -> AdminStats:
                       reuse_available=services.engine.reuse_available)
 
 
-@router.post("/evict", response_model=EvictResult)
+@router.post("/evict", response_model=EvictResult, responses=documented(400))
 def evict(body: EvictRequest, services: ServicesDep) -> EvictResult:
     """Evict by tier, by chunk, and/or until `bytes` are freed by `policy` (pinned entries stay)."""
     entries, freed = services.chunk_cache.evict(tier=body.tier, chunk_id=body.chunk_id,

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
 from app.api.deps import ServicesDep
-from app.api.errors import error_body
+from app.api.errors import documented, error_body
 from app.api.streaming import SSE_HEADERS, AnswerStream, sse
 from app.report import ask_response
 from app.schemas.ask import AskRequest, AskResponse, ModesResponse
@@ -25,7 +25,7 @@ def modes(services: ServicesDep) -> ModesResponse:
                          max_tokens=s.default_max_tokens)
 
 
-@router.post("/ask", response_model=AskResponse, responses=STREAM_DOC)
+@router.post("/ask", response_model=AskResponse, responses={**STREAM_DOC, **documented(400, 422, 503)})
 async def ask(body: AskRequest, services: ServicesDep):
     """Retrieve, prefill by mode reusing chunk KV, decode; report per chunk and per stage."""
     query = services.rag.query(body.question, body.top_k, body.mode, body.ratio, body.max_tokens,

@@ -14,7 +14,7 @@ from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
 from app.api.deps import ServicesDep
-from app.api.errors import error_body
+from app.api.errors import documented, error_body
 from app.api.streaming import SSE_HEADERS, AnswerStream, sse
 from app.report import ask_response
 from app.schemas.chat import (
@@ -29,13 +29,16 @@ from app.schemas.chat import (
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
+STREAM_DOC = {200: {"content": {"text/event-stream": {}},
+                    "description": "with stream=true: `chat.completion.chunk` frames, then `data: [DONE]`"}}
+
 
 @router.get("/models", response_model=ModelList)
 def models(services: ServicesDep) -> ModelList:
     return ModelList(data=[ModelCard(id=services.model_name, created=int(services.started_at))])
 
 
-@router.post("/chat/completions", response_model=ChatResponse)
+@router.post("/chat/completions", response_model=ChatResponse, responses={**STREAM_DOC, **documented(400, 422, 503)})
 async def chat_completions(body: ChatRequest, services: ServicesDep):
     query = services.rag.query(body.question(), body.top_k, body.mode, body.ratio,
                                body.max_completion_tokens or body.max_tokens,

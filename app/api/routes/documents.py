@@ -1,23 +1,43 @@
-"""`/documents`: add (JSON or file upload), list, show, delete."""
+"""`/documents`: add (JSON or file upload), list, show, delete.
+
+Adding and deleting are writes: `WriterDep` applies the access rule of `app/api/access.py`.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response
+from typing import Annotated
 
-from app.api.deps import ServicesDep
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
+
+from app.api.deps import ServicesDep, WriterDep
+from app.api.errors import documented
 from app.api.uploads import read_document
-from app.schemas.documents import ChunkBrief, DocumentDetail, DocumentList, DocumentOut, IngestOut
+from app.schemas.common import INT64_MAX
+from app.schemas.documents import (
+    TITLE_MAX_CHARS,
+    ChunkBrief,
+    DocumentDetail,
+    DocumentList,
+    DocumentOut,
+    IngestOut,
+)
 
 router = APIRouter(prefix="/documents", tags=["documents"])
 
+DocumentId = Annotated[int, Path(ge=1, le=INT64_MAX, description="a document id")]
+
+# The body is read by hand (JSON or multipart, size-capped while streaming), so FastAPI cannot
+# see it: describe both forms here; `app.api.openapi` adds DocumentIn to the components.
 UPLOAD_BODY = {"requestBody": {"required": True, "content": {
     "application/json": {"schema": {"$ref": "#/components/schemas/DocumentIn"}},
     "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": {
-        "file": {"type": "string", "format": "binary"}, "title": {"type": "string"}}}}}}}
+        "file": {"type": "string", "format": "binary", "description": "a UTF-8 .txt or .md file"},
+        "title": {"type": "string", "maxLength": TITLE_MAX_CHARS}}}}}}}
 
 
-@router.post("", response_model=IngestOut, status_code=201, openapi_extra=UPLOAD_BODY,
-             responses={200: {"description": "the same content was already ingested", "model": IngestOut}})
+@router.post("", response_model=IngestOut, status_code=201, openapi_extra=UPLOAD_BODY, dependencies=[WriterDep],
+             responses={200: {"description": "the same content was already ingested", "model": IngestOut},
+                        **documented(400, 401, 403, 411, 413, 415, 422, 503)})
 async def add_document(request: Request, response: Response, services: ServicesDep) -> IngestOut:
     """Chunk, embed, index and precompute the KV of one document (idempotent by content)."""
     doc = await read_document(request, services.settings.max_upload_bytes)
@@ -28,16 +48,16 @@ async def add_document(request: Request, response: Response, services: ServicesD
                      num_tokens=result.num_tokens, seconds=round(result.seconds, 3))
 
 
-@router.get("", response_model=DocumentList)
-def list_documents(services: ServicesDep, offset: int = Query(0, ge=0),
+@router.get("", response_model=DocumentList, responses=documented(422))
+def list_documents(services: ServicesDep, offset: int = Query(0, ge=0, le=INT64_MAX),
                    limit: int = Query(50, ge=1, le=500)) -> DocumentList:
     documents = services.catalog.list_documents(offset=offset, limit=limit)
     return DocumentList(documents=[document_out(d) for d in documents], offset=offset, limit=limit,
                         total=services.catalog.stats().num_documents)
 
 
-@router.get("/{document_id}", response_model=DocumentDetail)
-def get_document(document_id: int, services: ServicesDep) -> DocumentDetail:
+@router.get("/{document_id}", response_model=DocumentDetail, responses=documented(404, 422))
+def get_document(document_id: DocumentId, services: ServicesDep) -> DocumentDetail:
     document = services.catalog.get_document(document_id)
     if document is None:
         raise HTTPException(404, f"no document {document_id}")
@@ -46,8 +66,9 @@ def get_document(document_id: int, services: ServicesDep) -> DocumentDetail:
     return DocumentDetail(**document_out(document).model_dump(), chunks=chunks)
 
 
-@router.delete("/{document_id}", status_code=204)
-def delete_document(document_id: int, services: ServicesDep) -> Response:
+@router.delete("/{document_id}", status_code=204, dependencies=[WriterDep],
+               responses=documented(401, 403, 404, 422))
+def delete_document(document_id: DocumentId, services: ServicesDep) -> Response:
     """Remove the document, its chunks, their variants, KV and index rows."""
     if not services.ingestor.delete(document_id):
         raise HTTPException(404, f"no document {document_id}")

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
 from app.api.deps import ServicesDep
+from app.schemas.health import Health, Readiness
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
-def healthz() -> dict:
-    return {"status": "ok"}
+@router.get("/healthz", response_model=Health)
+def healthz() -> Health:
+    return Health(status="ok")
 
 
-@router.get("/readyz")
+@router.get("/readyz", response_model=Readiness,
+            responses={503: {"model": Readiness, "description": "not ready (see `checks`)"}})
 def readyz(services: ServicesDep) -> JSONResponse:
     """Ready when the catalog answers, the index is loaded and the work queue has room."""
     checks = {"catalog": _catalog_ok(services), "index": services.retriever is not None,
@@ -29,7 +31,9 @@ def readyz(services: ServicesDep) -> JSONResponse:
     return JSONResponse(body, status_code=200 if ready else 503)
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={200: {"description": "Prometheus text exposition format",
+                             "content": {"text/plain": {"schema": {"type": "string"}}}}})
 def metrics(services: ServicesDep) -> Response:
     return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
