@@ -31,6 +31,8 @@ from engine.store.config import KNOWN_POLICIES
 log = logging.getLogger(__name__)
 
 PERSISTENT_TIERS = ("disk", "redis")
+COMPUTED_NOW = "base (computed now)"
+FULL_PREFILL = "none (full prefill)"
 
 
 @dataclass
@@ -38,11 +40,21 @@ class RequestChunks:
     """One request's chunk inputs (in retrieval order) and which variant each one uses."""
 
     loaded: LoadedChunks
-    variant_labels: list[str]
+    reuses_cache: bool = True
 
     @property
     def inputs(self):
         return self.loaded.inputs
+
+    @property
+    def variant_labels(self) -> list[str]:
+        """Per chunk: the variant its KV came from, `COMPUTED_NOW` if it was computed for this
+        request. Read it after the prefill: an entry found corrupt while its layers are read
+        is recomputed then, and that chunk was not served from the cache."""
+        if not self.reuses_cache:
+            return [FULL_PREFILL] * len(self.inputs)
+        computed = set(self.loaded.computed) | {int(i.chunk_id) for i in self.inputs if _fell_back(i.kv)}
+        return [_label(getattr(i.kv, "context", ()), int(i.chunk_id) in computed) for i in self.inputs]
 
     def release(self) -> None:
         self.loaded.close()
@@ -54,7 +66,7 @@ class ServiceChunkCache:
         self.store = cache.store
         self.engine = cache.engine
         # None (no disk or Redis tier): the first tier, lost at exit.
-        self.persistent_tier = next((n for n in self.store.names if n in PERSISTENT_TIERS), None)
+        self.persistent_tier = first_persistent_tier(self.store.names)
         self.builder = VariantBuilder(cache)
 
     # -- the request path ----------------------------------------------------------------------
@@ -67,11 +79,9 @@ class ServiceChunkCache:
         """
         if not planner_class(mode).reuses_cache:
             inputs = [ChunkInput(str(r.chunk.id), tuple(r.token_ids)) for r in retrieved]
-            return RequestChunks(LoadedChunks(inputs, [], self.cache), ["none (full prefill)"] * len(inputs))
+            return RequestChunks(LoadedChunks(inputs, [], self.cache), reuses_cache=False)
         refs = self.cache.choose_variants(mode, [(r.chunk.id, tuple(r.token_ids)) for r in retrieved])
-        loaded = self.cache.load(refs)
-        labels = [_label(getattr(i.kv, "context", ()), int(i.chunk_id) in loaded.computed) for i in loaded.inputs]
-        return RequestChunks(loaded, labels)
+        return RequestChunks(self.cache.load(refs))
 
     def store_variants(self, chunks: RequestChunks, result) -> bool:
         """What the finished request leaves, by its mode's policy: the savings its context
@@ -156,13 +166,27 @@ class ServiceChunkCache:
 def open_chunk_cache(settings, catalog, engine) -> ServiceChunkCache:
     """The store from settings, joined to the catalog; reconciled before the first request."""
     config = settings.store_config()
-    cache = ChunkKVCache(engine, create_store(config), catalog, storage_dtype=config.codec,
-                         prefetch_layers=config.prefetch_layers)
-    cache.reconcile()
+    store = create_store(config)
+    # Base KV computed on use goes where ingest puts it, so a cleared or cold cache is
+    # persistent again after one use instead of living in RAM only.
+    cache = ChunkKVCache(engine, store, catalog, storage_dtype=config.codec, prefetch_layers=config.prefetch_layers,
+                         base_tier=first_persistent_tier(store.names))
+    cache.reconcile(settings.kv_orphan_grace_s)
     return ServiceChunkCache(cache)
+
+
+def first_persistent_tier(names: Sequence[str]) -> str | None:
+    """The first tier that survives a restart (disk, else Redis); None if there is none."""
+    return next((n for n in names if n in PERSISTENT_TIERS), None)
+
+
+def _fell_back(kv) -> bool:
+    """True if a stored entry's layers failed their checksum and the chunk was recomputed."""
+    stats = getattr(kv, "stats", None)
+    return bool(getattr(stats, "fell_back", False))
 
 
 def _label(context: Sequence[str], computed: bool) -> str:
     if computed:
-        return "base (computed now)"
+        return COMPUTED_NOW
     return "base" if not context else f"after {context_signature(context)}"

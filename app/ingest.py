@@ -1,10 +1,13 @@
-"""Ingest documents: chunk → embed → catalog rows → base KV into the store → index rows.
+"""Ingest documents: chunk → embed → catalog rows + lease → base KV into the store → commit.
 
-All or nothing per document: the document is visible to retrieval only once its chunks have
-index rows, which is the last step; a failure before that deletes what was written (catalog
-rows, KV, index rows). A crash in between leaves chunks without embedding rows, which
-`remove_incomplete` deletes at the next start. Idempotent: content already ingested (same
-sha256 of the text) is reported, not added again. Ingests run one at a time.
+All or nothing per document: the document, its chunks and their embeddings are written with
+an ingest row that this replica owns and renews (`app.replica.LeaseKeeper`); the document
+becomes retrievable only at `Catalog.finish_ingest`, the last step, which also logs its
+chunks for every replica's index. A failure before that deletes what was written (catalog
+rows, KV, index rows). A crash leaves an ingest row whose lease stops being renewed; once it
+expires, any replica deletes it (`reclaim_expired`); a peer's live ingest is never touched.
+Idempotent: content already ingested (same sha256 of the text) is reported, not added again.
+Ingests of one process run one at a time.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from app.replica import LeaseKeeper, reclaim_expired
 from app.retrieve import chunk_token_ids
 from engine.catalog import DocumentRecord, NewChunk
 from engine.errors import InvalidRequest
@@ -40,12 +44,13 @@ def content_hash(text: str) -> str:
 
 
 class Ingestor:
-    def __init__(self, engine, chunker: Chunker, retriever, catalog, chunk_cache):
+    def __init__(self, engine, chunker: Chunker, retriever, catalog, chunk_cache, leases: LeaseKeeper):
         self.engine = engine
         self.chunker = chunker
         self.retriever = retriever
         self.catalog = catalog
         self.chunk_cache = chunk_cache
+        self.leases = leases
         self._lock = threading.Lock()
 
     def ingest(self, doc: SourceDocument, on_chunk: OnChunk | None = None) -> IngestResult:
@@ -61,17 +66,18 @@ class Ingestor:
                 raise InvalidRequest(f"{doc.source}: the document has no text")
             ids = [chunk_token_ids(self.engine, p.text, doc.title) for p in pieces]
             vectors = self.retriever.embed([f"{doc.title}\n{p.text}" for p in pieces])
-            added = self.catalog.add_document(doc.source, doc.title, digest,
-                                              [NewChunk(p.text, len(t), token_ids_hash(t)) for p, t in zip(pieces, ids)])
+            added = self._begin(doc, digest, pieces, ids, vectors)
             try:
                 self._compute_kv(added.chunks, ids, on_chunk)
                 chunk_ids = [c.id for c in added.chunks]
-                self.catalog.set_embedding_rows({i: i for i in chunk_ids})  # the commit point
+                self.catalog.finish_ingest(added.document.id, self.leases.owner)  # the commit point
                 self.retriever.add(chunk_ids, vectors)
                 self.retriever.save()
             except BaseException:
                 self._undo(added.document.id, [c.id for c in added.chunks])
                 raise
+            finally:
+                self.leases.release(added.document.id)
         return IngestResult(added.document, True, sum(len(t) for t in ids), time.perf_counter() - started)
 
     def delete(self, document_id: int) -> bool:
@@ -84,15 +90,19 @@ class Ingestor:
                 self.retriever.save()
             return deleted is not None
 
-    def remove_incomplete(self) -> int:
-        """Delete documents left half-ingested by a crash (chunks without index rows)."""
-        removed = 0
-        for document in list(iter_documents(self.catalog)):  # deleting shifts the pages
-            chunks = self.catalog.chunks_of_document(document.id)
-            if not chunks or any(c.embedding_row is None for c in chunks):
-                log.warning("removing half-ingested document %d (%s)", document.id, document.source)
-                removed += int(self.delete(document.id))
-        return removed
+    def reclaim_expired(self) -> int:
+        """Delete documents whose ingest lease expired (a crashed owner, here or on a peer)."""
+        return reclaim_expired(self.catalog, self.chunk_cache.forget_document, self.leases.owner,
+                               self.leases.lease_s)
+
+    def _begin(self, doc: SourceDocument, digest: str, pieces, ids, vectors):
+        """Catalog rows of the document (not retrievable yet) under a lease this replica holds."""
+        chunks = [NewChunk(p.text, len(t), token_ids_hash(t), embedding=v.astype("<f4").tobytes())
+                  for p, t, v in zip(pieces, ids, vectors)]
+        added = self.catalog.begin_ingest(doc.source, doc.title, digest, chunks, self.leases.owner,
+                                          self.leases.lease_s, embedder=self.retriever.embedder.name)
+        self.leases.hold(added.document.id)
+        return added
 
     def _compute_kv(self, chunks, ids, on_chunk: OnChunk | None) -> None:
         for chunk, token_ids in zip(chunks, ids):
@@ -104,7 +114,7 @@ class Ingestor:
         try:
             self.retriever.remove(chunk_ids)
             self.chunk_cache.forget_document(document_id)
-        except Exception:  # the original error matters more; start-up repairs the rest
+        except Exception:  # the original error matters more; the unrenewed lease expires and is reclaimed
             log.exception("could not undo the failed ingest of document %d", document_id)
 
 
@@ -120,8 +130,6 @@ def iter_documents(catalog, page: int = 500):
 
 
 def iter_chunk_texts(catalog):
-    """(chunk id, embedding text) of every indexed chunk: what the vector index is rebuilt from."""
-    for document in iter_documents(catalog):
-        for chunk in catalog.chunks_of_document(document.id):
-            if chunk.embedding_row is not None:
-                yield chunk.id, f"{document.title}\n{chunk.text}"
+    """(chunk id, embedding text) of every indexed chunk."""
+    for chunk in catalog.iter_indexed_chunks():
+        yield chunk.chunk_id, chunk.embedding_text

@@ -1,8 +1,11 @@
 """Everything the server holds for its lifetime, built once at start-up and closed at shutdown.
 
-Start-up order: model → catalog (migrated to head) → KV store and chunk cache → embedder →
-vector index (loaded, or rebuilt from the catalog if missing or stale) → removal of
-documents a crash left half-ingested → work queue. Tests build `Services` from a tiny model.
+Start-up order: model → catalog (migrated to head, under a lock other replicas wait on) →
+KV store and chunk cache (reconciled; orphan KV only after a grace period) → embedder →
+vector index (loaded, or rebuilt from the catalog's stored embeddings if missing or stale,
+then following the catalog's change log) → removal of documents whose ingest lease expired
+(never a peer's live ingest) → work queue → the replica daemon (index follower, lease
+reclaimer, orphan sweep). Tests build `Services` from a tiny model.
 """
 
 from __future__ import annotations
@@ -13,14 +16,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.counters import Counters
-from app.ingest import Ingestor, iter_chunk_texts
+from app.ingest import Ingestor
 from app.metrics import LiveCollector, Metrics
 from app.queue import WorkQueue
+from app.replica import IndexFollower, LeaseKeeper, PeriodicJob, ReplicaDaemon, index_rows, new_replica_id
 from app.service import Answer, RagService
 from app.settings import Settings
 from retrieval import Chunker, Retriever
 
 log = logging.getLogger(__name__)
+
+# How often the index is written to disk when the follower changed it (a restart rebuilds a
+# stale one from the catalog's stored embeddings, so this only bounds that work).
+INDEX_SAVE_S = 60.0
 
 
 @dataclass
@@ -36,6 +44,7 @@ class Services:
     metrics: Metrics = field(default_factory=Metrics)
     counters: Counters = field(default_factory=Counters)
     started_at: float = field(default_factory=time.time)
+    daemon: ReplicaDaemon | None = None
 
     @classmethod
     def start(cls, settings: Settings, engine=None, embedder=None) -> "Services":
@@ -50,12 +59,13 @@ class Services:
         catalog = Catalog.open(settings.catalog_config())
         chunk_cache = open_chunk_cache(settings, catalog, engine)
         embedder = embedder or Embedder(settings.embedder_path)
-        indexed = [chunk_id for chunk_id, _ in iter_chunk_texts(catalog)]
-        retriever = Retriever.open(embedder, settings.index_dir, indexed, lambda: iter_chunk_texts(catalog))
+        retriever = open_retriever(settings, catalog, embedder)
         chunker = Chunker(token_counter(engine), settings.chunk_tokens, settings.chunk_overlap)
-        ingestor = Ingestor(engine, chunker, retriever, catalog, chunk_cache)
-        ingestor.remove_incomplete()
+        leases = LeaseKeeper(catalog, settings.replica_id or new_replica_id(), settings.ingest_lease_s)
+        ingestor = Ingestor(engine, chunker, retriever, catalog, chunk_cache, leases)
+        ingestor.reclaim_expired()
         services = cls.assemble(settings, engine, catalog, chunk_cache, retriever, ingestor)
+        services.daemon = replica_daemon(settings, catalog, chunk_cache, retriever, ingestor).start()
         log.info("kvmosaic ready in %.1f s: %d chunks indexed, model %s", time.perf_counter() - started,
                  len(retriever), engine.fingerprint)
         return services
@@ -66,6 +76,8 @@ class Services:
         rag = RagService(engine, retriever, catalog, chunk_cache, settings)
         services = cls(settings, engine, catalog, chunk_cache, retriever, ingestor, rag, queue)
         rag.observe = services.observe
+        # variant builds use idle capacity only: nothing builds while a request runs or waits
+        chunk_cache.builder.idle = lambda: queue.pending == 0
         services.metrics.add_collector(LiveCollector(queue, chunk_cache.tier_stats))
         return services
 
@@ -81,11 +93,36 @@ class Services:
         self.metrics.observe_answer(answer.result.mode, ttft, share, answer.stages, len(answer.result.generated_ids))
 
     def close(self) -> None:
-        """Finish running work, then close the store and the catalog."""
+        """Stop following the catalog, finish running work, then close the store and the catalog."""
+        if self.daemon is not None:
+            self.daemon.close()
         self.queue.shutdown(wait=True)
+        self.ingestor.leases.close()
         self.retriever.save()
         self.chunk_cache.close()
         self.catalog.close()
+
+
+def open_retriever(settings: Settings, catalog, embedder) -> Retriever:
+    """The local vector index, in step with the catalog at its current change sequence."""
+    cursor = catalog.last_change_seq()  # first: changes after it are applied again, harmlessly
+    retriever = Retriever.open(embedder, settings.index_dir, catalog.indexed_chunk_ids(),
+                               lambda: index_rows(catalog, embedder), config=settings.index_config())
+    retriever.cursor = cursor
+    return retriever
+
+
+def replica_daemon(settings: Settings, catalog, chunk_cache, retriever: Retriever, ingestor: Ingestor) -> ReplicaDaemon:
+    """Follow the change log every `index_poll_s`, reclaim expired ingests every third of a
+    lease, sweep orphan KV every half grace period (at least every 10 s)."""
+    follower = IndexFollower(catalog, retriever)
+    grace = settings.kv_orphan_grace_s
+    return ReplicaDaemon([
+        PeriodicJob("follow the catalog", settings.index_poll_s, follower.poll),
+        PeriodicJob("reclaim expired ingests", settings.ingest_lease_s / 3, ingestor.reclaim_expired),
+        PeriodicJob("sweep orphan KV", max(10.0, grace / 2), lambda: chunk_cache.cache.sweep_orphans(grace)),
+        PeriodicJob("save the index", INDEX_SAVE_S, retriever.save_if_behind),
+    ])
 
 
 def token_counter(engine):

@@ -58,6 +58,8 @@ class Settings(BaseSettings):
     craft_full_above: float = Field(default=0.7, ge=0.0, le=1.0)
     craft_stats_layers: Annotated[tuple[int, ...], NoDecode] = (0, 1)
     craft_max_variants: int = Field(default=5, ge=1)
+    craft_build_after: int = Field(default=EngineConfig.craft_build_after, ge=0)
+    craft_traffic_window: int = Field(default=EngineConfig.craft_traffic_window, ge=1)
     focus_layer: int | None = Field(default=10, ge=0)  # None / "off": no early termination
     focus_threshold: float = Field(default=0.5, ge=0.0)
     # -- chunking and retrieval ---------------------------------------------------------------
@@ -168,4 +170,5 @@ class Settings(BaseSettings):
             craft_alpha=self.craft_alpha, craft_novelty=self.craft_novelty,
             craft_reuse_below=self.craft_reuse_below, craft_full_above=self.craft_full_above,
             craft_stats_layers=self.craft_stats_layers, craft_max_variants=self.craft_max_variants,
+            craft_build_after=self.craft_build_after, craft_traffic_window=self.craft_traffic_window,
             focus_layer=self.focus_layer, focus_threshold=self.focus_threshold)

@@ -5,15 +5,22 @@ catalog (records which variants exist, where, and how often they are used):
 
     cache = ChunkKVCache(engine, store, catalog)
     cache.reconcile()                                   # once at start-up
-    with cache.load([ChunkRef(chunk.id, engine.chunk_ids(chunk.text))]) as loaded:
-        result = engine.prefill(loaded.inputs, question, mode="cacheblend")
-    cache.put_variant(chunk_id, kv_in_new_context, stats)   # Cache-Craft, later
+    refs = cache.choose_variants(mode, [(chunk.id, engine.chunk_ids(chunk.text))])
+    with cache.load(refs) as loaded:
+        result = engine.prefill(loaded.inputs, question, mode=mode)
+    cache.record_savings(result, loaded.inputs)         # what each context variant saved
+    cache.harvest_variants(result, loaded.inputs)       # the exact rows it computed, kept
+    cache.build_variants(result, contexts)              # Cache-Craft, in the background
+
+Which variant a mode uses and what its requests leave is `VariantPolicy`'s call
+(`engine/variants/policy.py`), the same one the benchmarks use.
 
 Stored KV is read lazily, layer by layer, overlapped with the compute (`LazyChunkKV`).
 A missing, corrupt or foreign entry is recomputed with `Engine.encode_chunk`; so a chunk
 served from the store and one computed now give bit-identical KV, both pass through the
 storage dtype. Writes go KV first, catalog row second: a crash in between leaves KV
-without a row, which `reconcile()` removes — never a row pointing at half-written KV.
+without a row, which the orphan sweep (`reconcile`, `sweep_orphans`) removes after a grace
+period — never a row pointing at half-written KV.
 """
 
 from __future__ import annotations
@@ -26,8 +33,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.catalog import (
-    MISSING,
-    READY,
     Catalog,
     CatalogError,
     NewVariant,
@@ -35,12 +40,13 @@ from engine.catalog import (
     VariantStats,
     context_signature,
 )
-from engine.cachecraft.choice import Candidate, choose_variant
-from engine.cachecraft.variants import drafts_from_request
+from engine.cachecraft.choice import Candidate
+from engine.cachecraft.variants import build_variants
 from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.kv import ChunkKV, KVSource
 from engine.planners.base import ChunkInput
+from engine.reconcile import ReconcileReport, Reconciler
 from engine.store import (
     EntryExpectation,
     LazyChunkKV,
@@ -50,6 +56,8 @@ from engine.store import (
     entry_from_chunk,
     token_ids_hash,
 )
+from engine.variants.harvest import harvest, source_contexts
+from engine.variants.policy import VariantPolicy
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +71,6 @@ class ChunkRef:
     token_ids: tuple[int, ...]
     context: tuple[str, ...] = ()
     stats: object | None = None  # Cache-Craft statistics of that variant, when measured
-
-
-@dataclass(frozen=True)
-class ReconcileReport:
-    marked_missing: int
-    marked_ready: int
-    orphans_removed: int
 
 
 @dataclass
@@ -115,10 +116,15 @@ class ChunkKVCache:
     """Thread-safe; one per engine. Subscribes to the store to keep the catalog in step."""
 
     def __init__(self, engine: Engine, store: TieredStore, catalog: Catalog,
-                 storage_dtype: str = "float16", prefetch_layers: int = 2):
+                 storage_dtype: str = "float16", prefetch_layers: int = 2, base_tier: str | None = None):
+        """`base_tier`: where base variants computed on use (cold or corrupt) are stored, as
+        at ingest; a persistent tier keeps them across restarts. None: the first tier."""
         self.engine, self.store, self.catalog = engine, store, catalog
         self.storage_dtype = storage_dtype
         self.prefetch_layers = prefetch_layers
+        self.base_tier = base_tier
+        self.policy = VariantPolicy(engine.config, engine.loaded.spec.num_layers)
+        self.reconciler = Reconciler(store, catalog)
         store.subscribe(self)
 
     # -- keys ----------------------------------------------------------------------------------
@@ -185,7 +191,7 @@ class ChunkKVCache:
     def _compute_base(self, ref: ChunkRef) -> ChunkKV:
         """Encode the chunk alone after the system prefix, store it, and return it as stored."""
         entry = entry_from_chunk(self.engine.encode_chunk(ref.token_ids), self.storage_dtype)
-        self._store(ref.chunk_id, self.key(ref.token_ids), entry, VariantStats())
+        self._store(ref.chunk_id, self.key(ref.token_ids), entry, VariantStats(), self.base_tier)
         return chunk_from_entry(entry, ref.token_ids, self.engine.loaded.dtype, self.engine.device)
 
     def _release(self, loaded: LoadedChunks) -> None:
@@ -201,21 +207,21 @@ class ChunkKVCache:
 
     # -- variants ------------------------------------------------------------------------------
 
-    def choose_variants(self, chunks: Sequence[tuple[int, Sequence[int]]]) -> list[ChunkRef]:
-        """Cache-Craft: per chunk (chunk id, token ids), in request order, the stored variant of
-        lowest CFO for the chunks before it; the base variant when nothing better is known."""
-        config = self.engine.config
+    def choose_variants(self, mode: str, chunks: Sequence[tuple[int, Sequence[int]]]) -> list[ChunkRef]:
+        """Per chunk (chunk id, token ids), in request order, the stored variant `mode` uses
+        (`VariantPolicy.choose`); the base variant when the mode uses no other or none fits."""
         order = [str(chunk_id) for chunk_id, _ in chunks]
+        if not self.policy.uses_variants(mode):
+            self.policy.traffic.observe(order)
+            return [ChunkRef(chunk_id, tuple(token_ids)) for chunk_id, token_ids in chunks]
+        records = [self._usable_variants(chunk_id, len(token_ids)) for chunk_id, token_ids in chunks]
+        chosen = self.policy.choose(mode, order, [[_candidate(r) for r in rs] for rs in records])
         refs = []
-        for i, (chunk_id, token_ids) in enumerate(chunks):
-            records = self._usable_variants(chunk_id, len(token_ids))
-            if not records:
+        for (chunk_id, token_ids), rs, index in zip(chunks, records, chosen):
+            if index is None:
                 refs.append(ChunkRef(chunk_id, tuple(token_ids)))
-                continue
-            candidates = [Candidate(r.context, _measured(r.stats)) for r in records]
-            index, _ = choose_variant(candidates, order[:i], config.craft_alpha, config.craft_novelty)
-            chosen = records[index]
-            refs.append(ChunkRef(chunk_id, tuple(token_ids), chosen.context, _measured(chosen.stats)))
+            else:
+                refs.append(ChunkRef(chunk_id, tuple(token_ids), rs[index].context, _measured(rs[index].stats)))
         return refs
 
     def _usable_variants(self, chunk_id: int, num_tokens: int) -> list[VariantRecord]:
@@ -223,27 +229,54 @@ class ChunkKVCache:
                 if v.prefix_digest == self.engine.prompts.prefix_digest
                 and v.storage_dtype == self.storage_dtype and v.num_tokens == num_tokens]
 
-    def put_context_variants(self, result) -> int:
-        """Store the variants a finished request produced (see engine/cachecraft/variants.py),
-        keeping at most `craft_max_variants` per chunk; returns how many were stored."""
+    def record_savings(self, result, inputs: Sequence[ChunkInput]) -> None:
+        """Fold what each context variant of a finished request saved into its running mean
+        (catalog `expected_savings`, the store's eviction value). Call after the loaded
+        chunks are closed, so their access counts include this use."""
+        for report, chunk in zip(result.chunks, inputs):
+            context = tuple(getattr(chunk.kv, "context", ()) or ())
+            if chunk.kv is None or not context:
+                continue
+            key = self.key(chunk.token_ids, context)
+            record = self.catalog.get_variant(key)
+            if record is None:
+                continue
+            saved = self.policy.saved(report.tokens, report.compute_share)
+            mean = self.policy.updated_savings(record.stats.expected_savings, record.access_count - 1, saved)
+            self.catalog.update_variant_stats(key, VariantStats(expected_savings=mean))
+            self.store.set_usage(key, savings=mean)
+
+    def harvest_variants(self, result, inputs: Sequence[ChunkInput]) -> int:
+        """Keep the chunk rows the request computed exactly in its context (no compute); returns
+        how many variants were stored. Only for modes whose requests leave variants."""
+        if not self.policy.harvests(result.mode):
+            return 0
         stored = 0
-        for draft in drafts_from_request(self.engine, result):
+        for chunk_id, kv in harvest(self.engine, result, source_contexts(inputs)):
+            stats = VariantStats(expected_savings=self.policy.prior_savings(kv.num_tokens))
+            stored += self.put_variant(int(chunk_id), kv, stats) is not None
+            self._prune_variants(int(chunk_id))
+        return stored
+
+    def build_variants(self, result, contexts: Sequence[tuple[str, ...] | None]) -> int:
+        """Build and store the exact, measured variants of the request's inexact chunks
+        (engine/cachecraft/variants.py); returns how many were stored. Whether a request is
+        worth it is the caller's question (`VariantPolicy.should_build`)."""
+        stored = 0
+        for draft in build_variants(self.engine, result, contexts, self.policy).drafts:
             stored += self.put_variant(int(draft.chunk_id), draft.kv, draft.stats) is not None
             self._prune_variants(int(draft.chunk_id))
         return stored
 
     def _prune_variants(self, chunk_id: int) -> None:
-        """Drop the least valuable context variants beyond the limit (never the base variant).
-
-        Value = expected savings × (accesses + 1) / bytes. The catalog row goes first, so no
-        request picks a variant whose KV is being removed.
-        """
+        """Drop the least valuable context variants beyond the limit (`VariantPolicy.keep`; never
+        the base variant). The catalog row goes first, so no request picks a variant whose KV
+        is being removed."""
         records = self.catalog.variants_of_chunk(chunk_id, self.engine.fingerprint)
-        excess = len(records) - self.engine.config.craft_max_variants
-        if excess <= 0:
+        kept = set(self.policy.keep([_candidate(r) for r in records]))
+        doomed = [r for i, r in enumerate(records) if i not in kept]
+        if not doomed:
             return
-        value = lambda r: (r.stats.expected_savings or 0.0) * (r.access_count + 1) / max(1, r.num_bytes)  # noqa: E731
-        doomed = sorted((r for r in records if r.context), key=value)[:excess]
         self.catalog.delete_variants([r.store_key for r in doomed])
         for record in doomed:
             self.store.remove(record.store_key)
@@ -278,31 +311,14 @@ class ChunkKVCache:
 
     # -- maintenance ---------------------------------------------------------------------------
 
-    def reconcile(self) -> ReconcileReport:
-        """Make the catalog and the store agree (call at start-up, before serving).
+    def reconcile(self, orphan_grace_s: float = 0.0) -> ReconcileReport:
+        """Make the catalog and the store agree (call at start-up, before serving): see
+        `engine/reconcile.py` for the rules that keep it safe next to live peers."""
+        return self.reconciler.reconcile(orphan_grace_s)
 
-        Ready variants whose KV no reachable tier holds are marked missing (unless recorded
-        in a tier that is unreachable now); variants whose KV is found
-        are marked ready in the fastest tier holding it; KV with no catalog row is removed.
-        Replicas that share Redis must share the catalog too (PostgreSQL), or they would
-        remove each other's entries here.
-        """
-        present = self.store.locations()
-        down = set(self.store.names) - set(self.store.live_names())
-        rows = self.catalog.variant_locations()
-        # KV recorded in a tier that is unreachable now may well still be there: keep it.
-        lost = [k for k, row in rows.items() if row.status == READY and k not in present and row.tier not in down]
-        found = {k: present[k] for k, row in rows.items()
-                 if k in present and (row.status == MISSING or row.tier != present[k])}
-        orphans = [k for k in present if k not in rows]
-        for key in orphans:
-            self.store.remove(key)
-        for key, row in rows.items():
-            if key in present:
-                self.store.set_usage(key, access_count=row.access_count, savings=row.expected_savings)
-        report = ReconcileReport(self.catalog.mark_missing(lost), self.catalog.mark_ready(found), len(orphans))
-        log.info("catalog reconciled with the store: %s", report)
-        return report
+    def sweep_orphans(self, grace_s: float) -> int:
+        """Remove KV no catalog row has claimed for `grace_s` seconds (call periodically)."""
+        return self.reconciler.sweep_orphans(grace_s)
 
     def forget_document(self, document_id: int):
         """Delete a document from the catalog, then its variants' KV from the store."""
@@ -318,6 +334,11 @@ class ChunkKVCache:
 
     def entry_dropped(self, key: str) -> None:
         self.catalog.mark_missing([key])
+
+
+def _candidate(record: VariantRecord) -> Candidate:
+    return Candidate(record.context, _measured(record.stats), record.access_count,
+                     record.stats.expected_savings, record.num_bytes)
 
 
 def _measured(stats: VariantStats) -> VariantStats | None:

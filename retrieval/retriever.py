@@ -53,6 +53,7 @@ class Retriever:
         self.directory = directory
         self.config = config
         self.cursor = 0
+        self._saved_cursor: int | None = None
         self._save_lock = threading.Lock()
         self._apply_lock = threading.Lock()
 
@@ -126,7 +127,16 @@ class Retriever:
     def save(self) -> None:
         if self.directory is not None:
             with self._save_lock:
+                cursor = self.cursor
                 self.index.save(self.directory)
+                self._saved_cursor = cursor
+
+    def save_if_behind(self) -> bool:
+        """Save if `apply` moved the cursor since the last save; True if it saved."""
+        if self._saved_cursor == self.cursor:
+            return False
+        self.save()
+        return True
 
     def __len__(self) -> int:
         return len(self.index)

@@ -91,6 +91,9 @@ class BaseTier(ABC):
     """
 
     name: ClassVar[str]
+    # True when other server replicas read and write the same entries (Redis): only then may
+    # one replica conclude from this tier that a shared catalog's variant is gone.
+    shared: ClassVar[bool] = False
 
     def __init__(self, capacity_bytes: int):
         if capacity_bytes < 0:

@@ -48,6 +48,7 @@ class _RedisReader(EntryReader):
 
 class RedisTier(BaseTier):
     name = "redis"
+    shared = True
 
     def __init__(self, capacity_bytes: int, url: str, prefix: str = "kvmosaic:kv:", timeout_s: float = 2.0,
                  check: bool = True):

@@ -61,10 +61,34 @@ def test_a_failure_midway_leaves_no_trace(fresh, monkeypatch):
     assert fresh.ingestor.ingest(LONG).created is True  # nothing half-there blocks a retry
 
 
-def test_half_ingested_documents_are_removed_at_start(fresh):
-    added = fresh.catalog.add_document("crash", "Crashed", "0" * 64, [NewChunk("orphan text", 3, "1" * 64)])
-    assert fresh.ingestor.remove_incomplete() == 1
-    assert fresh.catalog.get_document(added.document.id) is None
+def test_only_ingests_whose_lease_expired_are_removed(fresh):
+    """A crashed owner's ingest (lease expired) is removed; a live one, here or on a peer, never."""
+    chunk = [NewChunk("orphan text", 3, "1" * 64)]
+    crashed = fresh.catalog.begin_ingest("crash", "Crashed", "0" * 64, chunk, "dead-peer", lease_s=0.0)
+    live = fresh.catalog.begin_ingest("live", "Live", "2" * 64, chunk, "live-peer", lease_s=3600.0)
+    assert fresh.ingestor.reclaim_expired() == 1
+    assert fresh.catalog.get_document(crashed.document.id) is None
+    assert fresh.catalog.get_document(live.document.id) is not None
+    assert fresh.catalog.ingest_of(live.document.id).owner == "live-peer"
+
+
+def test_a_document_ingested_elsewhere_becomes_searchable_here(fresh, tiny_loaded, embedder, tmp_path):
+    """A second process on the same catalog (here: another Services on the SQLite file) adds
+    a document; this one's follower picks it up from the change log without a restart."""
+    from app.replica import IndexFollower
+
+    other = start_services(tiny_loaded, embedder, fresh.settings.data_dir, docs=[], index_poll_s=0)
+    try:
+        added = other.ingestor.ingest(LONG)
+        chunk_ids = {c.id for c in other.catalog.chunks_of_document(added.document.id)}
+        assert not chunk_ids & set(fresh.retriever.index.ids())
+        assert IndexFollower(fresh.catalog, fresh.retriever).poll() == len(chunk_ids)
+        assert chunk_ids <= set(fresh.retriever.index.ids())
+        other.ingestor.delete(added.document.id)
+        IndexFollower(fresh.catalog, fresh.retriever).poll()
+        assert not chunk_ids & set(fresh.retriever.index.ids())
+    finally:
+        other.close()
 
 
 @pytest.mark.parametrize("damage", ["delete", "stale"])
