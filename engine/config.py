@@ -64,15 +64,24 @@ class EngineConfig:
     # Layers whose attention the statistics of a new variant average over (measured after
     # the answer, with every row of the first layers recomputed in the new context).
     craft_stats_layers: tuple[int, ...] = (0, 1)
-    # New variants hold the chunk's exact KV in the new context (one more full prefill of the
-    # request's prompt, after the answer); False stores the request's own blended rows.
-    craft_exact_variants: bool = True
+    # A cachecraft request's exact variants are built (one more prefill of its prompt from the
+    # first inexact chunk on, in the background) only when the same chunk set came up at least
+    # this many times before in the last `craft_traffic_window` requests (0: always).
+    craft_build_after: int = 1
+    craft_traffic_window: int = 256
     # Variants kept per chunk (the least valuable goes first).
     craft_max_variants: int = 5
     # Early termination: from this layer on (None: never), chunks whose share of the
     # question's attention is below `focus_threshold` times an even share stop recomputing.
     focus_layer: int | None = 10
     focus_threshold: float = 0.5
+    # Fidelity guard (engine/guard.py): the level of requests that name none ("fast",
+    # "balanced" or "exact"); under "balanced", check layers keep rows until they cover
+    # `guard_coverage` of the selection-score mass, and a first token whose log-probability
+    # margin over the runner-up is below `guard_margin` nats sends the prompt to full prefill.
+    fidelity: str = "balanced"
+    guard_coverage: float = 0.0
+    guard_margin: float = 1.0
     # Run the RoPE-shift self-check at start-up; a failure disables reuse modes.
     selfcheck: bool = True
 
@@ -93,7 +102,13 @@ class EngineConfig:
             raise ValueError("need craft_alpha >= 0 and 0 <= craft_reuse_below <= craft_full_above <= 1")
         if not self.craft_stats_layers or min(self.craft_stats_layers) < 0 or self.craft_max_variants < 1:
             raise ValueError("craft_stats_layers must be non-empty layers >= 0; craft_max_variants >= 1")
+        if self.craft_build_after < 0 or self.craft_traffic_window < 1:
+            raise ValueError("need craft_build_after >= 0 and craft_traffic_window >= 1")
         if self.focus_layer is not None and self.focus_layer < 0 or self.focus_threshold < 0:
             raise ValueError("focus_layer must be >= 0 (or None) and focus_threshold >= 0")
+        if self.fidelity not in ("fast", "balanced", "exact"):
+            raise ValueError("fidelity must be 'fast', 'balanced' or 'exact'")
+        if not 0.0 <= self.guard_coverage < 1.0 or self.guard_margin < 0:
+            raise ValueError("need 0 <= guard_coverage < 1 and guard_margin >= 0")
         if self.epic_tokens < 0:
             raise ValueError("epic_tokens must be >= 0")

@@ -43,10 +43,11 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunks", type=int, default=6, help="passages per prompt (default 6)")
 
 
-def add_warmup_arguments(parser: argparse.ArgumentParser) -> None:
-    """Cache-Craft warm-up: untimed requests in other orders leave variants before timing."""
-    parser.add_argument("--warmup-orders", type=int, default=3,
-                        help="cachecraft: untimed requests in other orders before timing (0: cold)")
+def add_warmup_arguments(parser: argparse.ArgumentParser, default: int = 0, help: str | None = None) -> None:
+    """Variant warm-up: untimed requests in other orders leave variants before timing."""
+    parser.add_argument("--warmup-orders", type=int, default=default,
+                        help=help or f"untimed requests in other orders before timing, adding a warm row per mode "
+                                     f"that leaves variants, with its cost (default {default}: cold only)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the warm-up orders")
 
 

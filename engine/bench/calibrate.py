@@ -1,30 +1,46 @@
 """`kvmosaic calibrate`: fit Cache-Craft's α on a dataset slice to a fidelity target.
 
-Per record: the full-prefill reference, then a variant book warmed by `warmup_orders`
-cachecraft requests in other orders (as in `bench fidelity`), then one cachecraft prefill
-per candidate α. α scales every chunk's recompute budget (CFO = α·CCI·(1 − β′·ν)), so the
-curve trades recomputed tokens for KL; the fit is the smallest α whose mean KL meets the
-target (the cheapest one that is good enough).
+α scales every chunk's fix budget (CFO = α·CCI·(1 − β′·ν)), and with it which variant wins:
+a variant is used only while its CFO is below the cost of fixing the base variant by
+deviation (`VariantPolicy.blend_cost`), so a larger α fixes more tokens of the variants it
+keeps and hands more chunks back to the blend fix.
+
+It is calibrated on variants as a workload leaves them, not on the same chunks in other
+orders: per record, `warmup_orders` untimed cachecraft requests (each with its exact variants
+built) run over chunk lists that share only part of the record's chunks (`swap` of them
+replaced by chunks of the next record in the slice, in seeded random order), as reformulated
+questions retrieve. Then per record: the `full` reference, `cacheblend` on base variants (the
+fallback every chunk has), and one cachecraft prefill per candidate α, each choosing its
+variants through the policy at that α. The fit is the smallest α whose mean KL meets the
+target: by default cacheblend's own mean KL on the same records (variants may save work, never
+fidelity).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
 import statistics
 import sys
 from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from engine.bench.fidelity import CRAFT, DatasetSlice, base_variant_chunks, warmed_book
+from engine.bench.fidelity import CRAFT, DatasetSlice, base_variant_chunks
 from engine.bench.metrics import kl_divergence, same_top1
+from engine.cachecraft.book import VariantBook
 from engine.errors import InvalidRequest
+from engine.variants.policy import VariantPolicy
+
+BLEND = "cacheblend"
 
 
 @dataclass(frozen=True)
 class CalibrateOptions(DatasetSlice):
-    alphas: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
-    target_kl: float = 0.05
+    alphas: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 1.5, 2.0)
+    target_kl: float | None = None  # None: cacheblend's mean KL on the same records
+    warmup_orders: int = 3
+    swap: int = 2  # chunks of each warm-up request that come from another record
 
 
 @dataclass(frozen=True)
@@ -34,38 +50,76 @@ class CurvePoint:
     top1_agreement: float
     recompute_share: float
     median_ttft_ratio: float
+    variant_share: float = 0.0  # chunks served from a context variant (not the base)
 
 
-def run_calibration(engine, options: CalibrateOptions, progress: bool = True) -> list[CurvePoint]:
+def run_calibration(engine, options: CalibrateOptions, progress: bool = True) -> tuple[list[CurvePoint], CurvePoint]:
+    """(the curve over the candidate αs, cacheblend's point on the same records as `alpha` 0)."""
     if not options.alphas:
         raise InvalidRequest("calibration needs at least one alpha")
+    if not 0 <= options.swap < options.chunks:
+        raise InvalidRequest(f"swap must lie in [0, chunks); got {options.swap} of {options.chunks}")
     records = options.records()
-    rows: dict[float, list[tuple[float, bool, float, float]]] = {a: [] for a in options.alphas}
+    rows: dict[float, list[tuple]] = {a: [] for a in (*options.alphas, -1.0)}
     configured = engine.config
     try:
         for offset, record in enumerate(tqdm(records, desc="calibrate", unit="record", file=sys.stderr,
                                              disable=not progress)):
-            _measure_record(engine, configured, record, options, options.start + offset, rows)
+            other = records[(offset + 1) % len(records)]
+            _measure_record(engine, configured, record, other, options, options.start + offset, rows)
     finally:
         engine.config = configured
-    return [CurvePoint(a, statistics.fmean(r[0] for r in rows[a]), statistics.fmean(r[1] for r in rows[a]),
-                       statistics.fmean(r[2] for r in rows[a]), statistics.median(r[3] for r in rows[a]))
-            for a in options.alphas]
+    curve = [_point(a, rows[a]) for a in options.alphas]
+    return curve, _point(0.0, rows[-1.0])
 
 
-def _measure_record(engine, configured, record, options: CalibrateOptions, index: int, rows) -> None:
-    """Full, the warm-up and one cachecraft prefill per α; `configured` is the engine's own config."""
+def _point(alpha: float, rows: list[tuple]) -> CurvePoint:
+    mean = statistics.fmean
+    return CurvePoint(alpha, mean(r[0] for r in rows), mean(r[1] for r in rows), mean(r[2] for r in rows),
+                      statistics.median(r[3] for r in rows), mean(r[4] for r in rows))
+
+
+def _measure_record(engine, configured, record, other, options: CalibrateOptions, index: int, rows) -> None:
+    """Full, cacheblend, the workload-like warm-up and one cachecraft prefill per α."""
     engine.config = configured
     base = base_variant_chunks(engine, record, options.chunks, index)
+    foreign = base_variant_chunks(engine, other, options.swap, 10_000 + index)
     question = record["question"]
     full = engine.prefill(base, question, mode="full", max_new_tokens=1)
-    book = warmed_book(engine, question, base, options.warmup_orders, options.seed + index)
+    blend = engine.prefill(base, question, mode=BLEND, max_new_tokens=1)
+    rows[-1.0].append(_row(full, blend))
+    book = related_book(engine, question, base, foreign, options.warmup_orders, options.seed + index)
     ids = [c.chunk_id for c in base]
     for alpha in options.alphas:
         engine.config = dataclasses.replace(configured, craft_alpha=alpha)
-        result = engine.prefill(book.inputs(ids), question, mode=CRAFT, max_new_tokens=1)
-        rows[alpha].append((kl_divergence(full.logits, result.logits), same_top1(full.logits, result.logits),
-                            result.recompute_share, full.ttft_s / result.ttft_s))
+        policy = VariantPolicy(engine.config, engine.loaded.spec.num_layers)
+        result = engine.prefill(book.inputs(ids, CRAFT, policy), question, mode=CRAFT, max_new_tokens=1)
+        rows[alpha].append(_row(full, result))
+
+
+def _row(full, result) -> tuple:
+    variants = sum(1 for c in result.chunks if c.variant) / max(1, len(result.chunks))
+    return (kl_divergence(full.logits, result.logits), same_top1(full.logits, result.logits),
+            result.recompute_share, full.ttft_s / result.ttft_s, variants)
+
+
+def related_book(engine, question: str, base, foreign, orders: int, seed: int) -> VariantBook:
+    """A book warmed by `orders` cachecraft requests over the record's chunks with
+    `len(foreign)` of them replaced by `foreign` ones, in random order; every request's exact
+    variants are built (the policy's recurrence rule is off here: each context is new)."""
+    config = dataclasses.replace(engine.config, craft_build_after=0)
+    book = VariantBook(engine, policy=VariantPolicy(config, engine.loaded.spec.num_layers))
+    for chunk in [*base, *foreign]:
+        book.add(chunk.chunk_id, chunk.kv)
+    rng = random.Random(seed)
+    for _ in range(orders):
+        kept = rng.sample(base, len(base) - len(foreign))
+        chunks = kept + list(foreign)
+        rng.shuffle(chunks)
+        ids = [c.chunk_id for c in chunks]
+        inputs = book.inputs(ids, CRAFT)
+        book.record(engine.prefill(inputs, question, mode=CRAFT, max_new_tokens=1), inputs)
+    return book
 
 
 def fit_alpha(points: list[CurvePoint], target_kl: float) -> tuple[CurvePoint, bool]:
@@ -76,10 +130,13 @@ def fit_alpha(points: list[CurvePoint], target_kl: float) -> tuple[CurvePoint, b
     return min(points, key=lambda p: p.mean_kl), False
 
 
-def format_curve(points: list[CurvePoint]) -> str:
-    header = f"{'alpha':>7} {'KL':>8} {'top1':>6} {'recomp':>7} {'vs full':>8}"
+def format_curve(points: list[CurvePoint], blend: CurvePoint | None = None) -> str:
+    header = f"{'alpha':>10} {'KL':>8} {'top1':>6} {'recomp':>7} {'vs full':>8} {'variants':>9}"
     lines = [header, "-" * len(header)]
+    if blend is not None:
+        lines.append(f"{'cacheblend':>10} {blend.mean_kl:>8.4f} {blend.top1_agreement:>6.2f} "
+                     f"{blend.recompute_share:>7.3f} {blend.median_ttft_ratio:>7.2f}x {'':>9}")
     for p in points:
-        lines.append(f"{p.alpha:>7.3f} {p.mean_kl:>8.4f} {p.top1_agreement:>6.2f} {p.recompute_share:>7.3f} "
-                     f"{p.median_ttft_ratio:>7.2f}x")
+        lines.append(f"{p.alpha:>10.3f} {p.mean_kl:>8.4f} {p.top1_agreement:>6.2f} {p.recompute_share:>7.3f} "
+                     f"{p.median_ttft_ratio:>7.2f}x {p.variant_share:>8.1%}")
     return "\n".join(lines)

@@ -5,9 +5,13 @@ computed beforehand (as ingest would; not timed). Every mode prefills the same t
 sequence; TTFT ratios are per record against `full` in the same run. A warm-up pass over the
 first record runs before timing so that one-time allocation does not count.
 
-`cachecraft` needs variants: before its timed run, each record's chunks go through
-`warmup_orders` untimed `cachecraft` requests in other (seeded random) orders, whose new
-variants land in a per-record `VariantBook`; 0 measures the cold case (base variants only).
+Each mode gets its chunks through a per-record `VariantBook`, i.e. the server's variant
+policy. By default every mode runs cold (base variants only), as a request whose chunks were
+never seen together does. With `warmup_orders` > 0, each mode whose requests leave variants
+also gets a warm row (`cachecraft+warm3`): first the record's chunks go through that many
+untimed requests of the mode in other (seeded random) orders, whose variants (harvested, or
+built where the policy builds) land in the book; the row's `warm-up` column is what that cost,
+in full prefills of the record (the requests' and the builds' arithmetic over full's).
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ from engine.bench.metrics import best_f1, kl_divergence, rouge_l, same_top1
 from engine.cachecraft.book import VariantBook
 from engine.decode import SamplingParams
 from engine.errors import InvalidRequest
-from engine.planners.base import ChunkInput
+from engine.planners import planner_class
+from engine.planners.base import ChunkInput, VariantYield
 
 REFERENCE = "full"
 CRAFT = "cachecraft"
+WARM = "+warm"
 
 
 @dataclass(frozen=True)
@@ -43,7 +49,7 @@ class DatasetSlice:
     start: int = 0
     n: int = 20
     chunks: int = 6
-    warmup_orders: int = 3
+    warmup_orders: int = 0
     seed: int = 0
 
     def records(self) -> list[dict]:
@@ -74,6 +80,7 @@ class ModeSample:
     rouge_l: float
     f1: float
     answer: str
+    warmup_cost: float = 0.0  # untimed warm-up work before this sample, in full prefills
 
 
 @dataclass
@@ -88,6 +95,7 @@ class ModeSummary:
     top1_agreement: float
     rouge_l: float
     f1: float
+    warmup_cost: float = 0.0
     samples: list[ModeSample] = field(default_factory=list)
 
 
@@ -123,7 +131,7 @@ def base_variant_chunks(engine, record: dict, count: int, index: int) -> list[Ch
 def run_fidelity(engine, options: FidelityOptions, provider: ChunkProvider = base_variant_chunks,
                  progress: bool = True) -> list[ModeSummary]:
     records = options.records()
-    modes = (REFERENCE,) + tuple(m for m in options.modes if m != REFERENCE)
+    modes = row_labels(options)
     _warm_up(engine, records[0], options, modes, provider)
     samples: dict[str, list[ModeSample]] = {m: [] for m in modes}
     bar = tqdm(records, desc="fidelity", unit="record", file=sys.stderr, disable=not progress)
@@ -137,27 +145,53 @@ def run_fidelity(engine, options: FidelityOptions, provider: ChunkProvider = bas
     return [_summarize(mode, samples[mode]) for mode in modes]
 
 
-def mode_inputs(engine, record, options: FidelityOptions, modes, provider, index: int) -> dict[str, list[ChunkInput]]:
-    """The chunk inputs of every mode: base variants, or for cachecraft the book's choice."""
+def row_labels(options: FidelityOptions) -> tuple[str, ...]:
+    """The rows of the table: `full` first, every mode cold, then with `warmup_orders` > 0 a
+    warm row for each mode whose requests leave variants."""
+    modes = (REFERENCE,) + tuple(m for m in options.modes if m != REFERENCE)
+    warm = tuple(f"{m}{WARM}{options.warmup_orders}" for m in modes
+                 if options.warmup_orders > 0 and planner_class(m).leaves is not VariantYield.NONE)
+    return modes + warm
+
+
+def mode_of(label: str) -> str:
+    return label.split(WARM)[0]
+
+
+def mode_inputs(engine, record, options: FidelityOptions, labels, provider, index: int) -> dict[str, tuple[list[ChunkInput], float]]:
+    """Per row label: the chunk inputs its mode gets from a variant book (cold: base variants
+    only; warm: after the warm-up) and the warm-up's cost in full prefills of the record."""
     base = provider(engine, record, options.chunks, index)
-    inputs = {mode: base for mode in modes}
-    if CRAFT in modes:
-        book = warmed_book(engine, record["question"], base, options.warmup_orders, options.seed + index)
-        inputs[CRAFT] = book.inputs([c.chunk_id for c in base])
-    return inputs
+    ids = [c.chunk_id for c in base]
+    out = {}
+    for label in labels:
+        mode = mode_of(label)
+        orders = options.warmup_orders if WARM in label else 0
+        book, cost = warmed_book(engine, record["question"], base, orders, options.seed + index, mode)
+        out[label] = (book.inputs(ids, mode), cost)
+    return out
 
 
-def warmed_book(engine, question: str, base: list[ChunkInput], orders: int, seed: int) -> VariantBook:
-    """A book holding the base variants plus what `orders` cachecraft requests in other
-    orders of the same chunks produced (untimed)."""
-    book = VariantBook(engine)
+def warmed_book(engine, question: str, base: list[ChunkInput], orders: int, seed: int,
+                mode: str = CRAFT, policy=None) -> tuple[VariantBook, float]:
+    """A book holding the base variants plus what `orders` untimed `mode` requests in other
+    orders of the same chunks left (through the book's policy); and what those requests and
+    builds cost, in full prefills of the chunks in their own order (0 without warm-up)."""
+    book = VariantBook(engine, policy=policy)
     for chunk in base:
         book.add(chunk.chunk_id, chunk.kv)
-    ids = [c.chunk_id for c in base]
-    for order in other_orders(ids, orders, seed):
-        result = engine.prefill(book.inputs(order), question, mode=CRAFT, max_new_tokens=1)
-        book.record(result)
-    return book
+    if orders <= 0:
+        return book, 0.0
+    flops = FlopCounter.for_engine(engine)
+    work = 0.0
+    for order in other_orders([c.chunk_id for c in base], orders, seed):
+        inputs = book.inputs(order, mode)
+        result = engine.prefill(inputs, question, mode=mode, max_new_tokens=1)
+        work += flops.prefill(result.layers_computed)
+        book.record(result, inputs)
+    work += sum(flops.prefill(layers) for layers in book.build_work)
+    full = engine.prefill(base, question, mode=REFERENCE, max_new_tokens=1)
+    return book, work / max(flops.prefill(full.layers_computed), 1.0)
 
 
 def other_orders(ids: list[str], count: int, seed: int) -> list[list[str]]:
@@ -174,11 +208,12 @@ def other_orders(ids: list[str], count: int, seed: int) -> list[list[str]]:
     return orders
 
 
-def _warm_up(engine, record, options, modes, provider) -> None:
+def _warm_up(engine, record, options, labels, provider) -> None:
     inputs = mode_inputs(engine, record, dataclasses.replace(options, warmup_orders=min(1, options.warmup_orders)),
-                         modes, provider, -1)
-    for mode in modes:
-        engine.prefill(inputs[mode], record["question"], mode=mode, ratio=options.ratio, max_new_tokens=1)
+                         labels, provider, -1)
+    for label in labels:
+        engine.prefill(inputs[label][0], record["question"], mode=mode_of(label), ratio=options.ratio,
+                       max_new_tokens=1)
 
 
 def _run_record(engine, record, inputs, modes, options) -> dict[str, ModeSample]:
@@ -186,8 +221,9 @@ def _run_record(engine, record, inputs, modes, options) -> dict[str, ModeSample]
     flops = FlopCounter.for_engine(engine)
     reference = None
     out = {}
-    for mode in modes:
-        result = engine.prefill(inputs[mode], record["question"], mode=mode, ratio=options.ratio,
+    for label in modes:
+        chunks, warmup_cost = inputs[label]
+        result = engine.prefill(chunks, record["question"], mode=mode_of(label), ratio=options.ratio,
                                 max_new_tokens=options.max_new_tokens)
         logits = result.logits.clone()
         work = flops.prefill(result.layers_computed)
@@ -195,11 +231,11 @@ def _run_record(engine, record, inputs, modes, options) -> dict[str, ModeSample]
         if reference is None:
             reference = (result.ttft_s, work, logits, answer)
         ref_ttft, ref_work, ref_logits, ref_answer = reference
-        out[mode] = ModeSample(
+        out[label] = ModeSample(
             ttft_s=result.ttft_s, ttft_ratio=ref_ttft / result.ttft_s, compute_ratio=ref_work / max(work, 1.0),
             recompute_share=result.recompute_share, kl=kl_divergence(ref_logits, logits),
             top1=same_top1(ref_logits, logits), rouge_l=rouge_l(answer, ref_answer),
-            f1=best_f1(answer, record.get("answers", [])), answer=answer)
+            f1=best_f1(answer, record.get("answers", [])), answer=answer, warmup_cost=warmup_cost)
     return out
 
 
@@ -212,16 +248,18 @@ def _summarize(mode: str, samples: list[ModeSample]) -> ModeSummary:
         median_compute_ratio=statistics.median(s.compute_ratio for s in samples),
         recompute_share=mean(s.recompute_share for s in samples),
         mean_kl=mean(s.kl for s in samples), top1_agreement=mean(s.top1 for s in samples),
-        rouge_l=mean(s.rouge_l for s in samples), f1=mean(s.f1 for s in samples), samples=samples)
+        rouge_l=mean(s.rouge_l for s in samples), f1=mean(s.f1 for s in samples),
+        warmup_cost=mean(s.warmup_cost for s in samples), samples=samples)
 
 
 def format_table(summaries: list[ModeSummary]) -> str:
-    header = f"{'mode':<11} {'n':>3} {'TTFT s':>8} {'vs full':>8} {'floor':>8} {'recomp':>7} {'KL':>8} {'top1':>6} {'ROUGE-L':>8} {'F1':>6}"
+    header = (f"{'mode':<17} {'n':>3} {'TTFT s':>8} {'vs full':>8} {'floor':>8} {'recomp':>7} {'KL':>8} {'top1':>6} "
+              f"{'ROUGE-L':>8} {'F1':>6} {'warm-up':>8}")
     lines = [header, "-" * len(header)]
     for s in summaries:
-        lines.append(f"{s.mode:<11} {s.records:>3} {s.median_ttft_s:>8.3f} {s.median_ttft_ratio:>7.2f}x "
+        lines.append(f"{s.mode:<17} {s.records:>3} {s.median_ttft_s:>8.3f} {s.median_ttft_ratio:>7.2f}x "
                      f"{s.median_compute_ratio:>7.2f}x {s.recompute_share:>7.3f} {s.mean_kl:>8.4f} {s.top1_agreement:>6.2f} "
-                     f"{s.rouge_l:>8.3f} {s.f1:>6.3f}")
+                     f"{s.rouge_l:>8.3f} {s.f1:>6.3f} {s.warmup_cost:>7.2f}x")
     return "\n".join(lines)
 
 

@@ -1,10 +1,12 @@
 """An in-memory book of chunk variants, for benchmarks and tests.
 
 The service keeps variants in the tiered store and the catalog (`engine/chunk_cache.py`);
-this book does the same job in a dict, with the same rules: the base variant is computed
-alone after the system prefix, a request's new variants are added after it, at most
-`max_variants` per chunk survive (the least valuable goes: lowest expected savings, the base
-variant never), and each request gets, per chunk, the variant of lowest CFO.
+this book does the same job in a dict, through the same `VariantPolicy`: the base variant is
+computed alone after the system prefix, each request gets per chunk the variant its mode may
+use (`inputs`), a finished request leaves what its mode leaves (`record`: the exact rows it
+computed, and exact variants built where the recent traffic says they repay), and at most
+`max_variants` per chunk survive (the least valuable goes, the base variant never).
+Builds run at once here (a benchmark charges their work through `build_work`).
 """
 
 from __future__ import annotations
@@ -12,23 +14,36 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.cachecraft.choice import Candidate, choose_variant
-from engine.cachecraft.variants import drafts_from_request
+import torch
+
+from engine.cachecraft.choice import Candidate
+from engine.cachecraft.variants import build_variants
+from engine.catalog.records import VariantStats
 from engine.kv import ChunkKV
 from engine.planners.base import ChunkInput
+from engine.result import PrefillResult
+from engine.variants.harvest import harvest, source_contexts
+from engine.variants.policy import VariantPolicy
 
 
 @dataclass
 class _Entry:
     kv: ChunkKV
     stats: object | None
+    uses: int = 0
+    savings: float | None = None
+
+    def candidate(self) -> Candidate:
+        return Candidate(self.kv.context, self.stats, self.uses, self.savings, self.kv.num_bytes)
 
 
 class VariantBook:
-    def __init__(self, engine, max_variants: int | None = None):
+    def __init__(self, engine, max_variants: int | None = None, policy: VariantPolicy | None = None):
         self.engine = engine
+        self.policy = policy or VariantPolicy(engine.config, engine.loaded.spec.num_layers)
         self.max_variants = max_variants or engine.config.craft_max_variants
         self._variants: dict[str, list[_Entry]] = {}
+        self.build_work: list[torch.Tensor] = []  # layers_computed of every build run
 
     def add_base(self, chunk_id: str, token_ids: Sequence[int]) -> None:
         """Compute the chunk's base variant (if the book does not hold it yet)."""
@@ -38,37 +53,58 @@ class VariantBook:
     def add(self, chunk_id: str, kv: ChunkKV, stats: object | None = None) -> None:
         """Add a variant computed elsewhere (e.g. a base variant computed at ingest)."""
         entries = [e for e in self._variants.get(chunk_id, []) if e.kv.context != kv.context]
-        self._variants[chunk_id] = _keep_most_valuable(entries + [_Entry(kv, stats)], self.max_variants)
+        savings = getattr(stats, "expected_savings", None) if kv.context else None
+        entries.append(_Entry(kv, stats, savings=savings))
+        kept = self.policy.keep([e.candidate() for e in entries], self.max_variants)
+        self._variants[chunk_id] = [entries[i] for i in kept]
 
-    def inputs(self, chunk_ids: Sequence[str]) -> list[ChunkInput]:
-        """The request's chunk inputs in this order, each with its variant of lowest CFO."""
+    def inputs(self, chunk_ids: Sequence[str], mode: str, policy: VariantPolicy | None = None) -> list[ChunkInput]:
+        """The request's chunk inputs in this order, each with the variant `mode` uses (by the
+        book's policy, or `policy`: e.g. the same variants at another α)."""
+        entries = [self._variants[chunk_id] for chunk_id in chunk_ids]
+        policy = policy or self.policy
+        chosen = policy.choose(mode, list(chunk_ids), [[e.candidate() for e in es] for es in entries])
         inputs = []
-        for i, chunk_id in enumerate(chunk_ids):
-            entries = self._variants[chunk_id]
-            index, _ = choose_variant([Candidate(e.kv.context, e.stats) for e in entries],
-                                      tuple(chunk_ids[:i]), self.engine.config.craft_alpha,
-                                      self.engine.config.craft_novelty)
-            entry = entries[index]
+        for chunk_id, es, index in zip(chunk_ids, entries, chosen):
+            entry = es[index] if index is not None else next(e for e in es if not e.kv.context)
             inputs.append(ChunkInput(chunk_id, entry.kv.token_ids, entry.kv, entry.stats))
         return inputs
 
-    def record(self, result) -> int:
-        """Add the variants a finished request produced; returns how many were added."""
-        drafts = drafts_from_request(self.engine, result)
-        for draft in drafts:
-            self.add(draft.chunk_id, draft.kv, draft.stats)
-        return len(drafts)
+    def record(self, result: PrefillResult, inputs: Sequence[ChunkInput]) -> int:
+        """Count the uses of the request's context variants, then add what it leaves; returns
+        how many variants were added."""
+        self._count_uses(result, inputs)
+        contexts = source_contexts(inputs)
+        ids = [c.chunk_id for c in inputs]
+        added = 0
+        if self.policy.harvests(result.mode):
+            for chunk_id, kv in harvest(self.engine, result, contexts):
+                self.add(chunk_id, kv, _prior(self.policy, kv))
+                added += 1
+        if self.policy.should_build(result.mode, ids):
+            build = build_variants(self.engine, result, contexts, self.policy)
+            if build.layers_computed is not None:
+                self.build_work.append(build.layers_computed)
+            for draft in build.drafts:
+                self.add(draft.chunk_id, draft.kv, draft.stats)
+            added += len(build.drafts)
+        return added
+
+    def _count_uses(self, result: PrefillResult, inputs: Sequence[ChunkInput]) -> None:
+        for report, chunk in zip(result.chunks, inputs):
+            entry = next((e for e in self._variants.get(chunk.chunk_id, ()) if e.kv is chunk.kv), None)
+            if entry is None or not entry.kv.context:
+                continue
+            saved = self.policy.saved(report.tokens, report.compute_share)
+            entry.savings = self.policy.updated_savings(entry.savings, entry.uses, saved)
+            entry.uses += 1
 
     def num_variants(self, chunk_id: str) -> int:
         return len(self._variants.get(chunk_id, ()))
 
+    def contexts(self, chunk_id: str) -> list[tuple[str, ...]]:
+        return [e.kv.context for e in self._variants.get(chunk_id, ())]
 
-def _keep_most_valuable(entries: list[_Entry], limit: int) -> list[_Entry]:
-    """The base variant plus the limit - 1 others of highest expected savings, in age order."""
-    if len(entries) <= limit:
-        return entries
-    base = [e for e in entries if not e.kv.context]
-    others = [e for e in entries if e.kv.context]
-    ranked = sorted(others, key=lambda e: getattr(e.stats, "expected_savings", 0.0) or 0.0, reverse=True)
-    kept = set(map(id, ranked[:limit - len(base)]))
-    return base + [e for e in others if id(e) in kept]
+
+def _prior(policy: VariantPolicy, kv: ChunkKV) -> VariantStats:
+    return VariantStats(expected_savings=policy.prior_savings(kv.num_tokens))

@@ -1,4 +1,12 @@
-"""Which stored variant of a chunk to reuse for a request's context: the one of lowest CFO."""
+"""Which stored variant of a chunk to reuse for a request's context: the one cheapest to fix.
+
+A measured variant costs its CFO (the share of the chunk's rows recomputed in every layer).
+The base variant, or any variant never measured, is fixed CacheBlend's way instead (rows of
+highest KV deviation at the check layers), which costs `blend_cost` (the share of the chunk's
+layer-rows a `cacheblend` plan computes, `engine.variants.policy.blend_cost`). So a stale or
+unrelated variant, whose CFO is high, loses to the base variant plus the blend fix; a variant
+computed after exactly the same chunks costs 0 and always wins.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +19,18 @@ from engine.cachecraft.scores import beta_prime, cfo, novelty_coverage
 @dataclass(frozen=True)
 class Candidate:
     """A stored variant: the ordered chunk ids it was computed after, and its statistics
-    (an object with `cci`, `inter_scores`, `token_scores`; None when never measured)."""
+    (an object with `cci`, `inter_scores`, `token_scores`; None when never measured).
+
+    For keeping and evicting (`engine.variants.policy.VariantPolicy.keep`): `uses`, how often
+    requests chose it; `savings`, the mean model work (token-equivalents) one use saved over
+    the fallback; `num_bytes`, its size.
+    """
 
     context: tuple[str, ...]
     stats: object | None = None
+    uses: int = 0
+    savings: float | None = None
+    num_bytes: int = 1
 
 
 def variant_cfo(candidate: Candidate, new_context: Sequence[str], alpha: float,
@@ -32,16 +48,20 @@ def variant_cfo(candidate: Candidate, new_context: Sequence[str], alpha: float,
     return cfo(alpha, stats.cci, beta_prime(inter, candidate.context, new_context), coverage)
 
 
-def choose_variant(candidates: Sequence[Candidate], new_context: Sequence[str],
-                   alpha: float, novelty: bool = True) -> tuple[int, float | None]:
-    """(index of the variant to use, its CFO). Lowest CFO wins, the earliest on ties; when no
-    candidate can be judged, the base variant (empty context), else the first one, with None."""
+def choose_variant(candidates: Sequence[Candidate], new_context: Sequence[str], alpha: float,
+                   novelty: bool = True, blend_cost: float = 1.0) -> tuple[int, float | None]:
+    """(index of the variant to use, its CFO; None when it will be fixed by deviation).
+
+    Lowest cost wins: a measured variant costs its CFO, the base variant (empty context) and
+    unmeasured ones `blend_cost`. On a tie the base variant wins (the deviation fix sees the
+    actual KV, the CFO only predicts it), then the earliest candidate.
+    """
     if not candidates:
         raise ValueError("a chunk needs at least one variant to choose from")
-    scored = [(value, i) for i, c in enumerate(candidates)
-              if (value := variant_cfo(c, new_context, alpha, novelty)) is not None]
-    if scored:
-        value, index = min(scored)
-        return index, value
-    base = next((i for i, c in enumerate(candidates) if not c.context), 0)
-    return base, None
+    scored = []
+    for i, candidate in enumerate(candidates):
+        value = variant_cfo(candidate, new_context, alpha, novelty)
+        cost = blend_cost if value is None else value
+        scored.append((cost, value is not None and value > 0.0, bool(candidate.context), i, value))
+    cost, _, _, index, value = min(scored)
+    return index, value

@@ -84,27 +84,34 @@ def chunk_stats(mass: torch.Tensor, layout: PromptLayout, chunk_ids: Sequence[st
 
 
 def measure_context_stats(runner, layout: PromptLayout, chunk_ids: Sequence[str], prefix_kv,
-                          layers: Sequence[int], all_layers: bool = False) -> tuple[list[ChunkStats], object]:
-    """Statistics of every chunk of `layout` in its context, from the given layers.
+                          layers: Sequence[int], all_layers: bool = False,
+                          exact_chunks: Sequence[object] = ()) -> tuple[list[ChunkStats], object]:
+    """Statistics of the chunks of `layout` in their context, from the given layers.
 
-    Runs layers 0..max(layers) with all rows after the system prefix active (every layer
+    Runs layers 0..max(layers) with every row after the system prefix active (every layer
     with `all_layers`, which makes the returned cache the exact KV of this context).
-    Returns (per-chunk statistics, the KVCache of the pass).
+    `exact_chunks`: KV sources of the leading chunks that are already exact in this context;
+    they are served from cache instead of computed, and their statistics are left out (only
+    the chunks after them are returned, in order). Returns (per-chunk statistics, the run's
+    `RunOutput`: its cache and the layer-rows it computed).
     """
     stack = runner.stack
     device = stack.embed_tokens.weight.device
     ids = layout.token_tensor(device)
     total = ids.numel()
     num_segments = len(layout.chunk_ids) + 2
-    plan = _MeasurePlan([CachedSpan(0, prefix_kv)], torch.arange(layout.prefix_len, total),
-                        torch.ones(total, dtype=torch.bool))
+    skip = len(exact_chunks)
+    first = layout.chunk_spans[skip][0] if skip < len(layout.chunk_spans) else layout.question_span[0]
+    spans = [CachedSpan(0, prefix_kv)] + [CachedSpan(start, kv) for kv, (start, _)
+                                          in zip(exact_chunks, layout.chunk_spans)]
+    plan = _MeasurePlan(spans, torch.arange(first, total), torch.ones(total, dtype=torch.bool))
     plan.layers, plan.segments, plan.num_segments, plan.masses = set(layers), _segments(layout, device), num_segments, []
     last_layer = None if all_layers else max(layers)
     with torch.inference_mode():
         out = runner.run(ids, plan, capacity=total, want_logits=False, last_layer=last_layer)
     mass = torch.zeros(total, num_segments, device=device)
-    mass[layout.prefix_len:] = torch.stack(plan.masses).mean(0)
-    return chunk_stats(mass.cpu(), layout, chunk_ids), out.cache
+    mass[first:] = torch.stack(plan.masses).mean(0)
+    return chunk_stats(mass.cpu(), layout, chunk_ids)[skip:], out
 
 
 class _MeasurePlan(Plan):

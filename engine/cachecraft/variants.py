@@ -1,26 +1,28 @@
-"""New variants from a finished request: its chunks in a context they had no variant for.
+"""Exact Cache-Craft variants built from a finished request, after the answer is out.
 
-After the answer is out, each such chunk gets a variant for this context (signature =
-ordered ids of the chunks before it), with statistics measured in this context. Two sources
-of its KV, by `EngineConfig.craft_exact_variants`:
-- exact (default): the request's prompt is prefilled in full once more, off the first-token
-  path, so every new variant is the chunk's true KV in this context. Measured on MuSiQue
-  with SmolLM2: reusing exact variants from three other orders of the same chunks, with no
-  recompute at all, gives a first-token KL of 0.026 against full prefill, while variants
-  taken from the requests' own blended KV give 0.31 (no better than base variants);
-- request: the request's own rows (reused rows plus recomputed ones), and a statistics pass
-  over the first layers only; cheap, but an approximation stored as if it were exact.
-Nothing here runs before the first token.
+A chunk that was not exact in the request's context (`engine/variants/harvest.py`) gets a
+variant for that context (signature = ordered ids of the chunks before it): its true KV there
+and its statistics measured there. The build prefills the prompt once more, but only from the
+first inexact chunk on: the leading chunks that are already exact are served from the
+request's own cache, as prefix caching would. Measured on MuSiQue with SmolLM2: reusing exact
+variants from three other orders of the same chunks, with no recompute at all, gives a
+first-token KL of 0.026 against full prefill, while variants taken from the requests' own
+blended KV give 0.31 (no better than base variants), so blended rows are never stored.
+Whether a request's build is worth its cost is the policy's call (`VariantPolicy.should_build`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import torch
 
 from engine.cachecraft.stats import ChunkStats, measure_context_stats
 from engine.catalog.records import VariantStats
 from engine.kv import ChunkKV
 from engine.result import PrefillResult
+from engine.variants.harvest import chunk_rows, exact_chunks
 
 
 @dataclass(frozen=True)
@@ -32,35 +34,43 @@ class VariantDraft:
     stats: VariantStats
 
 
-def variant_stats(stats: ChunkStats, alpha: float) -> VariantStats:
-    """Catalog statistics of a measured chunk; expected savings = tokens a reuse would not
-    recompute when the context differs completely (CFO at β′ = 0)."""
-    num_tokens = len(stats.token_scores)
-    savings = num_tokens * (1.0 - min(1.0, alpha * stats.cci))
+@dataclass(frozen=True)
+class Build:
+    """What a build produced and what it cost: layer-rows per prompt row (None: nothing ran)."""
+
+    drafts: list[VariantDraft]
+    layers_computed: torch.Tensor | None = None
+
+
+def variant_stats(stats: ChunkStats | None, savings: float) -> VariantStats:
+    """Catalog statistics of a new variant: the measured ones (if any) and the savings its
+    first use is assumed to bring (`VariantPolicy.prior_savings`)."""
+    if stats is None:
+        return VariantStats(expected_savings=savings)
     return VariantStats(a=stats.a, b=stats.b, cci=stats.cci, inter_scores=dict(stats.inter),
                         token_scores=list(stats.token_scores), expected_savings=savings)
 
 
-def drafts_from_request(engine, result: PrefillResult) -> list[VariantDraft]:
-    """Variants this request produced: its chunks (but the first, whose base variant is its
-    exact KV) that were served from a variant of another context. Empty when there are none
-    (and then no pass runs)."""
-    config = engine.config
-    exact = config.craft_exact_variants
+def build_variants(engine, result: PrefillResult, contexts: Sequence[tuple[str, ...] | None], policy) -> Build:
+    """Exact, measured variants of every chunk of `result` that was not exact in its context.
+
+    contexts: per chunk, the context of the cached KV the request started from (None: none).
+    Empty (and nothing runs) when every chunk was exact already.
+    """
+    exact = exact_chunks(result, contexts, engine.loaded.spec.num_layers)
+    skip = next((i for i, is_exact in enumerate(exact) if not is_exact), len(exact))
+    if skip == len(exact):
+        return Build([])
     ids = [report.chunk_id for report in result.chunks]
-    wanted = [i for i, report in enumerate(result.chunks)
-              if i > 0 and tuple(report.variant or ()) != tuple(ids[:i]) and (exact or report.recomputed > 0)]
-    if not wanted:
-        return []
-    layers = [layer for layer in config.craft_stats_layers if layer < engine.loaded.spec.num_layers]
-    measured, exact_cache = measure_context_stats(engine.runner, result.layout, ids, engine.prefix_kv,
-                                                  layers, all_layers=exact)
-    cache = exact_cache if exact else result.cache
+    leading = [chunk_rows(engine, result, i) for i in range(skip)]
+    layers = [layer for layer in engine.config.craft_stats_layers if layer < engine.loaded.spec.num_layers]
+    measured, out = measure_context_stats(engine.runner, result.layout, ids, engine.prefix_kv, layers,
+                                          all_layers=True, exact_chunks=leading)
     drafts = []
-    for i in wanted:
+    for i, stats in zip(range(skip, len(ids)), measured):
         start, end = result.layout.chunk_spans[i]
-        kv = ChunkKV(token_ids=result.layout.chunk_ids[i], kv=cache.rows(start, end), base_position=start,
+        kv = ChunkKV(token_ids=result.layout.chunk_ids[i], kv=out.cache.rows(start, end), base_position=start,
                      fingerprint=engine.fingerprint, prefix_digest=engine.prompts.prefix_digest,
                      context=tuple(ids[:i]))
-        drafts.append(VariantDraft(ids[i], kv, variant_stats(measured[i], config.craft_alpha)))
-    return drafts
+        drafts.append(VariantDraft(ids[i], kv, variant_stats(stats, policy.prior_savings(end - start))))
+    return Build(drafts, out.layers_computed)

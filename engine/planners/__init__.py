@@ -22,10 +22,20 @@ def planner_names() -> list[str]:
     return list(PLANNERS)
 
 
-def create_planner(name: str, config: EngineConfig) -> BasePlanner:
+def planner_class(name: str) -> type[BasePlanner]:
+    """The registered planner of mode `name` (its class attributes are the mode's policy)."""
     if name not in PLANNERS:
         raise UnknownMode(f"unknown mode {name!r}; known modes: {', '.join(PLANNERS)}")
-    return PLANNERS[name](config)
+    return PLANNERS[name]
+
+
+def create_planner(name: str, config: EngineConfig) -> BasePlanner:
+    return planner_class(name)(config)
+
+
+def reference_planner(config: EngineConfig) -> BasePlanner:
+    """The plain prefill every reuse mode stands in for (the fallback when reuse is off)."""
+    return next(cls for cls in PLANNERS.values() if not cls.reuses_cache)(config)
 
 
 # one line per mode

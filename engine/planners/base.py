@@ -17,6 +17,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from collections.abc import Callable
+from enum import Enum
 from typing import ClassVar
 
 import torch
@@ -159,6 +160,9 @@ class Plan:
     pinned: torch.Tensor  # bool [total_len]
     # per chunk, when the planner decides chunk by chunk (None: the mode name says it all)
     decisions: list[ChunkDecision] | None = None
+    # share of the selection-score mass left on stale rows at the last selecting layer (the
+    # fidelity guard's in-run estimate, engine/guard.py); None if the plan never selected
+    uncovered: float | None = None
 
     def selects_at(self, layer: int) -> bool:
         return False
@@ -179,12 +183,34 @@ class Plan:
         return None
 
 
+class VariantUse(str, Enum):
+    """Which stored variants of a chunk a mode can plan with (`engine.variants.policy`)."""
+
+    BASE = "base"  # only the base variant, computed alone after the system prefix
+    EXACT = "exact"  # the variant computed after exactly the chunks before it, else the base
+    BEST = "best"  # the variant of lowest expected fix cost (Cache-Craft's CFO against blending)
+
+
+class VariantYield(str, Enum):
+    """What a mode's finished requests leave behind as new variants."""
+
+    NONE = "none"  # nothing
+    HARVEST = "harvest"  # the chunk rows its own prefill computed exactly in context (no extra work)
+    BUILD = "build"  # the harvest, plus exact variants built in the background where reuse repays it
+
+
 class BasePlanner(ABC):
-    """Builds a Plan for a request. One subclass per mode, registered by `name`."""
+    """Builds a Plan for a request. One subclass per mode, registered by `name`.
+
+    The class attributes are the mode's whole variant policy: code outside the planner
+    registry asks them, never the mode's name.
+    """
 
     name: ClassVar[str]
     # False only for the reference `full`, which ignores every cache.
     reuses_cache: ClassVar[bool] = True
+    variant_use: ClassVar[VariantUse] = VariantUse.BASE
+    leaves: ClassVar[VariantYield] = VariantYield.NONE
 
     def __init__(self, config: EngineConfig):
         self.config = config

@@ -3,17 +3,23 @@
 The system prefix is always exact. A leading chunk extends the exact prefix when its cached
 KV was computed at the same position after exactly the same chunks (for the base variant:
 the first chunk, computed alone after the system prefix). Everything after is computed.
+
+Like vLLM's automatic prefix caching, what a request computes is kept: every chunk computed
+here is exact in its context, so the request leaves it as an exact-context variant at no
+extra compute (`VariantYield.HARVEST`), and the same prompt again reuses all of it.
 """
 
 import torch
 
 from engine.planners import register
-from engine.planners.base import BasePlanner, CachedSpan, Plan, PlanRequest
+from engine.planners.base import BasePlanner, CachedSpan, Plan, PlanRequest, VariantUse, VariantYield
 
 
 @register
 class PrefixPlanner(BasePlanner):
     name = "prefix"
+    variant_use = VariantUse.EXACT
+    leaves = VariantYield.HARVEST
 
     def plan(self, request: PlanRequest) -> Plan:
         spans = [CachedSpan(0, request.prefix)]

@@ -40,7 +40,10 @@ def test_fidelity_figures_against_full(tiny_engine, dataset, tmp_path):
                               ratio=0.25, max_new_tokens=4, warmup_orders=1)
     summaries = {s.mode: s for s in run_fidelity(tiny_engine, options, progress=False)}
     full, naive, blend = summaries["full"], summaries["naive"], summaries["cacheblend"]
-    assert list(summaries) == ["full", "naive", "cacheblend", "cachecraft"]
+    assert list(summaries) == ["full", "naive", "cacheblend", "cachecraft", "cachecraft+warm1"]
+    # the cold row pays no warm-up; the warm row's untimed request cost about one prefill
+    assert summaries["cachecraft"].warmup_cost == 0.0
+    assert 0.1 < summaries["cachecraft+warm1"].warmup_cost < 1.0
     assert (full.median_ttft_ratio, full.median_compute_ratio, full.mean_kl, full.top1_agreement,
             full.rouge_l, full.recompute_share) == (1.0, 1.0, 0.0, 1.0, 1.0, 1.0)
     assert naive.recompute_share == 0.0 and naive.mean_kl > 0.0
@@ -49,7 +52,7 @@ def test_fidelity_figures_against_full(tiny_engine, dataset, tmp_path):
     assert naive.median_compute_ratio > blend.median_compute_ratio > 1.0
     assert all(s.records == 2 for s in summaries.values())
     table = format_table(list(summaries.values()))
-    assert "floor" in table.splitlines()[0] and len(table.splitlines()) == 6
+    assert "floor" in table.splitlines()[0] and "warm-up" in table.splitlines()[0] and len(table.splitlines()) == 7
     write_json(list(summaries.values()), options, tmp_path / "out.json")
     written = json.loads((tmp_path / "out.json").read_text())
     assert written["modes"][2]["median_compute_ratio"] == blend.median_compute_ratio
@@ -76,9 +79,17 @@ def test_fit_alpha_takes_the_smallest_alpha_that_meets_the_target():
 
 
 def test_calibration_curve_recomputes_more_at_larger_alpha(tiny_engine, dataset):
-    options = CalibrateOptions(dataset=dataset, n=2, chunks=4, alphas=(0.0, 1.0), warmup_orders=1)
+    options = CalibrateOptions(dataset=dataset, n=2, chunks=4, alphas=(0.0, 1.0), warmup_orders=2, swap=1)
     configured = tiny_engine.config
-    low, high = run_calibration(tiny_engine, options, progress=False)
+    (low, high), blend = run_calibration(tiny_engine, options, progress=False)
     assert (low.alpha, high.alpha) == (0.0, 1.0)
+    # α 0 takes every built variant as is; α 1 fixes the ones it keeps, hands others to the blend
     assert low.recompute_share < high.recompute_share
+    assert low.variant_share > 0.0 and high.variant_share <= low.variant_share
+    assert 0.0 < blend.recompute_share < 1.0 and blend.mean_kl > 0.0
     assert tiny_engine.config is configured  # the engine's own α is back
+
+
+def test_calibration_refuses_a_swap_that_leaves_no_shared_chunk(tiny_engine, dataset):
+    with pytest.raises(InvalidRequest, match="swap"):
+        run_calibration(tiny_engine, CalibrateOptions(dataset=dataset, n=1, chunks=2, swap=2), progress=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from engine.chunk_cache import ChunkRef
@@ -11,29 +12,33 @@ from tests.engine.helpers import QUESTION
 from tests.engine.store.test_chunk_cache import catalog, make_cache, refs  # noqa: F401 (fixtures)
 
 
-def craft_request(engine, cache, refs_in_order):
-    chosen = cache.choose_variants([(r.chunk_id, r.token_ids) for r in refs_in_order])
+def craft_request(engine, cache, refs_in_order, mode="cachecraft"):
+    chosen = cache.choose_variants(mode, [(r.chunk_id, r.token_ids) for r in refs_in_order])
     with cache.load(chosen) as loaded:
-        result = engine.prefill(loaded.inputs, QUESTION, mode="cachecraft")
-    return result, chosen
+        result = engine.prefill(loaded.inputs, QUESTION, mode=mode)
+    return result, chosen, loaded.inputs
+
+
+def contexts_of(chosen):
+    return [tuple(ref.context) for ref in chosen]
 
 
 def test_a_request_leaves_variants_that_the_same_order_then_reuses(tiny_engine, catalog, refs, tmp_path):  # noqa: F811
     engine = tiny_engine
     cache = make_cache(engine, catalog, tmp_path)
-    first, chosen = craft_request(engine, cache, refs)
+    first, chosen, _ = craft_request(engine, cache, refs)
     assert all(ref.context == () for ref in chosen)  # only base variants exist yet
-    assert cache.put_context_variants(first) == len(refs) - 1
+    assert cache.build_variants(first, contexts_of(chosen)) == len(refs) - 1
     for i, ref in enumerate(refs):
         contexts = {v.context for v in catalog.variants_of_chunk(ref.chunk_id)}
         assert contexts == ({(), tuple(str(r.chunk_id) for r in refs[:i])} if i else {()})
-    second, chosen = craft_request(engine, cache, refs)
+    second, chosen, _ = craft_request(engine, cache, refs)
     assert [c.strategy for c in second.chunks] == ["reuse"] * len(refs)
     assert all(ref.stats is not None for ref in chosen[1:])
     full = engine.prefill([dataclasses.replace(i, kv=None) for i in []] or _plain(engine, refs), QUESTION, mode="full")
     # exact variants in fp16 storage: close to full prefill, and far closer than the base variants
     torch.testing.assert_close(second.logits, full.logits, rtol=0, atol=5e-2)
-    assert cache.put_context_variants(second) == 0  # nothing new in this context
+    assert cache.build_variants(second, contexts_of(chosen)) == 0  # nothing new in this context
     cache.store.close()
 
 
@@ -43,8 +48,8 @@ def test_variants_per_chunk_are_capped_and_the_base_survives(tiny_engine, catalo
     try:
         cache = make_cache(engine, catalog, tmp_path)
         for order in (refs, refs[::-1], refs[1:] + refs[:1]):
-            result, _ = craft_request(engine, cache, order)
-            cache.put_context_variants(result)
+            result, chosen, _ = craft_request(engine, cache, order)
+            cache.build_variants(result, contexts_of(chosen))
         for ref in refs:
             variants = catalog.variants_of_chunk(ref.chunk_id)
             assert len(variants) <= 2 and any(v.context == () for v in variants)
@@ -58,3 +63,46 @@ def _plain(engine, refs):
     from engine.planners.base import ChunkInput
 
     return [ChunkInput(str(r.chunk_id), r.token_ids) for r in refs]
+
+
+def test_prefix_keeps_what_it_computed_and_a_repeated_prompt_reuses_all_of_it(tiny_engine, catalog, refs, tmp_path):  # noqa: F811
+    engine = tiny_engine
+    cache = make_cache(engine, catalog, tmp_path)
+    work_before = engine.runner.meter.snapshot()
+    first, chosen, inputs = craft_request(engine, cache, refs, mode="prefix")
+    assert first.recomputed_tokens == first.context_tokens - len(refs[0].token_ids)  # only the first chunk was exact
+    assert cache.harvest_variants(first, inputs) == len(refs) - 1
+    # keeping them cost no model work: the meter saw the base encodes and the one prefill only
+    assert (engine.runner.meter.snapshot() - work_before).runs == len(refs) + 1
+    second, chosen, inputs = craft_request(engine, cache, refs, mode="prefix")
+    assert [tuple(ref.context) for ref in chosen] == [tuple(str(r.chunk_id) for r in refs[:i]) for i in range(len(refs))]
+    assert second.recomputed_tokens == 0
+    torch.testing.assert_close(second.logits, first.logits, rtol=0, atol=5e-2)
+    assert cache.harvest_variants(second, inputs) == 0
+    cache.store.close()
+
+
+def test_base_only_modes_leave_nothing(tiny_engine, catalog, refs, tmp_path):  # noqa: F811
+    cache = make_cache(tiny_engine, catalog, tmp_path)
+    result, _, inputs = craft_request(tiny_engine, cache, refs, mode="cacheblend")
+    assert cache.harvest_variants(result, inputs) == 0
+    assert not cache.policy.should_build("cacheblend", [str(r.chunk_id) for r in refs])
+    assert all(len(catalog.variants_of_chunk(r.chunk_id)) == 1 for r in refs)
+    cache.store.close()
+
+
+def test_savings_follow_what_a_variant_actually_saved(tiny_engine, catalog, refs, tmp_path):  # noqa: F811
+    engine = tiny_engine
+    cache = make_cache(engine, catalog, tmp_path)
+    first, chosen, _ = craft_request(engine, cache, refs)
+    cache.build_variants(first, contexts_of(chosen))
+    last = refs[-1]
+    [variant] = [v for v in catalog.variants_of_chunk(last.chunk_id) if v.context]
+    assert variant.stats.expected_savings == pytest.approx(cache.policy.prior_savings(len(last.token_ids)))
+    again, chosen, inputs = craft_request(engine, cache, refs)  # exact reuse: nothing recomputed
+    cache.record_savings(again, inputs)
+    used = catalog.get_variant(variant.store_key)
+    assert used.access_count == 1
+    assert used.stats.expected_savings == pytest.approx(len(last.token_ids) * cache.policy.blend_cost)
+    assert cache.store.usage(variant.store_key).savings == pytest.approx(used.stats.expected_savings)
+    cache.store.close()

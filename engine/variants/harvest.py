@@ -1,0 +1,59 @@
+"""Which chunk rows of a finished prefill are exact in their context, and keeping them.
+
+A chunk's rows equal what a full prefill of the same prompt computes (to float tolerance)
+when every chunk before it is exact and either its cached KV was itself computed after
+exactly those chunks (the base variant, for the first chunk) or every one of its rows ran
+every layer: a row recomputed over exact inputs is exact, a blended one is not. `prefix`
+requests compute everything after their exact prefix this way, so all of what they computed
+can be kept at no extra compute; a `cachecraft` request usually only its leading chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine.kv import ChunkKV
+from engine.planners.base import ChunkInput
+from engine.result import PrefillResult
+
+
+def source_contexts(inputs: Sequence[ChunkInput]) -> list[tuple[str, ...] | None]:
+    """Per chunk input, the context its cached KV was computed after (None: not cached)."""
+    return [None if c.kv is None else tuple(getattr(c.kv, "context", ()) or ()) for c in inputs]
+
+
+def exact_chunks(result: PrefillResult, contexts: Sequence[tuple[str, ...] | None], num_layers: int) -> list[bool]:
+    """Per chunk of `result`, whether its rows in `result.cache` are exact in this context.
+
+    contexts: per chunk, the context of the cached KV the prefill started from (None: none).
+    """
+    ids = [report.chunk_id for report in result.chunks]
+    layers = result.layers_computed
+    exact, out = True, []
+    for i, (context, (start, end)) in enumerate(zip(contexts, result.layout.chunk_spans)):
+        from_exact_source = context is not None and tuple(context) == tuple(ids[:i])
+        computed_fully = layers is not None and bool((layers[start:end] >= num_layers).all())
+        exact = exact and (from_exact_source or computed_fully)
+        out.append(exact)
+    return out
+
+
+def harvest(engine, result: PrefillResult, contexts: Sequence[tuple[str, ...] | None]) -> list[tuple[str, ChunkKV]]:
+    """(chunk id, KV in this context) of every chunk the prefill computed exactly and that did
+    not come from a variant of this very context already. Copies rows; computes nothing."""
+    ids = [report.chunk_id for report in result.chunks]
+    exact = exact_chunks(result, contexts, engine.loaded.spec.num_layers)
+    kept = []
+    for i, (is_exact, context) in enumerate(zip(exact, contexts)):
+        if not is_exact or (context is not None and tuple(context) == tuple(ids[:i])):
+            continue
+        kept.append((ids[i], chunk_rows(engine, result, i)))
+    return kept
+
+
+def chunk_rows(engine, result: PrefillResult, index: int) -> ChunkKV:
+    """Chunk `index` of `result` as a variant of its context (the chunks before it)."""
+    start, end = result.layout.chunk_spans[index]
+    return ChunkKV(token_ids=result.layout.chunk_ids[index], kv=result.cache.rows(start, end), base_position=start,
+                   fingerprint=engine.fingerprint, prefix_digest=engine.prompts.prefix_digest,
+                   context=tuple(report.chunk_id for report in result.chunks[:index]))
