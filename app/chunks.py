@@ -104,17 +104,25 @@ class ServiceChunkCache:
 
     # -- ingest and deletion -------------------------------------------------------------------
 
-    def put_base(self, chunk_id: int, token_ids: Sequence[int]) -> bool:
-        """Compute and store a chunk's base variant; False if no tier could take it.
+    def put_base(self, chunk_id: int, token_ids: Sequence[int]) -> str | None:
+        """Compute and store a chunk's base variant; returns the tier that took it (None: no
+        tier could, and the KV will be computed on first use).
 
         It goes to the first persistent tier (disk, else Redis), so what ingest computed
-        survives restarts and separate `kvmosaic ingest` runs; first use promotes it.
+        survives restarts and separate `kvmosaic ingest` runs; first use promotes it. A
+        persistent tier that is down (Redis unreachable) passes it to the next tier below;
+        with none left it goes to the first tier with room (memory: lost at exit, said so
+        in the log and in the ingest's `kv_tiers`).
         """
         kv = self.engine.encode_chunk(tuple(token_ids))
         stored = self.cache.put_variant(chunk_id, kv, tier=self.persistent_tier)
+        if stored is None and self.persistent_tier is not None:
+            stored = self.cache.put_variant(chunk_id, kv)
+            if stored is not None:
+                log.warning("chunk %d: no persistent tier could take its KV; it is in %s only", chunk_id, stored.tier)
         if stored is None:
             log.warning("chunk %d: no store tier could take its KV; it will be computed on use", chunk_id)
-        return stored is not None
+        return stored.tier if stored is not None else None
 
     def forget_document(self, document_id: int):
         return self.cache.forget_document(document_id)

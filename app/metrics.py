@@ -56,7 +56,8 @@ class Metrics:
 class LiveCollector(Collector):
     """Reads live figures at scrape time: queue depth and the store's per-tier counters.
 
-    `tier_stats` returns {tier: {"hits", "misses", "entries", "bytes", "capacity_bytes"}}.
+    `tier_stats` returns {tier: {"hits", "misses", "entries", "bytes", "capacity_bytes",
+    "corrupt", "evictions"}}.
     """
 
     def __init__(self, queue, tier_stats: Callable[[], dict[str, dict]]):
@@ -73,9 +74,18 @@ class LiveCollector(Collector):
                                       labels=["tier", "result"])
         size = GaugeMetricFamily("kvmosaic_cache_bytes", "KV bytes held per tier", labels=["tier"])
         entries = GaugeMetricFamily("kvmosaic_cache_entries", "KV entries held per tier", labels=["tier"])
+        corrupt = CounterMetricFamily("kvmosaic_cache_corrupt", "KV entries found corrupt (recomputed) per tier",
+                                      labels=["tier"])
+        evictions = CounterMetricFamily("kvmosaic_cache_evictions", "KV entries evicted per tier", labels=["tier"])
+        up = GaugeMetricFamily("kvmosaic_store_tier_up",
+                               "1 while a store tier is reachable, 0 while it is down and skipped (degraded)",
+                               labels=["tier"])
         for tier, s in stats.items():
+            up.add_metric([tier], 1 if s.get("available", True) else 0)
             lookups.add_metric([tier, "hit"], s.get("hits", 0))
             lookups.add_metric([tier, "miss"], s.get("misses", 0))
             size.add_metric([tier], s.get("bytes", 0))
             entries.add_metric([tier], s.get("entries", 0))
-        yield from (lookups, size, entries)
+            corrupt.add_metric([tier], s.get("corrupt", 0))
+            evictions.add_metric([tier], s.get("evictions", 0))
+        yield from (lookups, size, entries, corrupt, evictions, up)

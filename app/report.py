@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from app.chunks import COMPUTED_NOW
 from app.schemas.ask import AskResponse, ChunkOut, Timings, Usage
 from app.service import Answer
 
@@ -22,7 +23,7 @@ def chunk_out(retrieved, report, variant: str, mode: str, tokenizer) -> ChunkOut
         source=retrieved.document.source, ordinal=retrieved.chunk.ordinal, score=round(retrieved.score, 4),
         text=retrieved.chunk.text, strategy=report.strategy or mode, tokens=report.tokens,
         reused=report.reused, recomputed=report.recomputed, compute_share=round(report.compute_share, 4),
-        cached=report.cached, variant=variant, stopped_layer=report.stopped_layer, cfo=report.cfo)
+        cached=report.cached and variant != COMPUTED_NOW, variant=variant, stopped_layer=report.stopped_layer, cfo=report.cfo)
     if tokenizer is not None:
         out.token_texts = [tokenizer.decode([t]) for t in retrieved.token_ids]
         out.recomputed_offsets = list(getattr(report, "recomputed_offsets", ()))

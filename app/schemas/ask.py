@@ -40,7 +40,8 @@ class ChunkOut(BaseModel):
     reused: int = Field(description="tokens whose cached KV was kept")
     recomputed: int
     compute_share: float = Field(description="layer-rows computed / (tokens x layers)")
-    cached: bool = Field(description="a cached KV was found for the chunk")
+    cached: bool = Field(description="the chunk's KV came from the store (false: computed for this request, "
+                                     "because it was not stored or its stored entry was corrupt)")
     variant: str = Field(description="'base' or the context (chunk ids) the KV was computed under")
     stopped_layer: int | None = Field(default=None, description="layer where recompute stopped early")
     token_texts: list[str] | None = None

@@ -166,7 +166,8 @@ class DiskTier(BaseTier):
                 self._account(key, None)
 
     def _scan(self) -> None:
-        """Index existing files; delete stray temp files and files whose header is unreadable."""
+        """Index existing files; delete stray temp files and files whose header is unreadable;
+        then hold to the capacity (it may have been lowered since the files were written)."""
         for path in self.directory.glob(f"*/.*{TEMP_SUFFIX}"):
             path.unlink(missing_ok=True)
         for path in self.directory.glob(f"*/*{SUFFIX}"):
@@ -183,6 +184,34 @@ class DiskTier(BaseTier):
                 path.unlink(missing_ok=True)
                 continue
             self._account(key, size)
+        self._shrink_to_capacity()
+
+    def _shrink_to_capacity(self) -> None:
+        """Delete the least recently written files until the tier fits its capacity.
+
+        Runs at start-up only, before any reader or the catalog's reconciliation: the catalog
+        then marks the deleted entries missing, and they are recomputed on use. Usage counts
+        are not known yet at this point, so the file age stands in for the eviction policy.
+        """
+        if self._used <= self.capacity_bytes:
+            return
+        held, removed = self._used, 0
+        by_age = sorted(self._sizes, key=lambda key: _mtime(self.path(key)))
+        for key in by_age:
+            if self._used <= self.capacity_bytes:
+                break
+            self.path(key).unlink(missing_ok=True)
+            self._account(key, None)
+            removed += 1
+        log.warning("disk tier held %d bytes over its capacity of %d: removed the %d oldest entries (%d bytes)",
+                    held, self.capacity_bytes, removed, held - self._used)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def _read_fully(f, data: bytearray) -> None:
