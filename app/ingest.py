@@ -17,7 +17,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from app.replica import LeaseKeeper, reclaim_expired
 from app.retrieve import chunk_token_ids
@@ -33,10 +34,14 @@ OnChunk = Callable[[int], None]
 
 @dataclass(frozen=True)
 class IngestResult:
+    """`kv_tiers`: how many chunks' base KV each tier took ("none": no tier could; computed
+    on first use). A memory tier here means the persistent tiers were down."""
+
     document: DocumentRecord
     created: bool
     num_tokens: int
     seconds: float
+    kv_tiers: dict[str, int] = field(default_factory=dict)
 
 
 def content_hash(text: str) -> str:
@@ -68,7 +73,7 @@ class Ingestor:
             vectors = self.retriever.embed([f"{doc.title}\n{p.text}" for p in pieces])
             added = self._begin(doc, digest, pieces, ids, vectors)
             try:
-                self._compute_kv(added.chunks, ids, on_chunk)
+                kv_tiers = self._compute_kv(added.chunks, ids, on_chunk)
                 chunk_ids = [c.id for c in added.chunks]
                 self.catalog.finish_ingest(added.document.id, self.leases.owner)  # the commit point
                 self.retriever.add(chunk_ids, vectors)
@@ -78,7 +83,8 @@ class Ingestor:
                 raise
             finally:
                 self.leases.release(added.document.id)
-        return IngestResult(added.document, True, sum(len(t) for t in ids), time.perf_counter() - started)
+        return IngestResult(added.document, True, sum(len(t) for t in ids), time.perf_counter() - started,
+                            dict(kv_tiers))
 
     def delete(self, document_id: int) -> bool:
         """Remove a document's index rows, catalog rows and KV; False if there is no such document."""
@@ -104,11 +110,14 @@ class Ingestor:
         self.leases.hold(added.document.id)
         return added
 
-    def _compute_kv(self, chunks, ids, on_chunk: OnChunk | None) -> None:
+    def _compute_kv(self, chunks, ids, on_chunk: OnChunk | None) -> Counter[str]:
+        """Base KV of every chunk into the store; how many chunks each tier took."""
+        tiers: Counter[str] = Counter()
         for chunk, token_ids in zip(chunks, ids):
-            self.chunk_cache.put_base(chunk.id, token_ids)
+            tiers[self.chunk_cache.put_base(chunk.id, token_ids) or "none"] += 1
             if on_chunk is not None:
                 on_chunk(1)
+        return tiers
 
     def _undo(self, document_id: int, chunk_ids: list[int]) -> None:
         try:

@@ -34,6 +34,9 @@ class IngestOut(BaseModel):
     created: bool = Field(description="false: the same content was already ingested")
     num_tokens: int
     seconds: float
+    kv_tiers: dict[str, int] = Field(default_factory=dict, description=(
+        "chunks whose base KV each store tier took ('none': no tier could; computed on first use); "
+        "a memory tier (cpu, gpu) here means every persistent tier was down"))
 
 
 class DocumentList(BaseModel):

@@ -45,7 +45,7 @@ async def add_document(request: Request, response: Response, services: ServicesD
     if not result.created:
         response.status_code = 200
     return IngestOut(document=document_out(result.document), created=result.created,
-                     num_tokens=result.num_tokens, seconds=round(result.seconds, 3))
+                     num_tokens=result.num_tokens, seconds=round(result.seconds, 3), kv_tiers=result.kv_tiers)
 
 
 @router.get("", response_model=DocumentList, responses=documented(422))

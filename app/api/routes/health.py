@@ -21,11 +21,18 @@ def healthz() -> Health:
 @router.get("/readyz", response_model=Readiness,
             responses={503: {"model": Readiness, "description": "not ready (see `checks`)"}})
 def readyz(services: ServicesDep) -> JSONResponse:
-    """Ready when the catalog answers, the index is loaded and the work queue has room."""
+    """Ready when the catalog answers, the index is loaded and the work queue has room.
+
+    A store tier that is down (Redis unreachable) is listed under `degraded` but does not
+    make the replica unready: it serves from its other tiers and recomputes the rest."""
     checks = {"catalog": _catalog_ok(services), "index": services.retriever is not None,
               "queue": services.queue.can_submit(), "kv_reuse": services.engine.reuse_available}
     ready = checks["catalog"] and checks["index"] and checks["queue"]
+    tiers = {name: "up" if s.get("available", True) else "down"
+             for name, s in services.chunk_cache.tier_stats().items()}
     body = {"ready": ready, "checks": checks, "index_rows": len(services.retriever),
+            "index_cursor": services.retriever.cursor, "tiers": tiers,
+            "degraded": [name for name, state in tiers.items() if state == "down"],
             "queue": {"running": services.queue.running, "waiting": services.queue.waiting,
                       "capacity": services.queue.capacity}}
     return JSONResponse(body, status_code=200 if ready else 503)
