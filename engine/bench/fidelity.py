@@ -32,11 +32,11 @@ from engine.bench.metrics import best_f1, kl_divergence, rouge_l, same_top1
 from engine.cachecraft.book import VariantBook
 from engine.decode import SamplingParams
 from engine.errors import InvalidRequest
-from engine.planners import planner_class
+from engine.planners import planner_class, reference_mode
 from engine.planners.base import ChunkInput, VariantYield
 
-REFERENCE = "full"
-CRAFT = "cachecraft"
+REFERENCE = reference_mode()  # every row is measured against it
+CRAFT = "cachecraft"  # the mode whose α `kvmosaic calibrate` fits
 WARM = "+warm"
 
 

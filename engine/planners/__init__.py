@@ -33,9 +33,14 @@ def create_planner(name: str, config: EngineConfig) -> BasePlanner:
     return planner_class(name)(config)
 
 
+def reference_mode() -> str:
+    """The mode of the plain prefill every reuse mode stands in for (the one reusing no cache)."""
+    return next(name for name, cls in PLANNERS.items() if not cls.reuses_cache)
+
+
 def reference_planner(config: EngineConfig) -> BasePlanner:
-    """The plain prefill every reuse mode stands in for (the fallback when reuse is off)."""
-    return next(cls for cls in PLANNERS.values() if not cls.reuses_cache)(config)
+    """The reference prefill's planner (the fallback when reuse is off)."""
+    return PLANNERS[reference_mode()](config)
 
 
 # one line per mode

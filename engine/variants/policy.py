@@ -64,13 +64,13 @@ class VariantPolicy:
         return [self._choose_one(use, tuple(chunk_ids[:i]), options) for i, options in enumerate(candidates)]
 
     def _choose_one(self, use: VariantUse, before: tuple[str, ...], options: Sequence[Candidate]) -> int | None:
+        index = None
         if use is VariantUse.EXACT:
-            return next((i for i, c in enumerate(options) if tuple(c.context) == before), None)
-        if use is VariantUse.BEST and options:
+            index = next((i for i, c in enumerate(options) if tuple(c.context) == before), None)
+        elif use is VariantUse.BEST and options:
             index, _ = choose_variant(options, before, self.config.craft_alpha, self.config.craft_novelty,
                                       self.blend_cost)
-            return index if options[index].context else None
-        return None
+        return index if index is not None and options[index].context else None
 
     # -- leaving ---------------------------------------------------------------------------------
 
