@@ -16,6 +16,8 @@ DEFAULT_INSTRUCTION = (
 
 # How check layers may rank rows (engine/planners/selection.py).
 SELECTIONS = ("deviation", "question_weighted")
+# The fidelity guard's per-request levels (engine/guard.py).
+FIDELITIES = ("fast", "balanced", "exact")
 
 
 def gradual_multipliers(num_check_layers: int) -> tuple[float, ...]:
@@ -84,6 +86,18 @@ class EngineConfig:
     guard_margin: float = 1.0
     # Run the RoPE-shift self-check at start-up; a failure disables reuse modes.
     selfcheck: bool = True
+    # Continuous batching of decode (engine/scheduler.py): concurrent requests share each
+    # decode step, at most `max_batch` requests holding at most `max_batch_tokens` cache rows
+    # (prompt + token budget each; a lone request always fits); the others wait their turn.
+    # False: every request decodes alone on its caller's thread, as one-row steps.
+    batching: bool = True
+    max_batch: int = 8
+    max_batch_tokens: int = 65536
+    # Prefills computing at once while batching (more wait; decode steps pause for them all).
+    prefill_slots: int = 1
+    # Pad a lone request's decode step like a batch's, so its tokens are bit-identical
+    # whatever it is batched with (costs ~1.7x per lone token on CPU; see engine/decode.py).
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if len(self.check_layers) != len(self.check_ratio_multipliers):
@@ -106,9 +120,11 @@ class EngineConfig:
             raise ValueError("need craft_build_after >= 0 and craft_traffic_window >= 1")
         if self.focus_layer is not None and self.focus_layer < 0 or self.focus_threshold < 0:
             raise ValueError("focus_layer must be >= 0 (or None) and focus_threshold >= 0")
-        if self.fidelity not in ("fast", "balanced", "exact"):
-            raise ValueError("fidelity must be 'fast', 'balanced' or 'exact'")
+        if self.fidelity not in FIDELITIES:
+            raise ValueError(f"fidelity must be one of {', '.join(FIDELITIES)}")
         if not 0.0 <= self.guard_coverage < 1.0 or self.guard_margin < 0:
             raise ValueError("need 0 <= guard_coverage < 1 and guard_margin >= 0")
         if self.epic_tokens < 0:
             raise ValueError("epic_tokens must be >= 0")
+        if min(self.max_batch, self.max_batch_tokens, self.prefill_slots) < 1:
+            raise ValueError("max_batch, max_batch_tokens and prefill_slots must be >= 1")

@@ -11,20 +11,25 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from functools import partial
 
 import torch
 
 from engine.config import EngineConfig
 from engine.decode import SamplingParams, generate_ids, stream_text
+from engine.encoder import DEFAULT_BATCH_TOKENS, ChunkEncoder
 from engine.errors import InvalidRequest, PromptTooLong
+from engine.guard import check_fidelity, planning_config, run_guarded
 from engine.kv import ChunkKV
 from engine.layers import DecoderStack
 from engine.model import LoadedModel, load_model
-from engine.planners import create_planner
+from engine.planners import create_planner, reference_planner
 from engine.planners.base import CachedSpan, ChunkInput, Plan, PlanRequest
 from engine.prompt import PromptBuilder
 from engine.result import PrefillResult, chunk_reports
-from engine.runner import LayerRunner
+from engine.runner import LayerRunner, RunOutput
+from engine.scheduler import DecodeScheduler
 from engine.selfcheck import rope_shift_selfcheck
 
 log = logging.getLogger(__name__)
@@ -41,6 +46,9 @@ class Engine:
         self.prompts = PromptBuilder(loaded.tokenizer, config.system_prompt, config.instruction)
         with torch.inference_mode():
             self.prefix_kv = self._encode(self.prompts.prefix_ids, start=0)
+        self.encoder = ChunkEncoder(self.stack, self.prefix_kv, loaded.fingerprint, self.prompts.prefix_digest)
+        self.scheduler = DecodeScheduler(self.stack, config.max_batch, config.max_batch_tokens, config.prefill_slots,
+                                         config.batch_invariant) if config.batching else None
         self.selfcheck = rope_shift_selfcheck(self.stack) if config.selfcheck else None
         if self.selfcheck is not None:
             (log.info if self.selfcheck.ok else log.error)(self.selfcheck.message)
@@ -79,6 +87,17 @@ class Engine:
         with torch.inference_mode():
             return self._encode(tuple(token_ids), start=self.prompts.prefix_len)
 
+    def encode_chunks(self, chunks: Sequence[Sequence[int]], batch_tokens: int = DEFAULT_BATCH_TOKENS) -> list[ChunkKV]:
+        """Base variants of many chunks, packed up to `batch_tokens` rows per pass (one matrix
+        product per projection for all of them; attention per chunk): the same KV as
+        `encode_chunk` of each, to float rounding, several times fewer passes."""
+        for token_ids in chunks:
+            if not token_ids:
+                raise InvalidRequest("cannot encode an empty chunk")
+            if self.prompts.prefix_len + len(token_ids) > self.loaded.spec.max_positions:
+                raise PromptTooLong("the chunk does not fit in the model's context")
+        return self.encoder.encode([tuple(c) for c in chunks], batch_tokens)
+
     def _encode(self, token_ids: tuple[int, ...], start: int) -> ChunkKV:
         """Run prefix[:start] + token_ids with the prefix cached; keep rows [start, end)."""
         ids = torch.tensor(self.prompts.prefix_ids[:start] + token_ids, device=self.device)
@@ -92,41 +111,67 @@ class Engine:
     # -- requests ------------------------------------------------------------------------------
 
     def prefill(self, chunks: Sequence[ChunkInput], question: str, mode: str = "cacheblend",
-                ratio: float | None = None, max_new_tokens: int = 64) -> PrefillResult:
+                ratio: float | None = None, max_new_tokens: int = 64, fidelity: str | None = None) -> PrefillResult:
         """Prefill [prefix][chunks...][question] by `mode`; TTFT ends at the first logits.
 
-        Raises InvalidRequest (or a subclass) for bad input. If the RoPE self-check failed,
-        reuse modes fall back to `full` and the result says why.
+        `fidelity` ("fast", "balanced", "exact"; None: the config's) is the fidelity guard's
+        level (engine/guard.py): "exact" prefills like `full`, "balanced" may widen the check
+        layers and re-run an uncertain request in full (inside TTFT); `result.guard` says what
+        it estimated and spent. Raises InvalidRequest (or a subclass) for bad input. If the
+        RoPE self-check failed, reuse modes fall back to `full` and the result says why.
         """
         started = time.perf_counter()
         ratio = self.config.recompute_ratio if ratio is None else float(ratio)
         if not 0.0 <= ratio <= 1.0:
             raise InvalidRequest(f"ratio must lie in [0, 1], got {ratio}")
-        planner = create_planner(mode, self.config)
+        fidelity = check_fidelity(fidelity, self.config)
+        config = planning_config(self.config, fidelity)
+        planner = create_planner(mode, config)
         fallback = None
         if planner.reuses_cache and not self.reuse_available:
-            planner, fallback = create_planner("full", self.config), self.selfcheck.message
+            planner, fallback = reference_planner(config), self.selfcheck.message
         layout = self.prompts.layout([tuple(c.token_ids) for c in chunks], question)
         self._check_fits(layout.total_len, max_new_tokens)
         self._check_sources(chunks)
-        request = PlanRequest(layout, tuple(chunks), self.prefix_kv, ratio, self.config,
+        request = PlanRequest(layout, tuple(chunks), self.prefix_kv, ratio, config,
                               self.loaded.spec.num_layers)
-        with torch.inference_mode():
-            plan = planner.plan(request)
-            out = self.runner.run(layout.token_tensor(self.device), plan,
-                                  capacity=layout.total_len + max_new_tokens)
-            _synchronize(self.device)
+        with torch.inference_mode(), self._prefill_turn():
+            kept = run_guarded(fidelity, config, partial(self._run, request, layout.total_len + max_new_tokens),
+                               planner, reference_planner(config))
         ttft = time.perf_counter() - started
-        reports = chunk_reports(chunks, layout, out, self.loaded.spec.num_layers, planner.name, plan.decisions)
+        out = kept.out
+        reports = chunk_reports(chunks, layout, out, self.loaded.spec.num_layers, kept.planner_name, kept.plan.decisions)
         return PrefillResult(planner.name, layout, out.cache, out.logits, ttft, reports, fallback,
-                             layers_computed=out.layers_computed)
+                             layers_computed=out.layers_computed, guard=kept.report)
+
+    def _run(self, request: PlanRequest, capacity: int, planner) -> tuple[Plan, RunOutput]:
+        """Plan the request with `planner` and run its layers (synchronised: timings are real)."""
+        plan = planner.plan(request)
+        out = self.runner.run(request.layout.token_tensor(self.device), plan, capacity=capacity)
+        _synchronize(self.device)
+        return plan, out
 
     def generate(self, result: PrefillResult, params: SamplingParams | None = None) -> Iterator[str]:
         """Stream the answer as text pieces; generated ids collect in result.generated_ids."""
         result.claim_for_decode()
-        ids = generate_ids(self.stack, result.cache, result.logits, params or SamplingParams(),
-                           self.loaded.eos_token_ids)
-        yield from stream_text(self.loaded.tokenizer, ids, collected=result.generated_ids)
+        params, eos = params or SamplingParams(), self.loaded.eos_token_ids
+        if self.scheduler is None:
+            ids = generate_ids(self.stack, result.cache, result.logits, params, eos)
+        else:  # batched with every other request decoding now
+            ids = self.scheduler.submit(result.cache, result.logits, params, eos)
+        try:
+            yield from stream_text(self.loaded.tokenizer, ids, collected=result.generated_ids)
+        finally:
+            ids.close()  # a consumer that stops early cancels the request's decoding
+
+    def _prefill_turn(self):
+        """While batching: wait for a prefill slot; decode steps pause until the prefill ends."""
+        return self.scheduler.prefill_turn() if self.scheduler is not None else nullcontext()
+
+    def close(self) -> None:
+        """Stop the decode scheduler; requests still decoding end with EngineClosed."""
+        if self.scheduler is not None:
+            self.scheduler.close()
 
     def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
         limit = self.loaded.spec.max_positions

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.errors import InvalidRequest
+from engine.guard import GuardReport
 from engine.kv import KVCache
 from engine.planners.base import ChunkDecision, ChunkInput
 from engine.prompt import PromptLayout
@@ -53,6 +54,7 @@ class PrefillResult:
     chunks: list[ChunkReport]
     fallback_reason: str | None = None
     layers_computed: torch.Tensor | None = None  # [prompt rows] layers of attention + MLP per row
+    guard: GuardReport | None = None  # what the fidelity guard estimated and spent (engine/guard.py)
     generated_ids: list[int] = field(default_factory=list)
     _decoding: bool = False
 

@@ -1,12 +1,19 @@
-"""Fidelity and quality metrics: KL, top-1 agreement, ROUGE-L and token F1."""
+"""Fidelity and quality metrics: KL, top-1 agreement, ROUGE-L, token F1, and teacher-forced
+answer fidelity (a reference answer fed to a mode over its own cache).
+
+Everything here measures; nothing changes how a mode answers."""
 
 from __future__ import annotations
 
 import re
 import string
 from collections import Counter
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
+
+from engine.attention import QueryLayout
 
 
 def kl_divergence(reference_logits: torch.Tensor, logits: torch.Tensor) -> float:
@@ -64,3 +71,70 @@ def _lcs_length(a: list[str], b: list[str]) -> int:
             current.append(previous[j] + 1 if x == y else max(previous[j + 1], current[j]))
         previous = current
     return previous[-1]
+
+
+class TeacherForced(NamedTuple):
+    """How a mode follows a reference answer fed to it token by token (teacher forcing).
+
+    positions: answer positions compared; top1_share: share of them where the mode's top-1
+    token equals the reference token; mean_kl: mean KL(reference ‖ mode) per position, in nats.
+    """
+
+    positions: int
+    top1_share: float
+    mean_kl: float
+
+
+def teacher_forced(engine, result, reference_ids: Sequence[int],
+                   reference_logits: torch.Tensor | None = None) -> TeacherForced:
+    """Feed `reference_ids` (full's greedy answer) to the mode over its own prefill cache.
+
+    Position i compares the mode's next-token distribution after answer tokens [0, i) with
+    the reference: position 0 is the prefill's first-token logits. `reference_logits`
+    [len(reference_ids), vocab] (from `forced_logits` over full's result) gives the KL; without
+    it mean_kl is NaN and only top-1 against `reference_ids` counts. Overwrites the result's
+    cache rows after the prompt (call it after decoding, or on a result never decoded); an
+    empty reference compares nothing (positions 0, shares NaN).
+    """
+    ids = list(reference_ids)
+    if not ids:
+        return TeacherForced(0, float("nan"), float("nan"))
+    logits = forced_logits(engine, result, ids)
+    top1 = float((logits.argmax(-1).cpu() == torch.tensor(ids)).double().mean())
+    if reference_logits is None:
+        return TeacherForced(len(ids), top1, float("nan"))
+    if reference_logits.shape != logits.shape:
+        raise ValueError(f"reference_logits {tuple(reference_logits.shape)} do not match {tuple(logits.shape)}")
+    kls = [kl_divergence(ref, own) for ref, own in zip(reference_logits, logits)]
+    return TeacherForced(len(ids), top1, sum(kls) / len(kls))
+
+
+@torch.inference_mode()
+def forced_logits(engine, result, ids: Sequence[int]) -> torch.Tensor:
+    """Logits [len(ids), vocab] float32 (CPU) predicting ids[i] after the prompt and ids[:i].
+
+    Row 0 is the prefill's first-token logits; rows 1.. come from one pass of ids[:-1] at
+    positions prompt_len.. through every layer, attending to the result's cache (written in
+    place: those rows of the cache are the teacher's tokens afterwards).
+    """
+    stack, cache, start = engine.stack, result.cache, result.layout.total_len
+    fed = list(ids)[:-1]
+    if start + len(fed) > cache.capacity:
+        raise ValueError(f"{len(fed)} forced tokens do not fit in a cache of {cache.capacity} rows")
+    rows = [result.logits.float().cpu()[None]]
+    if fed:
+        device = cache.data.device
+        positions = torch.arange(start, start + len(fed), device=device)
+        hidden = stack.embed(torch.tensor(fed, device=device))
+        end = start + len(fed)
+        queries = QueryLayout(positions, end, hidden.dtype)
+        cos, sin = stack.rope_tables(positions, hidden)
+        for layer in range(stack.spec.num_layers):
+            x = stack.input_norm(layer, hidden)
+            k, v = stack.project_kv(layer, x, cos, sin)
+            cache.data[layer, 0, :, start:end] = k
+            cache.data[layer, 1, :, start:end] = v
+            q = stack.project_q(layer, x, cos, sin)
+            hidden = stack.attend_and_mlp(layer, hidden, q, cache.keys(layer, end), cache.values(layer, end), queries)
+        rows.append(stack.logits(hidden).cpu())
+    return torch.cat(rows)
