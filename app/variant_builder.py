@@ -18,6 +18,8 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 
+from engine.work import mark_background_thread
+
 log = logging.getLogger(__name__)
 
 _STOP = object()
@@ -57,6 +59,7 @@ class VariantBuilder:
 
     def _work(self) -> None:
         _lower_priority()
+        mark_background_thread()  # benchmarks tell this work from the requests' own
         while True:
             job = self._jobs.get()
             try:

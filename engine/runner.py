@@ -18,6 +18,7 @@ from engine.attention import QueryLayout, attention_mass
 from engine.kv import KVCache
 from engine.layers import DecoderStack
 from engine.planners.base import LayerView, Plan, QueryView
+from engine.work import WorkMeter
 
 
 @dataclass
@@ -63,8 +64,9 @@ class _Rows:
 
 
 class LayerRunner:
-    def __init__(self, stack: DecoderStack):
+    def __init__(self, stack: DecoderStack, meter: WorkMeter | None = None):
         self.stack = stack
+        self.meter = meter or WorkMeter()  # every run's layer-rows, for benchmarks that charge all work
 
     def run(self, ids: torch.Tensor, plan: Plan, capacity: int, want_logits: bool = True,
             last_layer: int | None = None) -> RunOutput:
@@ -84,6 +86,7 @@ class LayerRunner:
             rows = self._run_layer(layer, cache, plan, rows, total, book)
             book.layer_done(rows.active_cpu)
         cache.length = total
+        self.meter.add(book.computed)
         logits = self.stack.logits(rows.hidden[-1:])[0] if want_logits and num_layers == spec.num_layers else None
         return RunOutput(cache, logits, book.computed, book.selected, book.stopped_layer)
 

@@ -6,7 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
-from engine.config import SELECTIONS
+from app.cli.bench_workload import add_workload_parser
+from engine.config import FIDELITIES, SELECTIONS
 
 
 def add_parser(subparsers) -> None:
@@ -15,14 +16,21 @@ def add_parser(subparsers) -> None:
     fidelity = kinds.add_parser("fidelity", help="TTFT and fidelity of every mode against full prefill")
     add_engine_arguments(fidelity)
     add_dataset_arguments(fidelity)
-    fidelity.add_argument("--modes", default="full,naive,epic,cacheblend", help="comma-separated modes")
+    fidelity.add_argument("--modes", default="full,naive,epic,cacheblend",
+                          help="comma-separated modes; `mode@fast|balanced|exact` sets that row's fidelity guard level")
+    fidelity.add_argument("--fidelity", choices=FIDELITIES, default=None,
+                          help="guard level of rows that name none (default: KVMOSAIC_FIDELITY)")
     fidelity.add_argument("--ratio", type=float, default=None, help="recompute ratio r (default from config)")
     fidelity.add_argument("--max-new-tokens", type=int, default=32)
     add_warmup_arguments(fidelity)
+    fidelity.add_argument("--store-codecs", default=None,
+                          help="pass chunk KV through each KV codec in turn, e.g. float16,int8,int4 (the first "
+                               "is the baseline): KL / top-1 change and bytes per token on the same requests")
     fidelity.add_argument("--json", type=Path, default=None, help="also write the figures here")
     fidelity.set_defaults(handler=run_fidelity)
     add_kernels_parser(kinds)
     add_store_parser(kinds)
+    add_workload_parser(kinds, add_engine_arguments)
 
 
 def add_kernels_parser(kinds) -> None:
@@ -78,13 +86,17 @@ _OVERRIDES = {"data_dir": "data_dir", "model": "model_path", "device": "device",
               "focus_threshold": "focus_threshold"}
 
 
+def settings_overrides(args) -> dict:
+    """The Settings fields that the command line's engine options set (those given)."""
+    return {field: getattr(args, option) for option, field in _OVERRIDES.items()
+            if getattr(args, option, None) is not None}
+
+
 def engine_config(args):
     """Settings from the environment, with the options given on the command line on top."""
     from app.settings import Settings
 
-    given = {field: getattr(args, option) for option, field in _OVERRIDES.items()
-             if getattr(args, option, None) is not None}
-    return Settings(**given).engine_config()
+    return Settings(**settings_overrides(args)).engine_config()
 
 
 def run_fidelity(args) -> int:
@@ -94,14 +106,35 @@ def run_fidelity(args) -> int:
     options = FidelityOptions(dataset=args.dataset, start=args.start, n=args.n, chunks=args.chunks,
                               modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
                               ratio=args.ratio, max_new_tokens=args.max_new_tokens,
-                              warmup_orders=args.warmup_orders, seed=args.seed)
+                              warmup_orders=args.warmup_orders, seed=args.seed, fidelity=args.fidelity)
     engine = Engine.load(engine_config(args))
+    if args.store_codecs:
+        return run_codec_fidelity(args, engine, options)
     summaries = run_fidelity(engine, options)
     print(f"records {options.start}..{options.start + options.n - 1} of {options.dataset.name}, "
           f"{options.chunks} chunks, model {engine.fingerprint}, device {engine.device}")
     print(format_table(summaries))
     if args.json:
         write_json(summaries, options, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def run_codec_fidelity(args, engine, options) -> int:
+    import json
+
+    from engine.bench.codecs import codec_json, format_codec_table, run_codec_fidelity
+    from engine.bench.fidelity import format_table
+
+    runs = run_codec_fidelity(engine, options, tuple(c.strip() for c in args.store_codecs.split(",") if c.strip()))
+    print(f"records {options.start}..{options.start + options.n - 1} of {options.dataset.name}, "
+          f"{options.chunks} chunks, model {engine.fingerprint}, device {engine.device}")
+    for run in runs:
+        print(f"\nchunk KV stored as {run.codec}:\n{format_table(run.summaries)}")
+    print(f"\n{format_codec_table(runs)}")
+    if args.json:
+        args.json.write_text(json.dumps({"options": {**vars(options), "dataset": str(options.dataset)},
+                                         "codecs": codec_json(runs)}, indent=2, default=str))
         print(f"wrote {args.json}")
     return 0
 

@@ -35,3 +35,7 @@ class FlopCounter:
         layers = layers_computed.to(torch.float64).cpu()
         keys = torch.arange(1, layers.numel() + 1, dtype=torch.float64)  # row p sees p + 1 keys
         return float((layers * (self.linear_per_row + self.attention_per_key * keys)).sum())
+
+    def of_work(self, work) -> float:
+        """FLOPs of the runs an `engine.work.WorkTotals` interval counted (the same formula)."""
+        return float(work.layer_rows * self.linear_per_row + work.key_rows * self.attention_per_key)

@@ -1,0 +1,79 @@
+"""Mode specs: a registered mode, optionally with settings, so configurations compare in one run.
+
+    full
+    cacheblend:selection=deviation,check_layers=1     (CacheBlend as published)
+    cachecraft:craft_alpha=0.3
+
+A spec's settings are `KVMOSAIC_*` setting names (lower case, without the prefix) and are
+applied to the whole server of that run; `ratio` is short for `recompute_ratio`. In a
+comma-separated list, a `key=value` item belongs to the spec before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.settings import Settings
+from engine.errors import InvalidRequest
+from engine.planners import planner_names
+
+ALIASES = {"ratio": "recompute_ratio"}
+# Named configurations: what a paper describes, next to our defaults.
+# CacheBlend as published: deviation selection at one check layer, no fidelity guard.
+PRESETS = {"cacheblend-paper": "cacheblend:selection=deviation,check_layers=1,fidelity=fast"}
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    """A mode name, the settings it runs with, and its label in tables."""
+
+    mode: str
+    settings: tuple[tuple[str, str], ...] = ()
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.label or self.mode
+
+    def overrides(self) -> dict[str, str]:
+        return dict(self.settings)
+
+
+def parse_modes(text: str) -> list[ModeSpec]:
+    """Specs from a comma-separated list (see the module docstring); InvalidRequest if malformed."""
+    specs: list[str] = []
+    for item in (i.strip() for i in text.split(",")):
+        if not item:
+            continue
+        if "=" in item and ":" not in item:
+            if not specs:
+                raise InvalidRequest(f"setting {item!r} comes before any mode")
+            specs[-1] += "," + item
+        else:
+            specs.append(item)
+    parsed = [parse_mode(s) for s in specs]
+    labels = [s.name for s in parsed]
+    if len(set(labels)) != len(labels):
+        raise InvalidRequest(f"a mode is named twice: {', '.join(labels)}")
+    return parsed
+
+
+def parse_mode(text: str) -> ModeSpec:
+    """One spec: `mode` or `mode:key=value,key=value`, or a preset name."""
+    label = ""
+    if text in PRESETS:
+        label, text = text, PRESETS[text]
+    mode, _, rest = text.partition(":")
+    mode = mode.strip()
+    if mode not in planner_names():
+        raise InvalidRequest(f"unknown mode {mode!r}; known modes: {', '.join(planner_names())}")
+    settings = []
+    for pair in (p.strip() for p in rest.split(",") if p.strip()):
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise InvalidRequest(f"mode {mode}: expected key=value, got {pair!r}")
+        key = ALIASES.get(key.strip(), key.strip())
+        if key not in Settings.model_fields:
+            raise InvalidRequest(f"mode {mode}: {key!r} is not a setting (see the README's Settings)")
+        settings.append((key, value.strip()))
+    return ModeSpec(mode, tuple(settings), label or (text if settings else ""))

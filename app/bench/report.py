@@ -1,0 +1,104 @@
+"""What a workload run prints and writes: the table, JSON, and a markdown report with PNG plots."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+from app.bench.summary import CellSummary
+from app.bench.trace import write_trace
+
+COLUMNS = ("mode", "load", "ok", "err", "req/s", "TTFT p50", "p95", "p99", "lat p50", "p95", "tok/s",
+           "CPU s/req", "work/full", "work/prefix", "bg", "recomp", "EM", "ROUGE-L", "KL", "top-1", "tier hits")
+
+
+def format_table(summaries: list[CellSummary]) -> str:
+    rows = [COLUMNS] + [_row(s) for s in summaries]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths)))
+                     for r in rows)
+
+
+def _row(s: CellSummary) -> tuple[str, ...]:
+    f = s.fidelity
+    return (s.mode, s.load, str(s.requests), str(s.errors), f"{s.throughput:.3f}",
+            _ms(s.ttft_p50), _ms(s.ttft_p95), _ms(s.ttft_p99), _ms(s.latency_p50), _ms(s.latency_p95),
+            f"{s.output_tokens_per_s:.1f}", f"{s.cpu_s_per_request:.2f}", _ratio(s.work_vs_full),
+            _ratio(s.work_vs_prefix), f"{s.background_share:.2f}", f"{s.recompute_share:.2f}",
+            *((f"{f.exact_match:.2f}", f"{f.rouge_l:.2f}", f"{f.first_kl:.3f}", f"{f.first_top1:.2f}") if f
+              else ("-",) * 4),
+            " ".join(f"{tier}:{hits}" for tier, hits in s.tier_hits.items() if hits))
+
+
+def _ms(seconds: float) -> str:
+    return "-" if math.isnan(seconds) else f"{seconds * 1000:.0f}ms"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def run_json(run) -> dict:
+    """Everything a run measured, as JSON-ready data."""
+    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(run.options).items()}
+    options["modes"] = [m.name for m in run.options.modes]
+    snapshot = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(run.snapshot).items()}
+    return {"options": options, "corpus": run.corpus, "snapshot": snapshot, "trace_stats": asdict(run.stats),
+            "environment": run.environment, "seconds": run.seconds,
+            "cells": [s.as_dict() for s in run.summaries]}
+
+
+def write_json(run, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(run_json(run), indent=2, default=_json_default) + "\n")
+
+
+def _json_default(value):
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return str(value)
+
+
+def write_report(run, directory: Path, command: str) -> Path:
+    """`directory/README.md` with the table, trace statistics and plots; plus results.json, trace.jsonl."""
+    from app.bench.plots import draw_all
+
+    directory.mkdir(parents=True, exist_ok=True)
+    write_json(run, directory / "results.json")
+    write_trace(directory / "trace.jsonl", run.trace)
+    plots = draw_all(run.summaries, directory)
+    path = directory / "README.md"
+    path.write_text(_markdown(run, command, plots))
+    return path
+
+
+def _markdown(run, command: str, plots: list[str]) -> str:
+    s, snap, env = run.stats, run.snapshot, run.environment
+    lines = [
+        "# Workload benchmark", "",
+        f"Command: `{command}`", "",
+        f"Machine: {env.get('cpus')} CPUs ({env.get('machine')}), device {env.get('device')}, torch "
+        f"{env.get('torch')} with {env.get('torch_threads')} threads; server with {env.get('workers')} workers, "
+        f"queue {env.get('queue_size')}, tiers {', '.join(env.get('tiers') or ())}; model {env.get('model')}. "
+        f"Whole run: {run.seconds / 60:.1f} min.", "",
+        f"Corpus {run.corpus}: {snap.documents} documents, {snap.chunks} chunks, {snap.tokens} tokens, "
+        f"{snap.kv_bytes / 2**20:.0f} MiB of base KV, ingested in {snap.ingest_seconds:.0f} s "
+        f"({'by an earlier run' if snap.reused else 'in this run'}).", "",
+        f"Trace: {s.requests} requests ({s.reformulated:.0%} reformulated repeats), {s.distinct_chunks} distinct "
+        f"chunks retrieved; **{s.seen_before:.0%} of retrieved chunks had been retrieved before**. Chunk lists: "
+        f"same as an earlier request in the same order {s.same_order:.0%}, in another order {s.other_order:.0%}, "
+        f"partly shared {s.partly:.0%}, nothing shared {s.fresh:.0%}.", "",
+        "```", format_table(run.summaries), "```", "",
+        "Columns: answered requests and errors; throughput (answered requests per second of wall time, the",
+        "background drain after the last answer included); TTFT from submission to the first answer piece",
+        "(queue wait included) and end-to-end latency; output tokens/s over the wall time; CPU seconds of",
+        "the whole process per request; model work per request (prefill FLOPs of every layer-row run, background",
+        "variant builds and base KV computed on a miss included) over `full`'s and `prefix`'s at the same load,",
+        "and the share of that work done off the request path (`bg`: background variant builds);",
+        "mean share of context tokens recomputed; fidelity against `full` on the same request: greedy-answer",
+        "exact match, ROUGE-L, first-token KL(full ‖ mode), first-token top-1 agreement; store hits per tier.", "",
+    ]
+    lines += [f"![{name}]({name})" for name in plots]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,121 @@
+"""Per-cell figures: throughput, latency percentiles, work, tier hits and fidelity against `full`.
+
+Fidelity compares each request with `full`'s answer to the same trace request, only where
+both retrieved the same chunks in the same order (always, unless the index changed): exact
+match and ROUGE-L of the greedy answers, first-token KL(full ‖ mode) and top-1 agreement.
+Work shares compare a cell's model work per request with `full`'s and `prefix`'s at the same
+load; background work (variant builds, base KV computed on a miss) is included.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from app.bench.cell import CellResult, RequestFacts
+from engine.bench.metrics import kl_divergence, normalize_answer, rouge_l, same_top1
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    compared: int
+    exact_match: float
+    rouge_l: float
+    first_kl: float
+    first_top1: float
+
+
+@dataclass(frozen=True)
+class CellSummary:
+    mode: str
+    load: str
+    clients: int | None
+    rate: float | None
+    requests: int
+    errors: int
+    rejections: int
+    first_error: str | None
+    throughput: float  # answered requests per second of wall time (background drain included)
+    ttft_p50: float
+    ttft_p95: float
+    ttft_p99: float
+    engine_ttft_p50: float  # load + prefill on the worker, without queue wait
+    latency_p50: float
+    latency_p95: float
+    output_tokens_per_s: float
+    cpu_s_per_request: float
+    gflops_per_request: float
+    work_vs_full: float | None
+    work_vs_prefix: float | None
+    background_share: float  # share of the work done off the request path (variant builds)
+    recompute_share: float
+    computed_now: int
+    drain_s: float
+    tier_hits: dict
+    fidelity: Fidelity | None
+    ttfts: list[float]  # every answered request's client TTFT, in trace order (for the CDF)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) by linear interpolation; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def summarize(cell: CellResult, flops_of, reference: dict[int, RequestFacts] | None,
+              baselines: dict[str, float]) -> CellSummary:
+    """Figures of one cell; `reference` is full's facts by trace index (None: no fidelity),
+    `baselines` FLOPs per request of `full` / `prefix` at this load (when they ran)."""
+    facts = cell.facts
+    n = len(facts)
+    per_request = flops_of(cell.work) / max(1, n)
+    ttfts, latencies = [f.ttft_s for f in facts], [f.latency_s for f in facts]
+    return CellSummary(
+        mode=cell.spec.name, load=cell.load.label, clients=cell.load.clients, rate=cell.load.rate,
+        requests=n, errors=len(cell.errors), rejections=cell.rejections,
+        first_error=cell.errors[0] if cell.errors else None,
+        throughput=n / cell.wall_s if cell.wall_s > 0 else 0.0,
+        ttft_p50=percentile(ttfts, 50), ttft_p95=percentile(ttfts, 95), ttft_p99=percentile(ttfts, 99),
+        engine_ttft_p50=percentile([f.engine_ttft_s for f in facts], 50),
+        latency_p50=percentile(latencies, 50), latency_p95=percentile(latencies, 95),
+        output_tokens_per_s=sum(f.generated for f in facts) / cell.wall_s if cell.wall_s > 0 else 0.0,
+        cpu_s_per_request=cell.cpu_s / max(1, n), gflops_per_request=per_request / 1e9,
+        work_vs_full=_share(per_request, baselines.get("full")),
+        work_vs_prefix=_share(per_request, baselines.get("prefix")),
+        background_share=_background_share(cell, flops_of),
+        recompute_share=statistics.fmean([f.recompute_share for f in facts]) if facts else float("nan"),
+        computed_now=sum(f.computed_now for f in facts), drain_s=cell.drain_s,
+        tier_hits=dict(cell.tier_hits),
+        fidelity=fidelity(facts, reference) if reference is not None else None, ttfts=ttfts)
+
+
+def fidelity(facts: Sequence[RequestFacts], reference: dict[int, RequestFacts]) -> Fidelity | None:
+    """Fidelity of `facts` against the reference requests of the same index and chunk order."""
+    pairs = [(reference[f.index], f) for f in facts
+             if f.index in reference and reference[f.index].chunk_ids == f.chunk_ids]
+    if not pairs:
+        return None
+    return Fidelity(
+        compared=len(pairs),
+        exact_match=statistics.fmean(normalize_answer(r.text) == normalize_answer(f.text) for r, f in pairs),
+        rouge_l=statistics.fmean(rouge_l(f.text, r.text) for r, f in pairs),
+        first_kl=statistics.fmean(kl_divergence(r.first_logits, f.first_logits) for r, f in pairs),
+        first_top1=statistics.fmean(same_top1(r.first_logits, f.first_logits) for r, f in pairs))
+
+
+def _background_share(cell: CellResult, flops_of) -> float:
+    total = flops_of(cell.work)
+    return flops_of(cell.background_work) / total if total > 0 else 0.0
+
+
+def _share(value: float, baseline: float | None) -> float | None:
+    return value / baseline if baseline else None

@@ -1,0 +1,187 @@
+"""The workload benchmark: a trace of questions through the server's own request path.
+
+Path: the trace's questions go through `Services` exactly as the HTTP server builds it (the
+work queue's worker threads and 503 rule, `RagService.ask`: retrieve → catalog → store →
+engine → decode → variant storage) in this process, without HTTP: the HTTP layer adds the
+same small cost to every mode, and staying in process lets the benchmark read each answer's
+first-token logits for fidelity. Each (mode, load) cell starts from the same ingested
+snapshot with base KV only, so the warm-up of variant caches is paid inside the trace.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from app.bench.cell import CellResult, Load, run_cell
+from app.bench.corpus import Corpus, Snapshot, build_snapshot, clone_snapshot, load_corpus, snapshot_key
+from app.bench.modes import ModeSpec
+from app.bench.summary import CellSummary, summarize
+from app.bench.trace import TraceRequest, TraceStats, generate_trace, read_trace, trace_stats
+from engine.errors import InvalidRequest
+
+log = logging.getLogger(__name__)
+
+REFERENCE = "full"
+BASELINES = ("full", "prefix")
+
+
+@dataclass(frozen=True)
+class WorkloadOptions:
+    """Everything a run depends on (the CLI's flags; README "Benchmarks")."""
+
+    corpus: Path
+    modes: tuple[ModeSpec, ...]
+    work_dir: Path
+    start: int = 100
+    records: int | None = 12
+    trace: Path | None = None
+    requests: int = 48
+    seed: int = 0
+    zipf_s: float = 1.0
+    reformulate: float = 0.5
+    concurrency: tuple[int, ...] = (1, 4)
+    rate: float | None = None
+    max_tokens: int = 32
+    max_seconds: float = 900.0
+    keep: bool = False
+    progress: bool = True
+
+    def loads(self) -> list[Load]:
+        return [Load(rate=self.rate)] if self.rate is not None else [Load(clients=c) for c in self.concurrency]
+
+
+@dataclass
+class WorkloadRun:
+    """A finished run: what it ran on, the trace and its reuse, and one summary per cell."""
+
+    options: WorkloadOptions
+    corpus: str
+    snapshot: Snapshot
+    trace: list[TraceRequest]
+    stats: TraceStats
+    summaries: list[CellSummary]
+    environment: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+class Server:
+    """Opens the server's services on a data dir, for one mode spec (its settings on top)."""
+
+    def __init__(self, loaded, embedder, settings_values: dict):
+        self.loaded = loaded
+        self.embedder = embedder
+        self.values = settings_values
+
+    def settings(self, data_dir: Path, spec: ModeSpec | None = None):
+        from app.settings import Settings
+
+        values = {**self.values, **(spec.overrides() if spec else {}), "data_dir": data_dir}
+        try:
+            return Settings(**values)
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            raise InvalidRequest(f"mode {spec.name if spec else ''}: {exc}") from None
+
+    def open(self, data_dir: Path, spec: ModeSpec | None = None):
+        from app.services import Services
+        from engine.engine import Engine
+
+        settings = self.settings(data_dir, spec)
+        return Services.start(settings, engine=Engine(settings.engine_config(), self.loaded), embedder=self.embedder)
+
+
+def run_workload(options: WorkloadOptions, server: Server, say: Callable[[str], None] = print) -> WorkloadRun:
+    started = time.perf_counter()
+    corpus = load_corpus(options.corpus, options.start, options.records)
+    trace = _trace(options, corpus)
+    snapshot = _snapshot(options, corpus, server, say)
+    retrieved = _retrieve_all(server, snapshot, trace, options.work_dir / "runs" / "retrieval")
+    stats = trace_stats(trace, retrieved)
+    say(f"trace: {stats.requests} requests, {stats.seen_before:.0%} of retrieved chunks seen before; "
+        f"chunk lists repeated in order {stats.same_order:.0%}, in another order {stats.other_order:.0%}, "
+        f"partly {stats.partly:.0%}, not at all {stats.fresh:.0%}")
+    cells = _run_cells(options, server, snapshot, trace, say)
+    run = WorkloadRun(options, corpus.name, snapshot, trace, stats, _summaries(cells, server),
+                      _environment(server), time.perf_counter() - started)
+    return run
+
+
+def _trace(options: WorkloadOptions, corpus: Corpus) -> list[TraceRequest]:
+    if options.trace is not None:
+        return read_trace(options.trace)
+    if not corpus.questions:
+        raise InvalidRequest(f"{options.corpus}: a directory corpus has no questions; pass --trace FILE")
+    return generate_trace(corpus.questions, options.requests, options.seed, options.zipf_s, options.reformulate)
+
+
+def _snapshot(options: WorkloadOptions, corpus: Corpus, server: Server, say) -> Snapshot:
+    key = snapshot_key(corpus, server.settings(options.work_dir), server.loaded.fingerprint)
+    snapshot = build_snapshot(corpus, options.work_dir / "snapshots" / key, server.open, options.progress)
+    how = "reused from an earlier run; its" if snapshot.reused else "built now;"
+    say(f"corpus {corpus.name}: {snapshot.documents} documents, {snapshot.chunks} chunks, {snapshot.tokens} tokens, "
+        f"{snapshot.kv_bytes / 2**20:.0f} MiB of base KV; ingest {how} {snapshot.ingest_seconds:.0f} s "
+        f"({snapshot.tokens / max(snapshot.ingest_seconds, 1e-9):.0f} tokens/s)")
+    return snapshot
+
+
+def _retrieve_all(server: Server, snapshot: Snapshot, trace: list[TraceRequest], scratch: Path) -> list[list[int]]:
+    """The chunk ids each request retrieves (the same in every cell: one index, one embedder)."""
+    from app.retrieve import retrieve_chunks
+
+    services = server.open(clone_snapshot(snapshot.path, scratch))
+    try:
+        top_k = services.settings.default_top_k
+        return [[r.chunk.id for r in retrieve_chunks(services.retriever, services.catalog, services.engine,
+                                                     t.question, t.top_k or top_k)] for t in trace]
+    finally:
+        services.close()
+
+
+def _run_cells(options: WorkloadOptions, server: Server, snapshot: Snapshot, trace, say) -> list[CellResult]:
+    specs = list(options.modes)
+    if not any(s.name == REFERENCE for s in specs):
+        say(f"adding `{REFERENCE}`: fidelity is measured against it")
+        specs.insert(0, ModeSpec(REFERENCE))
+    specs.sort(key=lambda s: s.name != REFERENCE)  # the reference first, the rest in the given order
+    cells = []
+    for load in options.loads():
+        for spec in specs:
+            run_dir = options.work_dir / "runs" / f"{_slug(spec.name)}-{_slug(load.label)}"
+            cell = run_cell(spec, load, trace, snapshot.path, run_dir, server.open, options.max_tokens,
+                            options.max_seconds, options.keep)
+            say(f"  {spec.name:<44} {load.label:<10} {len(cell.facts)} answered in {cell.wall_s:.1f} s"
+                + (f", {len(cell.errors)} errors (first: {cell.errors[0]})" if cell.errors else ""))
+            cells.append(cell)
+    return cells
+
+
+def _summaries(cells: list[CellResult], server: Server) -> list[CellSummary]:
+    from engine.bench.flops import FlopCounter
+
+    counter = FlopCounter(server.loaded.model, server.loaded.spec.num_heads, server.loaded.spec.head_dim)
+    reference = next(({f.index: f for f in c.facts} for c in cells if c.spec.name == REFERENCE), None)
+    out = []
+    for cell in cells:
+        baselines = {c.spec.name: counter.of_work(c.work) / max(1, len(c.facts)) for c in cells
+                     if c.load == cell.load and c.spec.name in BASELINES}
+        out.append(summarize(cell, counter.of_work, reference, baselines))
+    return out
+
+
+def _environment(server: Server) -> dict:
+    values = server.values
+    return {"model": server.loaded.fingerprint, "device": str(server.loaded.device), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(), "machine": platform.machine(),
+            "workers": values.get("workers"), "queue_size": values.get("queue_size"),
+            "tiers": values.get("store_tiers")}
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in text)[:60]

@@ -1,0 +1,36 @@
+"""Mode specs: a mode with settings, presets, and clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.bench.modes import ModeSpec, parse_modes
+from engine.errors import InvalidRequest
+
+
+def test_settings_attach_to_the_mode_before_them():
+    specs = parse_modes("full, cacheblend:selection=deviation,check_layers=1, cachecraft:ratio=0.3,cacheblend")
+    assert [s.mode for s in specs] == ["full", "cacheblend", "cachecraft", "cacheblend"]
+    assert specs[1].overrides() == {"selection": "deviation", "check_layers": "1"}
+    assert specs[1].name == "cacheblend:selection=deviation,check_layers=1"
+    assert specs[2].overrides() == {"recompute_ratio": "0.3"}  # the alias
+    assert specs[0] == ModeSpec("full") and specs[3].name == "cacheblend"
+
+
+def test_preset_keeps_its_name():
+    (spec,) = parse_modes("cacheblend-paper")
+    assert spec.name == "cacheblend-paper"
+    assert spec.mode == "cacheblend"
+    assert spec.overrides() == {"selection": "deviation", "check_layers": "1", "fidelity": "fast"}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("fastest", "unknown mode"),
+    ("cacheblend:selektion=deviation", "not a setting"),
+    ("cacheblend:selection", "expected key=value"),
+    ("check_layers=1,full", "before any mode"),
+    ("full,full", "named twice"),
+])
+def test_malformed_specs_are_refused(text, message):
+    with pytest.raises(InvalidRequest, match=message):
+        parse_modes(text)

@@ -1,0 +1,84 @@
+"""A tiny workload run on the tiny random-weight model: the whole path, every figure's meaning."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from app.bench.modes import parse_modes
+from app.bench.report import format_table, write_report
+from app.bench.workload import Server, WorkloadOptions, run_workload
+from tests.conftest import MUSIQUE_SLICE
+
+NAIVE = "naive:fidelity=fast"  # the guard would re-run the tiny random model's uncertain prompts in full
+VALUES = dict(database_url="", store_tiers="cpu,disk", store_cpu_bytes=64 << 20, store_disk_bytes=256 << 20,
+              chunk_tokens=48, chunk_overlap=8, default_max_tokens=6, max_tokens_limit=64, epic_tokens=4,
+              workers=2, queue_size=4)
+
+
+@pytest.fixture(scope="module")
+def run(tiny_loaded, embedder, tmp_path_factory):
+    options = WorkloadOptions(corpus=MUSIQUE_SLICE, modes=tuple(parse_modes("naive:fidelity=fast,cacheblend-paper,cachecraft")),
+                              work_dir=tmp_path_factory.mktemp("workload"), start=0, records=2, requests=6,
+                              seed=1, concurrency=(1, 2), max_tokens=6, progress=False)
+    return run_workload(options, Server(tiny_loaded, embedder, VALUES), say=lambda _: None)
+
+
+def cell(run, mode, load):
+    return next(s for s in run.summaries if s.mode == mode and s.load == load)
+
+
+def test_every_mode_and_load_answers_the_whole_trace(run):
+    assert [(s.mode, s.load) for s in run.summaries] == [
+        (m, load) for load in ("c=1", "c=2") for m in ("full", NAIVE, "cacheblend-paper", "cachecraft")]
+    for s in run.summaries:
+        assert (s.requests, s.errors, s.rejections) == (6, 0, 0), s.first_error
+        assert s.ttft_p50 <= s.ttft_p95 <= s.ttft_p99 <= s.latency_p95
+        assert s.throughput > 0 and s.cpu_s_per_request > 0 and s.output_tokens_per_s > 0
+    assert run.stats.requests == 6 and 0 <= run.stats.seen_before <= 1
+    assert sum((run.stats.same_order, run.stats.other_order, run.stats.partly, run.stats.fresh)) == pytest.approx(1)
+
+
+def test_full_is_its_own_reference_and_work_baseline(run):
+    full = cell(run, "full", "c=1")
+    assert full.work_vs_full == pytest.approx(1.0)
+    assert (full.fidelity.exact_match, full.fidelity.first_top1) == (1.0, 1.0)
+    assert full.fidelity.first_kl == pytest.approx(0.0, abs=1e-9)
+    assert full.recompute_share == 1.0 and full.tier_hits.get("disk", 0) == 0  # full reads no cached KV
+
+
+def test_reuse_modes_read_base_kv_and_do_less_work(run):
+    naive = cell(run, NAIVE, "c=1")
+    assert naive.recompute_share == 0.0
+    assert naive.work_vs_full < 0.5  # only the question's rows run
+    assert sum(naive.tier_hits.values()) > 0
+    assert naive.fidelity.compared == 6
+
+
+def test_only_variant_builds_count_as_background(run):
+    for s in run.summaries:
+        if s.mode != "cachecraft":  # the others build no variants
+            assert s.background_share == 0.0, s.mode
+        assert 0.0 <= s.background_share < 1.0
+
+
+def test_report_and_snapshot_reuse(run, tiny_loaded, embedder, tmp_path):
+    path = write_report(run, tmp_path / "report", "kvmosaic bench workload (test)")
+    text = path.read_text()
+    assert "of retrieved chunks had been retrieved before" in text and "cachecraft" in text
+    for name in ("ttft_cdf.png", "throughput.png", "work.png", "fidelity_vs_speedup.png"):
+        assert (tmp_path / "report" / name).stat().st_size > 1000
+        assert f"]({name})" in text
+    data = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert len(data["cells"]) == 8 and data["trace_stats"]["requests"] == 6
+    assert len((tmp_path / "report" / "trace.jsonl").read_text().splitlines()) == 6
+    assert "work/full" in format_table(run.summaries)
+    assert not run.snapshot.reused
+    again = WorkloadOptions(corpus=MUSIQUE_SLICE, modes=tuple(parse_modes("full")), work_dir=run.options.work_dir,
+                            start=0, records=2, requests=2, concurrency=(1,), max_tokens=2, progress=False)
+    second = run_workload(again, Server(tiny_loaded, embedder, VALUES), say=lambda _: None)
+    assert second.snapshot.reused and second.snapshot.chunks == run.snapshot.chunks
+    assert not any(p.name != "retrieval" for p in (run.options.work_dir / "runs").iterdir()
+                   if os.listdir(p))  # finished runs leave no data dir behind
