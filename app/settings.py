@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from engine import EngineConfig
+from engine.config import FIDELITIES, gradual_multipliers
+from engine.encoder import DEFAULT_BATCH_TOKENS
 from engine.store.config import StoreConfig
 from retrieval.index import IndexConfig
-from engine.config import gradual_multipliers
-from engine.store.config import StoreConfig
 
 GiB = 1 << 30
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
@@ -60,11 +60,19 @@ class Settings(BaseSettings):
     craft_max_variants: int = Field(default=5, ge=1)
     craft_build_after: int = Field(default=EngineConfig.craft_build_after, ge=0)
     craft_traffic_window: int = Field(default=EngineConfig.craft_traffic_window, ge=1)
+    craft_build: str = EngineConfig.craft_build  # "background" or "inline"
     focus_layer: int | None = Field(default=10, ge=0)  # None / "off": no early termination
     focus_threshold: float = Field(default=0.5, ge=0.0)
+    # fidelity guard (engine/guard.py): defaults and bounds live in EngineConfig
+    fidelity: Literal[FIDELITIES] = EngineConfig.fidelity
+    guard_margin: float = Field(default=EngineConfig.guard_margin, ge=0.0)
+    guard_coverage: float = Field(default=EngineConfig.guard_coverage, ge=0.0, lt=1.0)
     # -- chunking and retrieval ---------------------------------------------------------------
     chunk_tokens: int = Field(default=256, ge=16, le=2048)
     chunk_overlap: int = Field(default=32, ge=0)
+    # -- ingest -------------------------------------------------------------------------------
+    ingest_kv: Literal["eager", "lazy"] = "eager"  # base KV at ingest, or on first retrieval
+    ingest_batch_tokens: int = Field(default=DEFAULT_BATCH_TOKENS, ge=1)  # chunk rows per encoding pass
     default_top_k: int = Field(default=6, ge=1, le=20)
     # -- request limits -----------------------------------------------------------------------
     max_question_chars: int = Field(default=2000, ge=1)
@@ -80,6 +88,9 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = None  # None: admin endpoints answer 403
     # None: document writes only from loopback clients (see app/api/access.py)
     write_token: SecretStr | None = None
+    # glibc malloc: arenas at most (0: glibc's default, 8 per core), idle trim period (0: off)
+    malloc_arenas: int = Field(default=2, ge=0)
+    trim_interval_s: float = Field(default=10.0, ge=0.0)
     log_level: str = "info"
     # -- the KV store (see engine.store.config.StoreConfig) -----------------------------------
     store_tiers: Annotated[tuple[str, ...], NoDecode] = ("gpu", "cpu", "disk")
@@ -171,4 +182,6 @@ class Settings(BaseSettings):
             craft_reuse_below=self.craft_reuse_below, craft_full_above=self.craft_full_above,
             craft_stats_layers=self.craft_stats_layers, craft_max_variants=self.craft_max_variants,
             craft_build_after=self.craft_build_after, craft_traffic_window=self.craft_traffic_window,
-            focus_layer=self.focus_layer, focus_threshold=self.focus_threshold)
+            craft_build=self.craft_build,
+            focus_layer=self.focus_layer, focus_threshold=self.focus_threshold,
+            fidelity=self.fidelity, guard_margin=self.guard_margin, guard_coverage=self.guard_coverage)
