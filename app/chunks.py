@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 PERSISTENT_TIERS = ("disk", "redis")
 COMPUTED_NOW = "base (computed now)"
+IN_CONTEXT = "none (computed in context, kept)"  # a cachecraft inline build
 FULL_PREFILL = "none (full prefill)"
 
 
@@ -54,7 +55,8 @@ class RequestChunks:
         if not self.reuses_cache:
             return [FULL_PREFILL] * len(self.inputs)
         computed = set(self.loaded.computed) | {int(i.chunk_id) for i in self.inputs if _fell_back(i.kv)}
-        return [_label(getattr(i.kv, "context", ()), int(i.chunk_id) in computed) for i in self.inputs]
+        return [IN_CONTEXT if i.kv is None else _label(getattr(i.kv, "context", ()), int(i.chunk_id) in computed)
+                for i in self.inputs]
 
     def release(self) -> None:
         self.loaded.close()

@@ -71,6 +71,7 @@ class ChunkRef:
     token_ids: tuple[int, ...]
     context: tuple[str, ...] = ()
     stats: object | None = None  # Cache-Craft statistics of that variant, when measured
+    compute: bool = False  # load no KV: the request computes this chunk (an inline build)
 
 
 @dataclass
@@ -151,6 +152,9 @@ class ChunkKVCache:
         loaded = LoadedChunks([], [], self)
         try:
             for ref in chunks:
+                if ref.compute:
+                    loaded.inputs.append(ChunkInput(str(ref.chunk_id), tuple(ref.token_ids)))
+                    continue
                 source = self._source(ref, loaded)
                 # statistics describe the wanted variant; a fallback to the base has none
                 stats = ref.stats if tuple(source.context) == tuple(ref.context) else None
@@ -222,6 +226,9 @@ class ChunkKVCache:
                 refs.append(ChunkRef(chunk_id, tuple(token_ids)))
             else:
                 refs.append(ChunkRef(chunk_id, tuple(token_ids), rs[index].context, _measured(rs[index].stats)))
+        start = self.policy.compute_from(mode, order, [ref.context for ref in refs])
+        if start is not None:  # an inline build: computed exactly here, harvested after
+            refs[start:] = [ChunkRef(ref.chunk_id, ref.token_ids, compute=True) for ref in refs[start:]]
         return refs
 
     def _usable_variants(self, chunk_id: int, num_tokens: int) -> list[VariantRecord]:

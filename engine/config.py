@@ -16,6 +16,8 @@ DEFAULT_INSTRUCTION = (
 
 # How check layers may rank rows (engine/planners/selection.py).
 SELECTIONS = ("deviation", "question_weighted")
+# How Cache-Craft's exact variants of a recurring chunk set are made (engine/variants/policy.py).
+CRAFT_BUILDS = ("background", "inline")
 # The fidelity guard's per-request levels (engine/guard.py).
 FIDELITIES = ("fast", "balanced", "exact")
 
@@ -71,6 +73,10 @@ class EngineConfig:
     # this many times before in the last `craft_traffic_window` requests (0: always).
     craft_build_after: int = 1
     craft_traffic_window: int = 256
+    # How those exact variants come about: "background" (after the answer, a builder thread
+    # prefills the prompt again on idle capacity) or "inline" (the recurring request itself
+    # computes its chunks exactly from the first inexact one on, like `prefix`, and keeps them).
+    craft_build: str = "background"
     # Variants kept per chunk (the least valuable goes first).
     craft_max_variants: int = 5
     # Early termination: from this layer on (None: never), chunks whose share of the
@@ -118,6 +124,8 @@ class EngineConfig:
             raise ValueError("craft_stats_layers must be non-empty layers >= 0; craft_max_variants >= 1")
         if self.craft_build_after < 0 or self.craft_traffic_window < 1:
             raise ValueError("need craft_build_after >= 0 and craft_traffic_window >= 1")
+        if self.craft_build not in CRAFT_BUILDS:
+            raise ValueError(f"craft_build must be one of {', '.join(CRAFT_BUILDS)}")
         if self.focus_layer is not None and self.focus_layer < 0 or self.focus_threshold < 0:
             raise ValueError("focus_layer must be >= 0 (or None) and focus_threshold >= 0")
         if self.fidelity not in FIDELITIES:

@@ -68,6 +68,9 @@ class VariantBook:
         for chunk_id, es, index in zip(chunk_ids, entries, chosen):
             entry = es[index] if index is not None else next(e for e in es if not e.kv.context)
             inputs.append(ChunkInput(chunk_id, entry.kv.token_ids, entry.kv, entry.stats))
+        start = policy.compute_from(mode, list(chunk_ids), [c.kv.context for c in inputs])
+        if start is not None:  # an inline build: the request computes these exactly, `record` keeps them
+            inputs[start:] = [ChunkInput(c.chunk_id, c.token_ids) for c in inputs[start:]]
         return inputs
 
     def record(self, result: PrefillResult, inputs: Sequence[ChunkInput]) -> int:

@@ -79,9 +79,22 @@ class VariantPolicy:
         return planner_class(mode).leaves is not VariantYield.NONE
 
     def should_build(self, mode: str, chunk_ids: Sequence[str]) -> bool:
-        """Whether this request's exact variants are worth building: the mode builds, and its
-        chunk set came up at least `craft_build_after` times before in the recent traffic
-        (the request itself was observed when its variants were chosen)."""
+        """Whether this finished request's exact variants are worth building in the background:
+        the mode builds, builds run in the background (`craft_build`), and the request's chunk set
+        recurs (`recurs`)."""
+        return self.config.craft_build == "background" and self._builds(mode, chunk_ids)
+
+    def compute_from(self, mode: str, chunk_ids: Sequence[str], contexts: Sequence[tuple[str, ...]]) -> int | None:
+        """With inline builds: the first chunk that the request itself should compute exactly,
+        every chunk after it too (its harvest then keeps them), when its chunk set recurs and
+        some chosen variant is not exact; None otherwise. `contexts`: the chosen variants'."""
+        if self.config.craft_build != "inline" or not self._builds(mode, chunk_ids):
+            return None
+        return next((i for i, context in enumerate(contexts) if tuple(context) != tuple(chunk_ids[:i])), None)
+
+    def _builds(self, mode: str, chunk_ids: Sequence[str]) -> bool:
+        """The mode builds, and its chunk set came up at least `craft_build_after` times before
+        in the recent traffic (the request itself was observed when its variants were chosen)."""
         if planner_class(mode).leaves is not VariantYield.BUILD:
             return False
         return self.traffic.seen(chunk_ids) - 1 >= self.config.craft_build_after

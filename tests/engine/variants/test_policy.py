@@ -34,7 +34,8 @@ def measured(context, cci=0.8):
 
 @pytest.fixture
 def engine(tiny_loaded, tmp_path):
-    return Engine(EngineConfig(data_dir=tmp_path, focus_layer=None), tiny_loaded)
+    # "fast": no fidelity guard, so each mode runs exactly its own plan
+    return Engine(EngineConfig(data_dir=tmp_path, focus_layer=None, fidelity="fast"), tiny_loaded)
 
 
 def test_every_mode_declares_its_policy():
@@ -161,3 +162,26 @@ def test_a_build_starts_after_the_exact_leading_chunks(engine):
     again = engine.prefill(book.inputs(ids, "cachecraft"), QUESTION, mode="cachecraft")
     assert again.recomputed_tokens == 0
     torch.testing.assert_close(again.logits, full.logits, rtol=1e-4, atol=1e-4)
+
+
+def test_inline_builds_compute_a_recurring_set_exactly_and_keep_it(engine):
+    config = dataclasses.replace(engine.config, craft_build="inline")
+    book = VariantBook(engine, policy=VariantPolicy(config, engine.loaded.spec.num_layers))
+    chunks = chunk_inputs(engine)
+    for chunk in chunks:
+        book.add(chunk.chunk_id, chunk.kv)
+    ids = [c.chunk_id for c in chunks]
+    strategies = []
+    for _ in range(3):
+        inputs = book.inputs(ids, "cachecraft")
+        result = engine.prefill(inputs, QUESTION, mode="cachecraft")
+        book.record(result, inputs)
+        strategies.append([c.strategy for c in result.chunks])
+    assert strategies[0][1:] == ["deviation"] * 3  # first sight: blended, nothing kept
+    assert strategies[1] == ["reuse"] + ["computed"] * 3  # it recurs: computed in context, kept
+    assert strategies[2] == ["reuse"] * 4 and not book.build_work  # no second prefill ever ran
+    full = engine.prefill(chunks, QUESTION, mode="full")
+    torch.testing.assert_close(result.logits, full.logits, rtol=1e-4, atol=1e-4)
+    assert not policy(craft_build="inline").should_build("cachecraft", ids)
+    with pytest.raises(ValueError, match="craft_build"):
+        EngineConfig(craft_build="later")
