@@ -72,7 +72,8 @@ def tiny_engine(tiny_loaded, tmp_path_factory):
     from engine import EngineConfig
     from engine.engine import Engine
 
-    return Engine(EngineConfig(data_dir=tmp_path_factory.mktemp("tiny"), epic_tokens=4), tiny_loaded)
+    # fidelity "fast": tests see each mode as it is; the guard has its own tests (test_guard.py)
+    return Engine(EngineConfig(data_dir=tmp_path_factory.mktemp("tiny"), epic_tokens=4, fidelity="fast"), tiny_loaded)
 
 
 @pytest.fixture(scope="session")
@@ -80,7 +81,7 @@ def smol_engine(test_data_dir, smol_checkpoint):
     from engine import EngineConfig
     from engine.engine import Engine
 
-    return Engine.load(EngineConfig(data_dir=test_data_dir))
+    return Engine.load(EngineConfig(data_dir=test_data_dir, fidelity="fast"))  # modes as they are
 
 
 @pytest.fixture(scope="session")

@@ -50,7 +50,8 @@ def make_settings(data_dir, **overrides):
                   store_disk_bytes=256 << 20, admin_token=ADMIN_TOKEN, workers=2, queue_size=6,
                   chunk_tokens=48, chunk_overlap=8, default_max_tokens=8, max_tokens_limit=64,
                   max_upload_bytes=4096, max_question_chars=300, epic_tokens=4,
-                  default_mode="cacheblend")  # the tests name the mode they expect
+                  default_mode="cacheblend",  # the tests name the mode they expect
+                  fidelity="fast")  # ... and see it as it is (the guard: tests/app/test_guard_api.py)
     values.update(overrides)
     return Settings(**values)
 

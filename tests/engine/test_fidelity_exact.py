@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import ops
+from engine import EngineConfig, ops
+from engine.engine import Engine
 from engine.decode import SamplingParams
 from engine.kv import ChunkKV
 from engine.planners.base import ChunkInput
@@ -138,10 +139,22 @@ def test_both_selections_equal_full_at_ratio_one_and_differ_below(tiny_loaded, t
     from engine import EngineConfig
     from engine.engine import Engine
 
-    engine = Engine(EngineConfig(data_dir=tmp_path, selection=selection), tiny_loaded)
+    engine = Engine(EngineConfig(data_dir=tmp_path, selection=selection, fidelity="fast"), tiny_loaded)
     chunks = chunk_inputs(engine)
     full = engine.prefill(chunks, QUESTION, mode="full")
     everything = engine.prefill(chunks, QUESTION, mode="cacheblend", ratio=1.0)
     torch.testing.assert_close(everything.logits, full.logits, rtol=1e-4, atol=1e-4)
     part = engine.prefill(chunks, QUESTION, mode="cacheblend", ratio=0.3)
     assert 0 < part.recomputed_tokens < part.context_tokens
+
+
+def test_epic_recomputing_every_chunk_token_equals_full(tiny_engine):
+    """EPIC's mechanism is exact: with k at least every chunk's length it is full prefill
+    (so a worse KL than naive at small k is the partial state, not a defect)."""
+    chunks = chunk_inputs(tiny_engine)
+    longest = max(len(c.token_ids) for c in chunks)
+    engine = Engine(EngineConfig(data_dir=tiny_engine.config.data_dir, epic_tokens=longest), tiny_engine.loaded)
+    full = engine.prefill(chunks, QUESTION, mode="full")
+    epic = engine.prefill(chunks, QUESTION, mode="epic", fidelity="fast")
+    assert epic.recompute_share == 1.0
+    torch.testing.assert_close(epic.logits, full.logits, rtol=1e-4, atol=1e-4)

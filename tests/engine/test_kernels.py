@@ -235,7 +235,7 @@ def cuda_tiny_engine(request, tmp_path_factory):
     else:
         tokenizer = request.getfixturevalue("smol_tokenizer")
     model = build_tiny_model(len(tokenizer)).to("cuda")
-    return Engine(EngineConfig(data_dir=tmp_path_factory.mktemp("tiny-cuda"), epic_tokens=4),
+    return Engine(EngineConfig(data_dir=tmp_path_factory.mktemp("tiny-cuda"), epic_tokens=4, fidelity="fast"),
                   wrap_model(model, tokenizer))
 
 

@@ -22,7 +22,7 @@ from tests.engine.helpers import QUESTION, chunk_inputs
 def engine(tiny_loaded, tmp_path):
     from engine import EngineConfig
 
-    return Engine(EngineConfig(data_dir=tmp_path, focus_layer=None), tiny_loaded)
+    return Engine(EngineConfig(data_dir=tmp_path, focus_layer=None, fidelity="fast"), tiny_loaded)
 
 
 def with_stats(chunks, context=("elsewhere",), cci=0.8) -> list[ChunkInput]:
