@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
+from app.cli.bench_retrieval import add_retrieval_parser
 from app.cli.bench_workload import add_workload_parser
 from engine.config import FIDELITIES, SELECTIONS
 
@@ -24,13 +25,15 @@ def add_parser(subparsers) -> None:
     fidelity.add_argument("--max-new-tokens", type=int, default=32)
     add_warmup_arguments(fidelity)
     fidelity.add_argument("--store-codecs", default=None,
-                          help="pass chunk KV through each KV codec in turn, e.g. float16,int8,int4 (the first "
-                               "is the baseline): KL / top-1 change and bytes per token on the same requests")
+                          help="instead of the timed table: chunk KV through each KV codec, e.g. float16,int8,int4 "
+                               "(the first is the baseline); first-token KL / top-1 of each mode and bytes per "
+                               "token on the same requests (prefills only, cold variants)")
     fidelity.add_argument("--json", type=Path, default=None, help="also write the figures here")
     fidelity.set_defaults(handler=run_fidelity)
     add_kernels_parser(kinds)
     add_store_parser(kinds)
     add_workload_parser(kinds, add_engine_arguments)
+    add_retrieval_parser(kinds)
 
 
 def add_kernels_parser(kinds) -> None:
@@ -123,18 +126,17 @@ def run_fidelity(args) -> int:
 def run_codec_fidelity(args, engine, options) -> int:
     import json
 
-    from engine.bench.codecs import codec_json, format_codec_table, run_codec_fidelity
-    from engine.bench.fidelity import format_table
+    from engine.bench.codecs import CodecOptions, codec_json, format_codec_table, run_codec_fidelity
 
-    runs = run_codec_fidelity(engine, options, tuple(c.strip() for c in args.store_codecs.split(",") if c.strip()))
+    codec_options = CodecOptions(dataset=options.dataset, start=options.start, n=options.n, chunks=options.chunks,
+                                 codecs=tuple(c.strip() for c in args.store_codecs.split(",") if c.strip()),
+                                 modes=options.modes, ratio=options.ratio)
+    report = run_codec_fidelity(engine, codec_options)
     print(f"records {options.start}..{options.start + options.n - 1} of {options.dataset.name}, "
-          f"{options.chunks} chunks, model {engine.fingerprint}, device {engine.device}")
-    for run in runs:
-        print(f"\nchunk KV stored as {run.codec}:\n{format_table(run.summaries)}")
-    print(f"\n{format_codec_table(runs)}")
+          f"{options.chunks} chunks, model {engine.fingerprint}, device {engine.device}; chunk KV through each codec")
+    print(format_codec_table(report))
     if args.json:
-        args.json.write_text(json.dumps({"options": {**vars(options), "dataset": str(options.dataset)},
-                                         "codecs": codec_json(runs)}, indent=2, default=str))
+        args.json.write_text(json.dumps(codec_json(report), indent=2))
         print(f"wrote {args.json}")
     return 0
 
