@@ -21,6 +21,7 @@ from app.bench.corpus import clone_snapshot
 from app.bench.load import Outcome, run_closed_loop, run_open_loop
 from app.bench.modes import ModeSpec
 from app.bench.trace import TraceRequest
+from engine.bench.metrics import TeacherForced, forced_logits, teacher_forced
 from engine.work import WorkTotals
 
 
@@ -50,6 +51,9 @@ class RequestFacts:
     latency_s: float
     recompute_share: float
     computed_now: int  # chunks whose base KV was missing and computed on the request path
+    generated_ids: tuple[int, ...] = ()
+    forced: torch.Tensor | None = None  # reference cells: [answer tokens, vocab] logits along its own answer
+    answer: TeacherForced | None = None  # this answer's fidelity along the reference's (teacher forcing)
 
 
 @dataclass
@@ -68,29 +72,44 @@ class CellResult:
     tier_misses: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Fidelity:
+    """How a cell measures answers: keep `forced` logits (the reference cell), or compare with
+    `reference` (full's facts by trace index) along its answers. Neither: no teacher forcing."""
+
+    keep_forced: bool = False
+    reference: dict[int, RequestFacts] | None = None
+
+
 def run_cell(spec: ModeSpec, load: Load, trace: Sequence[TraceRequest], snapshot: Path, run_dir: Path,
-             open_services: Callable, max_tokens: int, max_seconds: float, keep: bool = False) -> CellResult:
-    """Replay `trace` for `spec` under `load`; `open_services(data_dir, spec)` starts the services."""
+             open_services: Callable, max_tokens: int, max_seconds: float, fidelity: Fidelity = Fidelity(),
+             keep: bool = False) -> CellResult:
+    """Replay `trace` for `spec` under `load`; `open_services(data_dir, spec)` starts the services.
+
+    Teacher forcing (`fidelity`) runs on the client thread as each answer arrives, between that
+    client's requests: one pass of the answer's tokens, a few percent of a request's compute,
+    inside the cell's wall time (the same measuring cost in every mode, `full` included).
+    """
     data_dir = clone_snapshot(snapshot, run_dir)
     services = open_services(data_dir, spec)
     try:
         queries = [services.rag.query(r.question, r.top_k, spec.mode, None, max_tokens, temperature=0.0)
                    for r in trace]
-        return _measure(services, spec, load, queries, max_seconds)
+        return _measure(services, spec, load, queries, max_seconds, _digest(services.engine, fidelity))
     finally:
         services.close()
         if not keep:
             shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def _measure(services, spec: ModeSpec, load: Load, queries: Sequence, max_seconds: float) -> CellResult:
+def _measure(services, spec: ModeSpec, load: Load, queries: Sequence, max_seconds: float, digest) -> CellResult:
     meter = services.engine.runner.meter
     work0, background0 = meter.snapshot(), meter.background_snapshot()
     cpu0, tiers0 = _cpu_seconds(), services.chunk_cache.tier_stats()
     started = time.perf_counter()
     deadline = started + max_seconds
-    outcomes = (run_closed_loop(services, queries, load.clients, deadline, _facts) if load.clients is not None
-                else run_open_loop(services, queries, load.rate, deadline, digest=_facts))
+    outcomes = (run_closed_loop(services, queries, load.clients, deadline, digest) if load.clients is not None
+                else run_open_loop(services, queries, load.rate, deadline, digest=digest))
     last_answer = time.perf_counter()
     services.chunk_cache.drain()  # background work this trace caused is charged to it
     ended = time.perf_counter()
@@ -102,6 +121,23 @@ def _measure(services, spec: ModeSpec, load: Load, queries: Sequence, max_second
                       _delta(tiers0, tiers1, "hits"), _delta(tiers0, tiers1, "misses"))
 
 
+def _digest(engine, fidelity: Fidelity) -> Callable[[Outcome, object], RequestFacts]:
+    def digest(outcome: Outcome, answer) -> RequestFacts:
+        facts = _facts(outcome, answer)
+        ids = facts.generated_ids
+        if fidelity.keep_forced and ids:
+            facts.forced = forced_logits(engine, answer.result, ids)
+            # the reference against itself: top-1 along its own greedy answer must be 1.0
+            top1 = float((facts.forced.argmax(-1) == torch.tensor(ids)).double().mean())
+            facts.answer = TeacherForced(len(ids), top1, 0.0)
+        ref = (fidelity.reference or {}).get(outcome.index)
+        if ref is not None and ref.forced is not None and ref.chunk_ids == facts.chunk_ids:
+            facts.answer = teacher_forced(engine, answer.result, ref.generated_ids, ref.forced)
+        return facts
+
+    return digest
+
+
 def _facts(outcome: Outcome, answer) -> RequestFacts:
     result = answer.result
     first = outcome.first_piece or outcome.finished
@@ -110,7 +146,8 @@ def _facts(outcome: Outcome, answer) -> RequestFacts:
                         first - outcome.submitted,
                         answer.stages.get("load", 0.0) + answer.stages.get("prefill", 0.0),
                         outcome.finished - outcome.submitted, result.recompute_share,
-                        sum(label.startswith("base (computed") for label in answer.variants))
+                        sum(label.startswith("base (computed") for label in answer.variants),
+                        tuple(result.generated_ids))
 
 
 def _cpu_seconds() -> float:

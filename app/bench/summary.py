@@ -19,11 +19,16 @@ from engine.bench.metrics import kl_divergence, normalize_answer, rouge_l, same_
 
 @dataclass(frozen=True)
 class Fidelity:
+    """Against `full` on the same requests; answer_* follow full's answer by teacher forcing
+    (pooled over answer positions; NaN when it was not measured)."""
+
     compared: int
     exact_match: float
     rouge_l: float
     first_kl: float
     first_top1: float
+    answer_top1: float
+    answer_kl: float
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,16 @@ def fidelity(facts: Sequence[RequestFacts], reference: dict[int, RequestFacts]) 
         exact_match=statistics.fmean(normalize_answer(r.text) == normalize_answer(f.text) for r, f in pairs),
         rouge_l=statistics.fmean(rouge_l(f.text, r.text) for r, f in pairs),
         first_kl=statistics.fmean(kl_divergence(r.first_logits, f.first_logits) for r, f in pairs),
-        first_top1=statistics.fmean(same_top1(r.first_logits, f.first_logits) for r, f in pairs))
+        first_top1=statistics.fmean(same_top1(r.first_logits, f.first_logits) for r, f in pairs),
+        **_along_answers([f.answer for _, f in pairs if f.answer is not None and f.answer.positions]))
+
+
+def _along_answers(forced: list) -> dict[str, float]:
+    positions = sum(t.positions for t in forced)
+    if not positions:
+        return {"answer_top1": float("nan"), "answer_kl": float("nan")}
+    return {"answer_top1": sum(t.top1_share * t.positions for t in forced) / positions,
+            "answer_kl": sum(t.mean_kl * t.positions for t in forced) / positions}
 
 
 def _background_share(cell: CellResult, flops_of) -> float:

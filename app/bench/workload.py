@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from app.bench.cell import CellResult, Load, run_cell
+from app.bench.cell import CellResult, Fidelity, Load, run_cell
 from app.bench.corpus import Corpus, Snapshot, build_snapshot, clone_snapshot, load_corpus, snapshot_key
 from app.bench.modes import ModeSpec
 from app.bench.summary import CellSummary, summarize
@@ -51,6 +51,7 @@ class WorkloadOptions:
     rate: float | None = None
     max_tokens: int = 32
     max_seconds: float = 900.0
+    answer_fidelity: bool = True  # teacher forcing along full's answers (see cell.run_cell)
     keep: bool = False
     progress: bool = True
 
@@ -150,12 +151,18 @@ def _run_cells(options: WorkloadOptions, server: Server, snapshot: Snapshot, tra
         say(f"adding `{REFERENCE}`: fidelity is measured against it")
         specs.insert(0, ModeSpec(REFERENCE))
     specs.sort(key=lambda s: s.name != REFERENCE)  # the reference first, the rest in the given order
-    cells = []
+    cells: list[CellResult] = []
+    reference = None
     for load in options.loads():
         for spec in specs:
             run_dir = options.work_dir / "runs" / f"{_slug(spec.name)}-{_slug(load.label)}"
+            fidelity = Fidelity(keep_forced=reference is None and spec.name == REFERENCE, reference=reference)
+            if not options.answer_fidelity:
+                fidelity = Fidelity()
             cell = run_cell(spec, load, trace, snapshot.path, run_dir, server.open, options.max_tokens,
-                            options.max_seconds, options.keep)
+                            options.max_seconds, fidelity, options.keep)
+            if fidelity.keep_forced:
+                reference = {f.index: f for f in cell.facts}
             say(f"  {spec.name:<44} {load.label:<10} {len(cell.facts)} answered in {cell.wall_s:.1f} s"
                 + (f", {len(cell.errors)} errors (first: {cell.errors[0]})" if cell.errors else ""))
             cells.append(cell)

@@ -40,6 +40,8 @@ def add_workload_parser(kinds, add_engine_arguments) -> None:
     p.add_argument("--tiers", default="cpu,disk", help="KV store tiers of every run (default cpu,disk)")
     p.add_argument("--work-dir", type=Path, default=None, help="snapshots and runs (default <data-dir>/bench-workload)")
     p.add_argument("--keep", action="store_true", help="keep each run's data dir")
+    p.add_argument("--no-answer-fidelity", dest="answer_fidelity", action="store_false",
+                   help="skip teacher forcing along full's answers (answer-position top-1 and KL)")
     p.add_argument("--quick", action="store_true",
                    help="about 3 minutes: 3 records, 12 requests, 16 tokens, modes full,prefix,cacheblend,cachecraft")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
@@ -69,7 +71,7 @@ def workload_options(args, data_dir: Path):
                            records=args.records, trace=args.trace, requests=args.requests, seed=args.seed,
                            zipf_s=args.zipf, reformulate=args.reformulate, concurrency=concurrency,
                            rate=args.rate, max_tokens=args.max_tokens, max_seconds=args.max_seconds,
-                           keep=args.keep, progress=sys.stderr.isatty())
+                           keep=args.keep, answer_fidelity=args.answer_fidelity, progress=sys.stderr.isatty())
 
 
 def _default(key: str):

@@ -46,6 +46,7 @@ def test_full_is_its_own_reference_and_work_baseline(run):
     assert full.work_vs_full == pytest.approx(1.0)
     assert (full.fidelity.exact_match, full.fidelity.first_top1) == (1.0, 1.0)
     assert full.fidelity.first_kl == pytest.approx(0.0, abs=1e-9)
+    assert full.fidelity.answer_top1 == 1.0 and full.fidelity.answer_kl == pytest.approx(0.0, abs=1e-9)
     assert full.recompute_share == 1.0 and full.tier_hits.get("disk", 0) == 0  # full reads no cached KV
 
 
@@ -55,6 +56,7 @@ def test_reuse_modes_read_base_kv_and_do_less_work(run):
     assert naive.work_vs_full < 0.5  # only the question's rows run
     assert sum(naive.tier_hits.values()) > 0
     assert naive.fidelity.compared == 6
+    assert 0.0 <= naive.fidelity.answer_top1 <= 1.0 and naive.fidelity.answer_kl >= 0.0
 
 
 def test_only_variant_builds_count_as_background(run):
