@@ -108,3 +108,23 @@ def test_savings_follow_what_a_variant_actually_saved(tiny_engine, catalog, refs
     assert used.stats.expected_savings == pytest.approx(len(last.token_ids) * cache.policy.blend_cost)
     assert cache.store.usage(variant.store_key).savings == pytest.approx(used.stats.expected_savings)
     cache.store.close()
+
+
+def test_inline_builds_through_the_store(tiny_engine, catalog, refs, tmp_path):  # noqa: F811
+    engine = tiny_engine
+    original = engine.config
+    engine.config = dataclasses.replace(original, craft_build="inline", fidelity="fast")
+    try:
+        cache = make_cache(engine, catalog, tmp_path)
+        first, chosen, _ = craft_request(engine, cache, refs)
+        assert not any(ref.compute for ref in chosen)  # seen once: not worth computing exactly
+        second, chosen, inputs = craft_request(engine, cache, refs)
+        assert [ref.compute for ref in chosen] == [False] + [True] * (len(refs) - 1)
+        assert all(i.kv is None for i in inputs[1:])
+        assert cache.harvest_variants(second, inputs) == len(refs) - 1
+        third, chosen, _ = craft_request(engine, cache, refs)
+        assert third.recomputed_tokens == 0 and not any(ref.compute for ref in chosen)
+        torch.testing.assert_close(third.logits, second.logits, rtol=0, atol=5e-2)
+    finally:
+        engine.config = original
+        cache.store.close()
