@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
 from functools import partial
 
 import torch
 
 from engine.config import EngineConfig
-from engine.decode import SamplingParams, generate_ids, stream_text
+from engine.decode import SamplingParams, TextStream, generate_ids
 from engine.encoder import DEFAULT_BATCH_TOKENS, ChunkEncoder
 from engine.errors import InvalidRequest, PromptTooLong
 from engine.guard import check_fidelity, planning_config, run_guarded
@@ -96,7 +96,12 @@ class Engine:
                 raise InvalidRequest("cannot encode an empty chunk")
             if self.prompts.prefix_len + len(token_ids) > self.loaded.spec.max_positions:
                 raise PromptTooLong("the chunk does not fit in the model's context")
-        return self.encoder.encode([tuple(c) for c in chunks], batch_tokens)
+        encoded = self.encoder.encode([tuple(c) for c in chunks], batch_tokens)
+        for kv in encoded:  # metered as if each chunk ran alone after the cached prefix, as encode_chunk does
+            rows = torch.zeros(self.prompts.prefix_len + kv.num_tokens, dtype=torch.long)
+            rows[self.prompts.prefix_len:] = self.loaded.spec.num_layers
+            self.runner.meter.add(rows)
+        return encoded
 
     def _encode(self, token_ids: tuple[int, ...], start: int) -> ChunkKV:
         """Run prefix[:start] + token_ids with the prefix cached; keep rows [start, end)."""
@@ -151,18 +156,19 @@ class Engine:
         _synchronize(self.device)
         return plan, out
 
-    def generate(self, result: PrefillResult, params: SamplingParams | None = None) -> Iterator[str]:
-        """Stream the answer as text pieces; generated ids collect in result.generated_ids."""
+    def generate(self, result: PrefillResult, params: SamplingParams | None = None) -> TextStream:
+        """Stream the answer as text pieces; generated ids collect in result.generated_ids.
+
+        While batching, the request joins the decode batch at once; closing the stream before
+        its end cancels the request's decoding.
+        """
         result.claim_for_decode()
         params, eos = params or SamplingParams(), self.loaded.eos_token_ids
         if self.scheduler is None:
             ids = generate_ids(self.stack, result.cache, result.logits, params, eos)
         else:  # batched with every other request decoding now
             ids = self.scheduler.submit(result.cache, result.logits, params, eos)
-        try:
-            yield from stream_text(self.loaded.tokenizer, ids, collected=result.generated_ids)
-        finally:
-            ids.close()  # a consumer that stops early cancels the request's decoding
+        return TextStream(self.loaded.tokenizer, ids, collected=result.generated_ids)
 
     def _prefill_turn(self):
         """While batching: wait for a prefill slot; decode steps pause until the prefill ends."""

@@ -59,3 +59,15 @@ def test_work_on_a_marked_thread_is_also_background():
     thread.join()
     assert meter.snapshot() == WorkTotals(2, 5, 6 + 3)
     assert meter.background_snapshot() == WorkTotals(1, 2, 3)
+
+
+def test_batched_chunk_encodes_are_metered_like_single_ones(tiny_engine: Engine):
+    chunks = [tiny_engine.chunk_ids("A short passage about tide mills."), tiny_engine.chunk_ids("Bees dance.")]
+    meter = tiny_engine.runner.meter
+    before = meter.snapshot()
+    for ids in chunks:
+        tiny_engine.encode_chunk(ids)
+    one_by_one = meter.snapshot() - before
+    before = meter.snapshot()
+    tiny_engine.encode_chunks(chunks)
+    assert meter.snapshot() - before == one_by_one
