@@ -17,6 +17,8 @@ by their log-sum-exp, which the CPU flash kernel returns.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -101,6 +103,25 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: 
     else:
         out = torch.cat([_block_attention(q, k, v, block, scale, gqa) for block in layout.blocks], dim=1)
     return out.transpose(0, 1).reshape(layout.num_rows, -1)
+
+
+def attend_each(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
+                scale: float) -> torch.Tensor:
+    """Decode attention of a batch: query row i attends to all of its own request's keys.
+
+    q: [heads, m, head_dim] with m >= len(keys) (rows past len(keys) are padding and get a zero
+    output); keys[i], values[i]: [kv_heads, n_i, head_dim], the cache of row i's request up to
+    and including row i's own position. Returns [m, heads * head_dim]. Each row runs the same
+    unmasked single-row kernel as a request decoding alone (`QueryLayout` of one row at the
+    last position), so a row's output does not depend on its companions.
+    """
+    heads, rows, head_dim = q.shape
+    out = q.new_zeros(rows, heads, head_dim)
+    gqa = heads != keys[0].shape[0] if keys else False
+    for i, (k, v) in enumerate(zip(keys, values)):
+        out[i] = F.scaled_dot_product_attention(q[None, :, i:i + 1], k[None], v[None], scale=scale,
+                                                enable_gqa=gqa)[0, :, 0]
+    return out.reshape(rows, heads * head_dim)
 
 
 def _block_attention(q, k, v, block: _Block, scale: float, gqa: bool) -> torch.Tensor:

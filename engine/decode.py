@@ -6,13 +6,13 @@ its query attends to all earlier rows. Generation stops at an EOS token or the t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from engine.errors import InvalidRequest
-from engine.attention import QueryLayout
+from engine.attention import QueryLayout, attend_each
 from engine.kv import KVCache
 from engine.layers import DecoderStack
 
@@ -41,7 +41,7 @@ def generate_ids(stack: DecoderStack, cache: KVCache, first_logits: torch.Tensor
 
     Appends to `cache` in place; stops early if the cache is full.
     """
-    generator = _generator(params.seed, first_logits.device)
+    generator = new_generator(params.seed, first_logits.device)
     logits = first_logits
     for step in range(params.max_new_tokens):
         token = pick_token(logits, params, generator)
@@ -74,6 +74,48 @@ def decode_step(stack: DecoderStack, cache: KVCache, token: int) -> torch.Tensor
     return stack.logits(hidden)[0]
 
 
+# A batched decode step runs its linear layers on a multiple of this many rows (padding the
+# rest). On CPU (float32, MKL on AVX2, 1-8 threads measured) a row's result from a matrix
+# product is bit-identical for every row count that is a multiple of 4, while one row (a
+# matrix-vector kernel), two or three rows, and a thread's share of 1-3 rows take kernels
+# that round differently in the last bits.
+BATCH_ROW_MULTIPLE = 4
+
+
+@torch.inference_mode()
+def decode_batch(stack: DecoderStack, caches: Sequence[KVCache], tokens: Sequence[int],
+                 invariant: bool = False) -> torch.Tensor:
+    """One token for each request, at position caches[i].length; returns logits [n, vocab].
+
+    The rows share every linear layer (q/k/v/o, MLP, lm_head) as one matrix product; each
+    row attends to its own request's cache only. Appends each token's K/V to its cache;
+    every cache must have room for one more row. Rows are padded to a multiple of
+    BATCH_ROW_MULTIPLE, so a request's logits do not depend on its companions; a lone
+    request runs unpadded (bit-identical to `decode_step`, ~1.7x cheaper than four rows on
+    CPU) unless `invariant`, which pads it too and makes its logits independent of the
+    batch in every case.
+    """
+    n = len(caches)
+    rows = n if n == 1 and not invariant else -(-n // BATCH_ROW_MULTIPLE) * BATCH_ROW_MULTIPLE
+    device = caches[0].data.device
+    positions = [cache.length for cache in caches]
+    pos = torch.tensor(positions + [0] * (rows - n), device=device)
+    hidden = stack.embed(torch.tensor(list(tokens) + [0] * (rows - n), device=device))  # [rows, hidden]
+    for layer in range(stack.spec.num_layers):
+        x = stack.input_norm(layer, hidden)
+        cos, sin = stack.rope_tables(pos, x)
+        kv = torch.stack(stack.project_kv(layer, x, cos, sin))  # [2, kv_heads, rows, head_dim]
+        for i, (cache, position) in enumerate(zip(caches, positions)):
+            cache.data[layer, :, :, position] = kv[:, :, i]
+        q = stack.project_q(layer, x, cos, sin)  # [heads, rows, head_dim]
+        attn = attend_each(q, [c.keys(layer, p + 1) for c, p in zip(caches, positions)],
+                           [c.values(layer, p + 1) for c, p in zip(caches, positions)], stack.scale)
+        hidden = stack.finish_layer(layer, hidden, attn)
+    for cache, position in zip(caches, positions):
+        cache.length = position + 1
+    return stack.logits(hidden)[:n]
+
+
 def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     if params.temperature == 0.0:
         return int(torch.argmax(logits))
@@ -87,17 +129,39 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Zero every token outside the smallest set whose mass reaches top_p (always keeps the top one)."""
     sorted_probs, order = probs.sort(descending=True)
     mass_before = sorted_probs.cumsum(0) - sorted_probs
-    sorted_probs[mass_before >= top_p] = 0.0
+    outside = mass_before >= top_p
+    outside[0] = False  # a top_p that rounds to 0 in the probabilities' dtype would drop them all
+    sorted_probs[outside] = 0.0
     kept = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
     return kept / kept.sum()
 
 
-def _generator(seed: int | None, device) -> torch.Generator | None:
+def new_generator(seed: int | None, device) -> torch.Generator | None:
+    """The request's own random generator (None: torch's global one, for unseeded requests)."""
     if seed is None:
         return None
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
     return generator
+
+
+class TextStream:
+    """Text pieces of a stream of token ids (see `stream_text`); `close` also closes the ids'
+    source, which for a batched request cancels its decoding."""
+
+    def __init__(self, tokenizer, ids: Iterator[int], collected: list[int] | None = None):
+        self._ids = ids
+        self._pieces = stream_text(tokenizer, ids, collected)
+
+    def __iter__(self) -> "TextStream":
+        return self
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    def close(self) -> None:
+        self._pieces.close()
+        self._ids.close()
 
 
 def stream_text(tokenizer, ids: Iterator[int], collected: list[int] | None = None) -> Iterator[str]:

@@ -23,3 +23,7 @@ class UnknownMode(InvalidRequest):
 
 class ReuseUnavailable(KvMosaicError):
     """KV reuse is disabled for this model (the RoPE shift self-check failed)."""
+
+
+class EngineClosed(KvMosaicError):
+    """The engine is shutting down and takes no more decoding work."""

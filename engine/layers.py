@@ -63,8 +63,12 @@ class DecoderStack:
     def attend_and_mlp(self, index: int, h: torch.Tensor, q: torch.Tensor, keys: torch.Tensor,
                        values: torch.Tensor, queries: QueryLayout) -> torch.Tensor:
         """Finish layer `index` for rows h: attention over the cache, o_proj, residual, MLP."""
+        return self.finish_layer(index, h, causal_attention(q, keys, values, queries, self.scale))
+
+    def finish_layer(self, index: int, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """Rows h after layer `index`, given their attention output [m, heads * head_dim]:
+        o_proj, residual, MLP (row-wise, so rows of several sequences may share one call)."""
         layer = self.layers[index]
-        attn_out = causal_attention(q, keys, values, queries, self.scale)
         h = h + layer.self_attn.o_proj(attn_out)
         return h + layer.mlp(layer.post_attention_layernorm(h))
 

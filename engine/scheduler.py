@@ -1,0 +1,243 @@
+"""Continuous batching of decode: every active request advances one token per step, in one batch.
+
+A request joins after its prefill (`submit`) and leaves when it stops (EOS, token budget, full
+cache) or is cancelled; between steps the scheduler admits waiting requests, first come first
+served, up to `max_batch` requests and `max_batch_tokens` cache rows. A step picks each
+request's next token from its own logits with its own sampling parameters and random
+generator (so its tokens do not depend on its companions), streams it, then runs one
+`decode_batch` for the requests that go on: linear layers once for all, attention per request.
+
+Prefill keeps priority: while a request is in `prefill_turn()`, no new step starts, so its
+prefill waits at most for the step under way (one token), never for the batch to finish. At
+most `prefill_slots` prefills compute at once; the others wait their turn, first come first
+served (on a CPU, concurrent prefills only share the cores and all finish late).
+
+The scheduler knows nothing about text; it streams token ids (`engine.decode.stream_text`
+turns them into text on the consumer's thread).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Sequence
+from contextlib import contextmanager
+
+import torch
+
+from engine.decode import SamplingParams, decode_batch, new_generator, pick_token
+from engine.errors import EngineClosed
+from engine.kv import KVCache
+from engine.layers import DecoderStack
+
+log = logging.getLogger(__name__)
+
+_END = object()  # a sequence's last item: it stopped, normally or cancelled
+
+
+class _Sequence:
+    """One request's decode state. The scheduler thread alone calls `advance` and `fail`."""
+
+    def __init__(self, cache: KVCache, first_logits: torch.Tensor, params: SamplingParams,
+                 eos_ids: tuple[int, ...]):
+        self.cache, self.logits, self.params, self.eos_ids = cache, first_logits, params, eos_ids
+        self.generator = new_generator(params.seed, first_logits.device)
+        self.num_picked = 0
+        self.token = -1  # the last token picked, whose K/V the next step computes
+        self.out: queue.SimpleQueue = queue.SimpleQueue()  # token ids, then _END or an exception
+        self.cancelled = False
+
+    @property
+    def rows(self) -> int:
+        """Cache rows this request holds (its share of the batch's token bound)."""
+        return self.cache.capacity
+
+    def advance(self) -> bool:
+        """Pick and stream the next token; True if the request needs a decode step for it.
+
+        The same stop rules as `engine.decode.generate_ids`: an EOS token ends it unstreamed;
+        the token budget or a full cache end it after the token.
+        """
+        token = pick_token(self.logits, self.params, self.generator)
+        self.num_picked += 1
+        if token in self.eos_ids:
+            self.out.put(_END)
+            return False
+        self.out.put(token)
+        if self.num_picked == self.params.max_new_tokens or self.cache.length >= self.cache.capacity:
+            self.out.put(_END)
+            return False
+        self.token = token
+        return True
+
+    def fail(self, error: BaseException) -> None:
+        self.out.put(error)
+
+
+class TokenStream:
+    """One request's token ids, as the scheduler picks them; `close` cancels the request."""
+
+    def __init__(self, scheduler: "DecodeScheduler", seq: _Sequence):
+        self._scheduler, self._seq, self._done = scheduler, seq, False
+
+    def __iter__(self) -> "TokenStream":
+        return self
+
+    def __next__(self) -> int:
+        if self._done:
+            raise StopIteration
+        item = self._seq.out.get()
+        if item is _END or isinstance(item, BaseException):
+            self.close()
+            if item is _END:
+                raise StopIteration
+            raise item
+        return item
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self._scheduler._cancel(self._seq)
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class DecodeScheduler:
+    """Runs the decode steps of every submitted request on one thread; thread-safe."""
+
+    def __init__(self, stack: DecoderStack, max_batch: int = 8, max_batch_tokens: int = 65536,
+                 prefill_slots: int = 1, invariant: bool = False):
+        if max_batch < 1 or max_batch_tokens < 1 or prefill_slots < 1:
+            raise ValueError("max_batch, max_batch_tokens and prefill_slots must be >= 1")
+        self.stack = stack
+        self.max_batch, self.max_batch_tokens, self.invariant = max_batch, max_batch_tokens, invariant
+        self._cond = threading.Condition()
+        self._waiting: deque[_Sequence] = deque()
+        self._active: list[_Sequence] = []  # changed by the scheduler thread only, under the lock
+        self._prefills = 0  # requests waiting for or holding a prefill slot
+        self._slots = threading.BoundedSemaphore(prefill_slots)
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self.num_steps = 0
+        self.num_tokens = 0  # tokens computed by decode steps (rows, padding excluded)
+
+    # -- the request side ----------------------------------------------------------------------
+
+    def submit(self, cache: KVCache, first_logits: torch.Tensor, params: SamplingParams,
+               eos_ids: tuple[int, ...]) -> "TokenStream":
+        """Queue a prefilled request at once; returns its generated token ids as they come.
+
+        The EOS token that ends generation is not yielded. Closing the stream early (or
+        dropping it) cancels the request: it leaves the batch before the next step.
+        Raises EngineClosed if the scheduler has been closed.
+        """
+        seq = _Sequence(cache, first_logits, params, eos_ids)
+        with self._cond:
+            if self._closed:
+                raise EngineClosed("the engine is shutting down")
+            self._waiting.append(seq)
+            self._start_thread()
+            self._cond.notify_all()
+        return TokenStream(self, seq)
+
+    def _cancel(self, seq: _Sequence) -> None:
+        seq.cancelled = True  # a no-op once it has stopped
+        with self._cond:
+            self._cond.notify_all()
+
+    @contextmanager
+    def prefill_turn(self):
+        """Hold a prefill slot; no decode step starts while any request waits for or holds one."""
+        with self._cond:
+            self._prefills += 1
+        try:
+            with self._slots:
+                yield
+        finally:
+            with self._cond:
+                self._prefills -= 1
+                self._cond.notify_all()
+
+    # -- facts ---------------------------------------------------------------------------------
+
+    @property
+    def num_active(self) -> int:
+        return len(self._active)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Stop after the step under way; requests still decoding get EngineClosed."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    # -- the scheduler thread ------------------------------------------------------------------
+
+    def _start_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="kvmosaic-decode", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            self._step(batch)
+        error = EngineClosed("the engine is shutting down")
+        with self._cond:
+            for seq in [*self._active, *self._waiting]:
+                seq.fail(error)
+            self._active, self._waiting = [], deque()
+
+    def _next_batch(self) -> list[_Sequence] | None:
+        """Wait until there is work and no prefill is pending; admit; None once closed."""
+        with self._cond:
+            while not self._closed and (self._prefills or not (self._active or self._waiting)):
+                self._cond.wait()
+            if self._closed:
+                return None
+            self._active = [seq for seq in self._active if not seq.cancelled]
+            self._admit()
+            return list(self._active)
+
+    def _admit(self) -> None:
+        """Move waiting requests into the batch in arrival order while both bounds hold
+        (a lone request is admitted whatever its size; nobody overtakes a waiting request)."""
+        rows = sum(seq.rows for seq in self._active)
+        while self._waiting and len(self._active) < self.max_batch:
+            seq = self._waiting[0]
+            if seq.cancelled:
+                self._waiting.popleft()
+                continue
+            if self._active and rows + seq.rows > self.max_batch_tokens:
+                return
+            self._active.append(self._waiting.popleft())
+            rows += seq.rows
+
+    def _step(self, batch: Sequence[_Sequence]) -> None:
+        """One token for every request of the batch (see the module docstring)."""
+        going = [seq for seq in batch if not seq.cancelled and seq.advance()]
+        if going:
+            try:
+                logits = decode_batch(self.stack, [seq.cache for seq in going], [seq.token for seq in going],
+                                      invariant=self.invariant)
+            except Exception as error:  # e.g. out of memory: these requests fail, the others go on
+                log.exception("decode step failed for %d requests", len(going))
+                for seq in going:
+                    seq.fail(error)
+                going = []
+            else:
+                for seq, row in zip(going, logits):
+                    seq.logits = row
+                self.num_steps += 1
+                self.num_tokens += len(going)
+        with self._cond:
+            kept = set(map(id, going))
+            self._active = [seq for seq in self._active if id(seq) in kept]

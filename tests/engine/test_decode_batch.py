@@ -1,0 +1,59 @@
+"""The batched decode step: each row is the request's own step, whatever its companions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.decode import decode_batch, decode_step
+from tests.engine.helpers import QUESTION, chunk_inputs
+
+QUESTIONS = [QUESTION, "Where does the Danube flow?", "What is green tea?", "How warm is a hive?",
+             "Who was Babbage?", "Which sea does the river reach?"]
+
+
+@pytest.fixture(scope="module")
+def prefilled(tiny_engine):
+    """Six prefilled requests of different lengths and modes, with their first token."""
+    chunks = chunk_inputs(tiny_engine)
+    results = []
+    for i, question in enumerate(QUESTIONS):
+        mode = ("full", "naive", "cacheblend")[i % 3]
+        result = tiny_engine.prefill(chunks[i % 2:], question, mode=mode, max_new_tokens=8)
+        results.append((result.cache, int(result.logits.argmax())))
+    return results
+
+
+def clone(cache):
+    copy = type(cache).__new__(type(cache))
+    copy.data, copy.length = cache.data.clone(), cache.length
+    return copy
+
+
+@pytest.mark.parametrize("size", [2, 3, 4, 5, 6])
+def test_batched_rows_are_bitwise_the_invariant_lone_step(tiny_engine, prefilled, size):
+    chosen = prefilled[:size]
+    caches = [clone(cache) for cache, _ in chosen]
+    batched = decode_batch(tiny_engine.stack, caches, [token for _, token in chosen])
+    for i, (cache, token) in enumerate(chosen):
+        alone = clone(cache)
+        lone_logits = decode_batch(tiny_engine.stack, [alone], [token], invariant=True)[0]
+        assert torch.equal(batched[i], lone_logits)
+        assert torch.equal(caches[i].data[:, :, :, :cache.length + 1], alone.data[:, :, :, :cache.length + 1])
+        assert caches[i].length == cache.length + 1
+
+
+def test_lone_unpadded_step_is_bitwise_decode_step(tiny_engine, prefilled):
+    cache, token = prefilled[2]
+    one, other = clone(cache), clone(cache)
+    assert torch.equal(decode_batch(tiny_engine.stack, [one], [token])[0], decode_step(tiny_engine.stack, other, token))
+    assert torch.equal(one.data, other.data)
+
+
+def test_batched_step_matches_the_one_row_step_to_rounding(tiny_engine, prefilled):
+    caches = [clone(cache) for cache, _ in prefilled]
+    batched = decode_batch(tiny_engine.stack, caches, [token for _, token in prefilled])
+    for row, (cache, token) in zip(batched, prefilled):
+        alone = decode_step(tiny_engine.stack, clone(cache), token)
+        torch.testing.assert_close(row, alone, rtol=1e-5, atol=1e-4)
+        assert int(row.argmax()) == int(alone.argmax())

@@ -1,0 +1,208 @@
+"""Continuous batching: a request's tokens are the same batched as alone, in every mode.
+
+The model here is the tiny random Llama with its residual branches scaled up, so that greedy
+answers vary from token to token (the plain tiny model repeats one token). Joins and leaves
+are made deterministic by holding a prefill turn, which pauses decode steps.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import engine.scheduler as scheduler_module
+from engine import EngineConfig
+from engine.decode import SamplingParams
+from engine.engine import Engine
+from engine.errors import EngineClosed
+from engine.model import wrap_model
+from engine.planners import planner_names
+from tests.conftest import build_tiny_model
+from tests.engine.helpers import QUESTION, chunk_inputs
+
+QUESTIONS = [QUESTION, "Where does the Danube flow?", "What is green tea?", "How warm is a hive?"]
+BUDGETS = [14, 6, 10, 3]  # requests leave the batch at different steps
+
+
+@pytest.fixture(scope="module")
+def lively_loaded(smol_tokenizer):
+    model = build_tiny_model(len(smol_tokenizer), seed=1)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.down_proj.weight.mul_(16)
+            layer.self_attn.o_proj.weight.mul_(16)
+    return wrap_model(model, smol_tokenizer)
+
+
+def make_engine(loaded, tmp_path_factory, **options) -> Engine:
+    return Engine(EngineConfig(data_dir=tmp_path_factory.mktemp("sched"), epic_tokens=4, **options), loaded)
+
+
+@pytest.fixture(scope="module")
+def engines(lively_loaded, tmp_path_factory):
+    built = {name: make_engine(lively_loaded, tmp_path_factory, **options) for name, options in
+             (("alone", {"batching": False}), ("batched", {}), ("invariant", {"batch_invariant": True}))}
+    yield built
+    for engine in built.values():
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def chunks(engines):
+    return chunk_inputs(engines["alone"])
+
+
+def prefill(engine, chunks, i, mode):
+    return engine.prefill(chunks[i % 2:], QUESTIONS[i], mode=mode, max_new_tokens=BUDGETS[i])
+
+
+def decode_alone(engine, chunks, mode, params=None):
+    tokens = []
+    for i in range(len(QUESTIONS)):
+        result = prefill(engine, chunks, i, mode)
+        list(engine.generate(result, params or SamplingParams(max_new_tokens=BUDGETS[i])))
+        tokens.append(result.generated_ids)
+    return tokens
+
+
+class StepRecorder:
+    """Stands in for `decode_batch` in the scheduler: records each step's batch size and runs
+    `actions[n]` on the scheduler thread just before the n-th step (0-based), so joins and
+    cancellations land between known steps."""
+
+    def __init__(self, real):
+        self.real, self.sizes, self.actions = real, [], {}
+
+    def __call__(self, stack, caches, tokens, invariant=False):
+        action = self.actions.pop(len(self.sizes), None)
+        if action is not None:
+            action()
+        self.sizes.append(len(caches))
+        return self.real(stack, caches, tokens, invariant=invariant)
+
+
+@pytest.fixture
+def steps(monkeypatch):
+    recorder = StepRecorder(scheduler_module.decode_batch)
+    monkeypatch.setattr(scheduler_module, "decode_batch", recorder)
+    return recorder
+
+
+def decode_joined(engine, chunks, mode, steps: StepRecorder, params=None, cancel: int | None = None):
+    """Request 0 decodes alone for three steps; then 1-3 join together; 3 leaves first (budget 3).
+
+    `cancel`: that request is cancelled right after the first joint step. Returns every
+    request's generated ids.
+    """
+    results = [prefill(engine, chunks, i, mode) for i in range(len(QUESTIONS))]
+    streams = {}
+
+    def start(i):
+        streams[i] = engine.generate(results[i], params or SamplingParams(max_new_tokens=BUDGETS[i]))
+
+    base = len(steps.sizes)
+    steps.actions[base + 2] = lambda: [start(i) for i in range(1, len(QUESTIONS))]
+    if cancel is not None:
+        steps.actions[base + 3] = lambda: streams[cancel].close()
+    start(0)
+    list(streams[0])
+    for i in range(1, len(QUESTIONS)):
+        list(streams[i])
+    return [r.generated_ids for r in results]
+
+
+@pytest.mark.parametrize("mode", planner_names())
+def test_greedy_tokens_are_the_same_batched_as_alone(engines, chunks, mode, steps):
+    alone = decode_alone(engines["alone"], chunks, mode)
+    assert any(len(set(tokens)) > 1 for tokens in alone)  # the answers are not one repeated token
+    assert [len(t) for t in alone] == BUDGETS
+    assert decode_joined(engines["batched"], chunks, mode, steps) == alone
+    assert steps.sizes[:6] == [1, 1, 1, 4, 4, 3]  # alone, then all four, then 3 has left
+
+
+@pytest.mark.parametrize("mode", ["full", "cacheblend", "cachecraft"])
+def test_invariant_batching_is_bitwise_alone(engines, chunks, mode, steps):
+    engine = engines["invariant"]
+    assert decode_joined(engine, chunks, mode, steps) == decode_alone(engine, chunks, mode)
+
+
+def test_a_cancelled_request_leaves_and_the_others_go_on(engines, chunks, steps):
+    alone = decode_alone(engines["alone"], chunks, "cacheblend")
+    joined = decode_joined(engines["batched"], chunks, "cacheblend", steps, cancel=2)
+    assert joined[2] == []  # cancelled before its consumer read a token
+    assert [joined[i] for i in (0, 1, 3)] == [alone[i] for i in (0, 1, 3)]
+    assert steps.sizes[:6] == [1, 1, 1, 4, 3, 2]  # 2 left at once, 3 after its budget
+    assert engines["batched"].scheduler.num_active == 0
+
+
+def test_a_seeded_sampled_request_draws_the_same_tokens_batched(engines, chunks, steps):
+    params = SamplingParams(max_new_tokens=14, temperature=0.9, top_p=0.95, seed=1234)
+    alone = decode_alone(engines["alone"], chunks, "cacheblend", params)
+    assert decode_joined(engines["batched"], chunks, "cacheblend", steps, params) == alone
+    assert alone[0] != decode_alone(engines["alone"], chunks, "cacheblend", SamplingParams(
+        max_new_tokens=14, temperature=0.9, top_p=0.95, seed=99))[0]  # the seed matters
+
+
+def test_bounds_hold_the_batch_and_everyone_finishes(lively_loaded, tmp_path_factory, chunks, steps):
+    engine = make_engine(lively_loaded, tmp_path_factory, max_batch=2)
+    try:
+        assert decode_joined(engine, chunks, "naive", steps) == decode_alone(engine, chunks, "naive")
+        assert max(steps.sizes) == 2
+    finally:
+        engine.close()
+    steps.sizes.clear()
+    engine = make_engine(lively_loaded, tmp_path_factory, max_batch_tokens=1)  # one request at a time
+    try:
+        assert [len(ids) for ids in decode_joined(engine, chunks, "naive", steps)] == BUDGETS
+        assert set(steps.sizes) == {1}
+    finally:
+        engine.close()
+
+
+def test_no_decode_step_starts_while_a_prefill_is_pending(engines, chunks):
+    engine = engines["batched"]
+    result = prefill(engine, chunks, 0, "naive")
+    steps = engine.scheduler.num_steps
+    with engine.scheduler.prefill_turn():
+        stream = engine.generate(result, SamplingParams(max_new_tokens=8))
+        time.sleep(0.3)
+        assert engine.scheduler.num_steps == steps and engine.scheduler.num_waiting == 1
+    list(stream)
+    assert len(result.generated_ids) == 8 and engine.scheduler.num_steps >= steps + 7
+
+
+def test_requests_from_many_threads_match_alone(engines, chunks):
+    alone = decode_alone(engines["alone"], chunks, "epic")
+    engine, got = engines["batched"], [None] * len(QUESTIONS)
+
+    def ask(i):
+        result = prefill(engine, chunks, i, "epic")
+        list(engine.generate(result, SamplingParams(max_new_tokens=BUDGETS[i])))
+        got[i] = result.generated_ids
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(QUESTIONS))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert got == alone
+
+
+def test_closing_ends_decoding_requests_and_refuses_new_ones(lively_loaded, tmp_path_factory, chunks):
+    engine = make_engine(lively_loaded, tmp_path_factory)
+    result = prefill(engine, chunks, 0, "naive")
+    with engine.scheduler.prefill_turn():
+        stream = engine.generate(result, SamplingParams(max_new_tokens=14))
+        engine.scheduler.close(timeout=None)
+    with pytest.raises(EngineClosed):
+        list(stream)
+    with pytest.raises(EngineClosed):
+        list(engine.generate(prefill(engine, chunks, 1, "naive"), SamplingParams(max_new_tokens=4)))
+
+
+def test_bad_bounds_are_refused(lively_loaded, tmp_path_factory):
+    with pytest.raises(ValueError, match="max_batch"):
+        make_engine(lively_loaded, tmp_path_factory, max_batch=0)
