@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.chunks import COMPUTED_NOW
-from app.schemas.ask import AskResponse, ChunkOut, Timings, Usage
+from app.schemas.ask import AskResponse, ChunkOut, GuardOut, Timings, Usage
 from app.service import Answer
 
 
@@ -13,8 +13,20 @@ def ask_response(answer: Answer, tokenizer=None) -> AskResponse:
     chunks = [chunk_out(r, report, variant, result.mode, tokenizer)
               for r, report, variant in zip(answer.retrieved, result.chunks, answer.variants)]
     return AskResponse(answer=answer.text, mode=result.mode, finish_reason=answer.finish_reason,
-                       fallback_reason=result.fallback_reason, chunks=chunks, timings=timings(answer),
-                       usage=usage(answer))
+                       fallback_reason=result.fallback_reason, guard=guard_out(result.guard), chunks=chunks,
+                       timings=timings(answer), usage=usage(answer))
+
+
+def guard_out(report) -> GuardOut | None:
+    """The guard's estimate and spend (None for a result that has no guard report)."""
+    if report is None:
+        return None
+    return GuardOut(fidelity=report.fidelity, margin=_round(report.margin), uncovered=_round(report.uncovered),
+                    threshold=report.threshold, escalated=report.escalated, spent_ms=round(report.spent_s * 1000, 2))
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def chunk_out(retrieved, report, variant: str, mode: str, tokenizer) -> ChunkOut:

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from app.retrieve import Retrieved, retrieve_chunks
+from engine.config import FIDELITIES
 from engine.decode import SamplingParams
 from engine.errors import InvalidRequest
 from engine.planners import planner_names
@@ -32,6 +33,7 @@ class Query:
     mode: str
     ratio: float | None
     sampling: SamplingParams
+    fidelity: str = "balanced"  # the fidelity guard's level (engine/guard.py)
 
 
 @dataclass
@@ -86,8 +88,8 @@ class RagService:
             loaded = self.chunk_cache.load(retrieved, query.mode)
         try:
             with clock("prefill"):  # run layers: reuse cached rows, recompute the selected ones
-                result = self.engine.prefill(loaded.inputs, query.question, mode=query.mode,
-                                             ratio=query.ratio, max_new_tokens=query.sampling.max_new_tokens)
+                result = self.engine.prefill(loaded.inputs, query.question, mode=query.mode, ratio=query.ratio,
+                                             max_new_tokens=query.sampling.max_new_tokens, fidelity=query.fidelity)
         finally:
             loaded.release()  # the chunks' KV now lives in the request's cache: unpin it
         with clock("decode"):
@@ -114,7 +116,7 @@ class RagService:
 
     def query(self, question: str, top_k: int | None = None, mode: str | None = None,
               ratio: float | None = None, max_tokens: int | None = None, temperature: float = 0.0,
-              top_p: float = 1.0, seed: int | None = None) -> Query:
+              top_p: float = 1.0, seed: int | None = None, fidelity: str | None = None) -> Query:
         """Validate a question against the settings; raises InvalidRequest with a clear message."""
         s = self.settings
         question = question.strip()
@@ -128,5 +130,8 @@ class RagService:
         max_tokens = max_tokens or s.default_max_tokens
         if max_tokens > s.max_tokens_limit:
             raise InvalidRequest(f"max_tokens is {max_tokens}; the limit is {s.max_tokens_limit}")
+        fidelity = fidelity or s.fidelity
+        if fidelity not in FIDELITIES:
+            raise InvalidRequest(f"unknown fidelity {fidelity!r}; known: {', '.join(FIDELITIES)}")
         sampling = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
-        return Query(question, top_k or s.default_top_k, mode, ratio, sampling)
+        return Query(question, top_k or s.default_top_k, mode, ratio, sampling, fidelity)

@@ -6,6 +6,7 @@ import json
 import sys
 
 from app.cli.common import add_settings_arguments, settings_from
+from engine.config import FIDELITIES
 
 
 def add_parser(subparsers) -> None:
@@ -15,6 +16,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--mode", default=None, help="recompute mode (default: KVMOSAIC_DEFAULT_MODE)")
     parser.add_argument("--top-k", type=int, default=None, help="chunks to retrieve")
     parser.add_argument("--ratio", type=float, default=None, help="recompute ratio for cacheblend")
+    parser.add_argument("--fidelity", choices=FIDELITIES, default=None,
+                        help="fidelity guard: fast, balanced or exact (default: KVMOSAIC_FIDELITY)")
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--server", default=None, help="ask a running server, e.g. http://127.0.0.1:8000")
@@ -24,7 +27,7 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     body = {"question": args.question, "mode": args.mode, "top_k": args.top_k, "ratio": args.ratio,
-            "max_tokens": args.max_tokens, "temperature": args.temperature}
+            "max_tokens": args.max_tokens, "temperature": args.temperature, "fidelity": args.fidelity}
     body = {k: v for k, v in body.items() if v is not None}
     report = ask_server(args.server, body) if args.server else ask_here(args, body)
     if report is None:
@@ -69,10 +72,20 @@ def print_report(report: dict) -> None:
     print(f"\nmode {report['mode']}: TTFT {t['ttft_ms']:.0f} ms (retrieve {t['retrieve_ms']:.0f}, load "
           f"{t['load_ms']:.0f}, prefill {t['prefill_ms']:.0f}), decode {t['decode_ms']:.0f} ms, total "
           f"{t['total_ms']:.0f} ms; recomputed {u['recomputed_tokens']}/{u['context_tokens']} context tokens")
+    if report.get("guard"):
+        print(guard_line(report["guard"]))
     for c in report["chunks"]:
         stop = f", stopped at layer {c['stopped_layer']}" if c["stopped_layer"] is not None else ""
         print(f"  {c['score']:.3f}  {c['document'][:40]:40}  reused {c['reused']:4} recomputed "
               f"{c['recomputed']:4}  variant {c['variant']}{stop}")
+
+
+def guard_line(guard: dict) -> str:
+    """One line: the guard's level, its estimate, and what it spent."""
+    margin = "n/a" if guard["margin"] is None else f"{guard['margin']:.2f} nats"
+    uncovered = "" if guard["uncovered"] is None else f", stale score mass {guard['uncovered']:.3f}"
+    action = f"re-ran in full ({guard['spent_ms']:.0f} ms)" if guard["escalated"] else "kept the mode's prefill"
+    return f"fidelity {guard['fidelity']}: first-token margin {margin}{uncovered}; {action}"
 
 
 def _echo(piece: str) -> None:

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from app.schemas.common import Seed
+
+# The fidelity guard's levels (engine.config.FIDELITIES, spelled out for the OpenAPI schema).
+Fidelity = Literal["fast", "balanced", "exact"]
+FIDELITY_DOC = ("fast: the mode as is; balanced: the guard widens recompute and re-runs an uncertain "
+                "request in full; exact: full prefill (default: the server's)")
 
 
 class AskRequest(BaseModel):
@@ -16,6 +23,7 @@ class AskRequest(BaseModel):
     top_k: int | None = Field(default=None, ge=1, le=20, strict=True, description="chunks to retrieve (1-20)")
     mode: str | None = Field(default=None, description="recompute mode (see GET /modes)")
     ratio: float | None = Field(default=None, ge=0.0, le=1.0, description="cacheblend recompute ratio")
+    fidelity: Fidelity | None = Field(default=None, description=FIDELITY_DOC)
     max_tokens: int | None = Field(default=None, ge=1, strict=True,
                                    description="answer token budget; its limit is a setting")
     temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 = greedy")
@@ -69,11 +77,25 @@ class Usage(BaseModel):
     recompute_share: float
 
 
+class GuardOut(BaseModel):
+    """What the fidelity guard estimated and spent for the answer (engine/guard.py)."""
+
+    fidelity: Fidelity
+    margin: float | None = Field(default=None, description="first token's log-probability margin over the "
+                                                           "runner-up (nats) in the mode's own prefill")
+    uncovered: float | None = Field(default=None, description="share of the check layer's selection-score mass "
+                                                              "left on rows not recomputed")
+    threshold: float | None = Field(default=None, description="margin below which balanced re-runs in full")
+    escalated: bool = Field(description="the answer comes from a second, full prefill")
+    spent_ms: float = Field(description="time of that second prefill, inside ttft_ms")
+
+
 class AskResponse(BaseModel):
     answer: str
     mode: str
     finish_reason: str = Field(description="'stop' (end of answer), 'length' (token budget) or 'cancelled'")
     fallback_reason: str | None = None
+    guard: GuardOut | None = None
     chunks: list[ChunkOut]
     timings: Timings
     usage: Usage
@@ -84,3 +106,5 @@ class ModesResponse(BaseModel):
     default: str
     top_k: int = Field(description="default number of chunks")
     max_tokens: int = Field(description="default answer token budget")
+    fidelities: list[str] = Field(description="fidelity guard levels a request may name")
+    fidelity: str = Field(description="default fidelity level")

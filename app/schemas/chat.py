@@ -5,7 +5,7 @@ turns and client system messages are ignored: the system prefix is fixed so its 
 reused), `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stream`
 and `stream_options.include_usage`; `temperature` defaults to 0 (greedy, the usual choice for
 grounded answers) where OpenAI's default is 1. Unknown OpenAI fields are accepted and ignored.
-Extras (`extra_body` in the openai client): `mode`, `top_k`, `ratio`.
+Extras (`extra_body` in the openai client): `mode`, `top_k`, `ratio`, `fidelity`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from app.schemas.ask import FIDELITY_DOC, Fidelity
 from app.schemas.common import Seed
 
 
@@ -58,6 +59,7 @@ class ChatRequest(BaseModel):
     mode: str | None = None
     top_k: int | None = Field(default=None, ge=1, le=20, strict=True)
     ratio: float | None = Field(default=None, ge=0.0, le=1.0)
+    fidelity: Fidelity | None = Field(default=None, description=FIDELITY_DOC)
 
     def question(self) -> str:
         """The last user message's text ('' if there is none)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 import statistics
 import sys
@@ -28,7 +29,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from engine.bench.flops import FlopCounter
-from engine.bench.metrics import best_f1, kl_divergence, rouge_l, same_top1
+from engine.bench.metrics import best_f1, forced_logits, kl_divergence, rouge_l, same_top1, teacher_forced
 from engine.cachecraft.book import VariantBook
 from engine.decode import SamplingParams
 from engine.errors import InvalidRequest
@@ -38,6 +39,7 @@ from engine.planners.base import ChunkInput, VariantYield
 REFERENCE = reference_mode()  # every row is measured against it
 CRAFT = "cachecraft"  # the mode whose α `kvmosaic calibrate` fits
 WARM = "+warm"
+AT = "@"  # `mode@fidelity`: the row runs at that guard level (engine/guard.py)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class FidelityOptions(DatasetSlice):
     modes: tuple[str, ...] = ("full", "naive", "epic", "cacheblend")
     ratio: float | None = None
     max_new_tokens: int = 32
+    fidelity: str | None = None  # guard level of rows that name none (None: the engine's default)
 
 
 @dataclass
@@ -81,6 +84,11 @@ class ModeSample:
     f1: float
     answer: str
     warmup_cost: float = 0.0  # untimed warm-up work before this sample, in full prefills
+    # full's greedy answer fed to the mode (teacher forcing, metrics.teacher_forced): share of
+    # answer positions whose top-1 is full's token, mean KL(full ‖ mode) per position
+    answer_top1: float = float("nan")
+    answer_kl: float = float("nan")
+    escalated: bool = False  # the fidelity guard re-ran the request in full
 
 
 @dataclass
@@ -96,6 +104,9 @@ class ModeSummary:
     rouge_l: float
     f1: float
     warmup_cost: float = 0.0
+    answer_top1: float = float("nan")
+    answer_kl: float = float("nan")
+    escalated: float = 0.0  # share of records the guard re-ran in full
     samples: list[ModeSample] = field(default_factory=list)
 
 
@@ -150,12 +161,19 @@ def row_labels(options: FidelityOptions) -> tuple[str, ...]:
     warm row for each mode whose requests leave variants."""
     modes = (REFERENCE,) + tuple(m for m in options.modes if m != REFERENCE)
     warm = tuple(f"{m}{WARM}{options.warmup_orders}" for m in modes
-                 if options.warmup_orders > 0 and planner_class(m).leaves is not VariantYield.NONE)
+                 if options.warmup_orders > 0 and planner_class(mode_of(m)).leaves is not VariantYield.NONE)
     return modes + warm
 
 
 def mode_of(label: str) -> str:
-    return label.split(WARM)[0]
+    """The mode of a row label such as `cachecraft@fast+warm3`."""
+    return label.split(WARM)[0].split(AT)[0]
+
+
+def fidelity_of(label: str, options: "FidelityOptions") -> str | None:
+    """The guard level of a row label (`mode@fast`), else the options' (None: the engine's)."""
+    head = label.split(WARM)[0]
+    return head.split(AT)[1] if AT in head else options.fidelity
 
 
 def mode_inputs(engine, record, options: FidelityOptions, labels, provider, index: int) -> dict[str, tuple[list[ChunkInput], float]]:
@@ -224,18 +242,22 @@ def _run_record(engine, record, inputs, modes, options) -> dict[str, ModeSample]
     for label in modes:
         chunks, warmup_cost = inputs[label]
         result = engine.prefill(chunks, record["question"], mode=mode_of(label), ratio=options.ratio,
-                                max_new_tokens=options.max_new_tokens)
+                                max_new_tokens=options.max_new_tokens, fidelity=fidelity_of(label, options))
         logits = result.logits.clone()
         work = flops.prefill(result.layers_computed)
         answer = "".join(engine.generate(result, params)).strip()
         if reference is None:
-            reference = (result.ttft_s, work, logits, answer)
-        ref_ttft, ref_work, ref_logits, ref_answer = reference
+            ids = list(result.generated_ids)
+            reference = (result.ttft_s, work, logits, answer, ids, forced_logits(engine, result, ids))
+        ref_ttft, ref_work, ref_logits, ref_answer, ref_ids, ref_forced = reference
+        forced = teacher_forced(engine, result, ref_ids, ref_forced)
         out[label] = ModeSample(
             ttft_s=result.ttft_s, ttft_ratio=ref_ttft / result.ttft_s, compute_ratio=ref_work / max(work, 1.0),
             recompute_share=result.recompute_share, kl=kl_divergence(ref_logits, logits),
             top1=same_top1(ref_logits, logits), rouge_l=rouge_l(answer, ref_answer),
-            f1=best_f1(answer, record.get("answers", [])), answer=answer, warmup_cost=warmup_cost)
+            f1=best_f1(answer, record.get("answers", [])), answer=answer, warmup_cost=warmup_cost,
+            answer_top1=forced.top1_share, answer_kl=forced.mean_kl,
+            escalated=bool(result.guard is not None and result.guard.escalated))
     return out
 
 
@@ -249,17 +271,26 @@ def _summarize(mode: str, samples: list[ModeSample]) -> ModeSummary:
         recompute_share=mean(s.recompute_share for s in samples),
         mean_kl=mean(s.kl for s in samples), top1_agreement=mean(s.top1 for s in samples),
         rouge_l=mean(s.rouge_l for s in samples), f1=mean(s.f1 for s in samples),
-        warmup_cost=mean(s.warmup_cost for s in samples), samples=samples)
+        warmup_cost=mean(s.warmup_cost for s in samples), answer_top1=_mean_known(s.answer_top1 for s in samples),
+        answer_kl=_mean_known(s.answer_kl for s in samples), escalated=mean(s.escalated for s in samples),
+        samples=samples)
+
+
+def _mean_known(values) -> float:
+    """Mean over the records that have the figure (an empty reference answer has none)."""
+    known = [v for v in values if not math.isnan(v)]
+    return statistics.fmean(known) if known else float("nan")
 
 
 def format_table(summaries: list[ModeSummary]) -> str:
     header = (f"{'mode':<17} {'n':>3} {'TTFT s':>8} {'vs full':>8} {'floor':>8} {'recomp':>7} {'KL':>8} {'top1':>6} "
-              f"{'ROUGE-L':>8} {'F1':>6} {'warm-up':>8}")
+              f"{'ROUGE-L':>8} {'F1':>6} {'warm-up':>8} {'ans top1':>8} {'ans KL':>7} {'guard':>6}")
     lines = [header, "-" * len(header)]
     for s in summaries:
         lines.append(f"{s.mode:<17} {s.records:>3} {s.median_ttft_s:>8.3f} {s.median_ttft_ratio:>7.2f}x "
                      f"{s.median_compute_ratio:>7.2f}x {s.recompute_share:>7.3f} {s.mean_kl:>8.4f} {s.top1_agreement:>6.2f} "
-                     f"{s.rouge_l:>8.3f} {s.f1:>6.3f} {s.warmup_cost:>7.2f}x")
+                     f"{s.rouge_l:>8.3f} {s.f1:>6.3f} {s.warmup_cost:>7.2f}x {s.answer_top1:>8.3f} {s.answer_kl:>7.4f} "
+                     f"{s.escalated:>6.2f}")
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@ from app.api.errors import documented, error_body
 from app.api.streaming import SSE_HEADERS, AnswerStream, sse
 from app.report import ask_response
 from app.schemas.ask import AskRequest, AskResponse, ModesResponse
+from engine.config import FIDELITIES
 from engine.planners import planner_names
 
 router = APIRouter(tags=["ask"])
@@ -22,14 +23,14 @@ STREAM_DOC = {200: {"content": {"text/event-stream": {}},
 def modes(services: ServicesDep) -> ModesResponse:
     s = services.settings
     return ModesResponse(modes=planner_names(), default=s.default_mode, top_k=s.default_top_k,
-                         max_tokens=s.default_max_tokens)
+                         max_tokens=s.default_max_tokens, fidelities=list(FIDELITIES), fidelity=s.fidelity)
 
 
 @router.post("/ask", response_model=AskResponse, responses={**STREAM_DOC, **documented(400, 422, 503)})
 async def ask(body: AskRequest, services: ServicesDep):
     """Retrieve, prefill by mode reusing chunk KV, decode; report per chunk and per stage."""
     query = services.rag.query(body.question, body.top_k, body.mode, body.ratio, body.max_tokens,
-                               body.temperature, body.top_p, body.seed)
+                               body.temperature, body.top_p, body.seed, body.fidelity)
     tokenizer = services.engine.loaded.tokenizer if body.explain else None
     if not body.stream:
         answer = await services.queue.run(services.rag.ask, query)

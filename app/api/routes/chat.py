@@ -42,7 +42,7 @@ def models(services: ServicesDep) -> ModelList:
 async def chat_completions(body: ChatRequest, services: ServicesDep):
     query = services.rag.query(body.question(), body.top_k, body.mode, body.ratio,
                                body.max_completion_tokens or body.max_tokens,
-                               body.temperature or 0.0, body.top_p or 1.0, body.seed)
+                               body.temperature or 0.0, body.top_p or 1.0, body.seed, body.fidelity)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": services.model_name}
     if not body.stream:
         answer = await services.queue.run(services.rag.ask, query)

@@ -1,0 +1,94 @@
+"""The fidelity knob through the API and the CLI, on the tiny model.
+
+The module's server defaults to `balanced` with a margin no first token reaches, so a
+balanced request always re-runs in full: what the report says must follow.
+"""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+
+from app.cli.ask import guard_line
+from app.schemas.ask import Fidelity
+from engine.config import FIDELITIES
+from tests.app.conftest import LOCAL_CLIENT, start_services
+
+QUESTION = "When was the lighthouse first lit?"
+
+
+@pytest.fixture(scope="module")
+def client(tiny_loaded, embedder, tmp_path_factory):
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    services = start_services(tiny_loaded, embedder, tmp_path_factory.mktemp("guard"), fidelity="balanced",
+                              guard_margin=1e9)
+    with TestClient(create_app(services=services), client=LOCAL_CLIENT) as client:
+        yield client
+    services.close()
+
+
+def ask(client, **fields) -> dict:
+    response = client.post("/ask", json={"question": QUESTION, "top_k": 3, "mode": "cacheblend", **fields})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_the_schema_names_every_level():
+    assert typing.get_args(Fidelity) == FIDELITIES
+
+
+def test_modes_list_the_levels_and_the_default(client):
+    body = client.get("/modes").json()
+    assert body["fidelities"] == list(FIDELITIES) and body["fidelity"] == "balanced"
+
+
+def test_balanced_reports_its_estimate_and_the_full_rerun(client):
+    body = ask(client)
+    guard = body["guard"]
+    assert guard["fidelity"] == "balanced" and guard["escalated"] is True
+    assert guard["margin"] >= 0 and 0 <= guard["uncovered"] <= 1 and guard["threshold"] == 1e9
+    assert 0 < guard["spent_ms"] <= body["timings"]["ttft_ms"]
+    assert body["mode"] == "cacheblend" and body["usage"]["recompute_share"] == 1.0
+    assert {c["strategy"] for c in body["chunks"]} == {"full"}
+
+
+def test_fast_keeps_the_mode(client):
+    body = ask(client, fidelity="fast")
+    guard = body["guard"]
+    assert guard["fidelity"] == "fast" and guard["escalated"] is False and guard["spent_ms"] == 0
+    assert {c["strategy"] for c in body["chunks"]} == {"cacheblend"}
+    assert body["usage"]["recompute_share"] < 1.0
+
+
+def test_exact_is_full_prefill(client):
+    body = ask(client, fidelity="exact")
+    assert body["guard"]["fidelity"] == "exact" and body["guard"]["margin"] is None
+    assert body["usage"]["recompute_share"] == 1.0
+    full = ask(client, mode="full", fidelity="fast")
+    assert body["answer"] == full["answer"]
+
+
+def test_unknown_level_is_422(client):
+    response = client.post("/ask", json={"question": QUESTION, "fidelity": "perfect"})
+    assert response.status_code == 422
+    assert "fidelity" in response.text
+
+
+def test_chat_takes_the_level_as_an_extra(client):
+    response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": QUESTION}],
+                                                         "mode": "cacheblend", "fidelity": "exact", "max_tokens": 4})
+    assert response.status_code == 200, response.text
+    assert response.json()["kvmosaic"]["guard"]["fidelity"] == "exact"
+
+
+def test_cli_guard_line():
+    line = guard_line({"fidelity": "balanced", "margin": 0.31, "uncovered": 0.04, "threshold": 1.0,
+                       "escalated": True, "spent_ms": 812.0})
+    assert line == ("fidelity balanced: first-token margin 0.31 nats, stale score mass 0.040; "
+                    "re-ran in full (812 ms)")
+    assert guard_line({"fidelity": "exact", "margin": None, "uncovered": None, "threshold": None,
+                       "escalated": False, "spent_ms": 0.0}).endswith("kept the mode's prefill")
