@@ -98,7 +98,7 @@ def run_workload_command(args) -> int:
     values.setdefault("queue_size", base.queue_size)
     engine = Engine.load(base.engine_config())
     server = Server(engine.loaded, Embedder(base.embedder_path), values)
-    run = run_workload(options, server)
+    run = run_workload(options, server, say=lambda line: print(line, flush=True))
     print(format_table(run.summaries))
     command = "kvmosaic " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     if args.json:
