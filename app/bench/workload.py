@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -143,6 +144,7 @@ def _retrieve_all(server: Server, snapshot: Snapshot, trace: list[TraceRequest],
                                                      t.question, t.top_k or top_k)] for t in trace]
     finally:
         services.close()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _run_cells(options: WorkloadOptions, server: Server, snapshot: Snapshot, trace, say) -> list[CellResult]:
