@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.queue import QueueFull
+from engine.catalog import LeaseLost
 from app.schemas.errors import ErrorBody
 from engine.errors import InvalidRequest
 
@@ -59,6 +60,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(InvalidRequest, _invalid_request)
     app.add_exception_handler(QueueFull, _queue_full)
+    app.add_exception_handler(LeaseLost, _lease_lost)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -78,6 +80,13 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
 
 async def _invalid_request(request: Request, exc: InvalidRequest) -> JSONResponse:
     return error_response(422, str(exc))
+
+
+async def _lease_lost(request: Request, exc: LeaseLost) -> JSONResponse:
+    """This replica stalled past its ingest lease and a peer (or a delete) took the document
+    away: nothing was added; the same request again starts afresh."""
+    return error_response(503, f"the ingest was interrupted and undone, send it again: {exc}",
+                          headers={"Retry-After": "1"})
 
 
 async def _queue_full(request: Request, exc: QueueFull) -> JSONResponse:

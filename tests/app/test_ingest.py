@@ -45,20 +45,66 @@ def test_every_chunk_gets_base_kv_and_an_index_row(fresh):
 def test_a_failure_midway_leaves_no_trace(fresh, monkeypatch):
     before = totals(fresh)
     calls = []
-    real = fresh.chunk_cache.put_base
+    real = fresh.chunk_cache.store_base
 
-    def failing(chunk_id, token_ids):
+    def failing(chunk_id, kv):
         calls.append(chunk_id)
         if len(calls) == 3:
             raise RuntimeError("disk on fire")
-        return real(chunk_id, token_ids)
+        return real(chunk_id, kv)
 
-    monkeypatch.setattr(fresh.chunk_cache, "put_base", failing)
+    monkeypatch.setattr(fresh.chunk_cache, "store_base", failing)
     with pytest.raises(RuntimeError, match="disk on fire"):
         fresh.ingestor.ingest(LONG)
     assert totals(fresh) == before
     monkeypatch.undo()
     assert fresh.ingestor.ingest(LONG).created is True  # nothing half-there blocks a retry
+
+
+def test_ingest_encodes_chunks_in_packed_batches_with_progress(fresh, monkeypatch):
+    encoded, progress = [], []
+    real = fresh.engine.encode_chunks
+
+    def counting(chunks, batch_tokens):
+        encoded.append(len(chunks))
+        return real(chunks, batch_tokens)
+
+    monkeypatch.setattr(fresh.engine, "encode_chunks", counting)
+    fresh.chunk_cache.batch_tokens = 100  # chunks of ~47 tokens: two per pass
+    result = fresh.ingestor.ingest(LONG, lambda chunks, tokens: progress.append((chunks, tokens)))
+    chunks = fresh.catalog.chunks_of_document(result.document.id)
+    assert 1 < len(encoded) < len(chunks) and sum(encoded) == len(chunks)
+    assert [c for c, _ in progress] == encoded and sum(t for _, t in progress) == result.num_tokens
+    assert result.kv == "eager" and result.kv_tiers == {"disk": len(chunks)}
+
+
+def test_lazy_ingest_indexes_now_and_computes_kv_on_first_retrieval(fresh):
+    from app.chunks import COMPUTED_NOW
+
+    result = fresh.ingestor.ingest(LONG, kv="lazy")
+    chunks = fresh.catalog.chunks_of_document(result.document.id)
+    assert result.kv == "lazy" and result.kv_tiers == {} and result.created
+    assert set(c.id for c in chunks) <= set(fresh.retriever.index.ids())
+    assert all(fresh.catalog.variants_of_chunk(c.id) == [] for c in chunks)
+    hits = [h for h in fresh.retriever.search("Sentence 3 is about tides and mills.", 3)
+            if h.chunk_id in {c.id for c in chunks}]
+    assert hits
+    first = fresh.rag.ask(fresh.rag.query("What is sentence 3 about?", mode="cacheblend", max_tokens=2))
+    assert COMPUTED_NOW in first.variants
+    stored = [c for c in chunks if fresh.catalog.variants_of_chunk(c.id)]
+    assert stored and all(fresh.chunk_cache.store.where(fresh.catalog.variants_of_chunk(c.id)[0].store_key) == "disk"
+                          for c in stored)
+    again = fresh.rag.ask(fresh.rag.query("What is sentence 3 about?", mode="cacheblend", max_tokens=2))
+    assert COMPUTED_NOW not in again.variants
+
+
+def test_unknown_kv_mode_is_refused_before_anything_is_written(fresh):
+    from engine.errors import InvalidRequest
+
+    before = totals(fresh)
+    with pytest.raises(InvalidRequest, match="eager, lazy"):
+        fresh.ingestor.ingest(LONG, kv="later")
+    assert totals(fresh) == before
 
 
 def test_only_ingests_whose_lease_expired_are_removed(fresh):
@@ -117,3 +163,28 @@ def test_restart_reuses_the_saved_index_and_kv(fresh, tiny_loaded, embedder):
     finally:
         again.close()
     fresh.close = lambda: None  # already closed
+
+
+def test_an_ingest_whose_lease_a_peer_took_is_undone_and_answered_503(fresh, monkeypatch):
+    """This replica stalls past its lease, a peer claims the ingest: nothing of it stays, and
+    `POST /documents` says to send it again (503), not 500."""
+    from datetime import timedelta
+
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from engine.catalog.models import utcnow
+
+    before = totals(fresh)
+    real = fresh.ingestor.leases.hold
+
+    def stalled(document_id):  # the ingest begins, then this replica stalls past its lease
+        real(document_id)
+        assert fresh.catalog.claim_ingest(document_id, "peer", 30.0, now=utcnow() + timedelta(hours=1))
+
+    monkeypatch.setattr(fresh.ingestor.leases, "hold", stalled)
+    with TestClient(create_app(services=fresh), client=("127.0.0.1", 50000)) as client:
+        response = client.post("/documents", json={"title": LONG.title, "text": LONG.text})
+    assert response.status_code == 503 and response.headers["retry-after"] == "1", response.text
+    assert "send it again" in response.json()["error"]["message"]
+    assert totals(fresh) == before and fresh.catalog.ingests() == []
