@@ -44,7 +44,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     app = FastAPI(title="kvmosaic", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
     install_error_handlers(app)
-    install_openapi(app)
+    install_openapi(app, settings)
     app.add_middleware(ErrorMiddleware)  # inside the metrics, so they count its 500s
     app.add_middleware(MetricsMiddleware)
     for router in ROUTERS:

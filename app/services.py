@@ -17,6 +17,7 @@ from pathlib import Path
 
 from app.counters import Counters
 from app.ingest import Ingestor
+from app.memory import Trimmer, limit_arenas
 from app.metrics import LiveCollector, Metrics
 from app.queue import WorkQueue
 from app.replica import IndexFollower, LeaseKeeper, PeriodicJob, ReplicaDaemon, index_rows, new_replica_id
@@ -45,6 +46,7 @@ class Services:
     counters: Counters = field(default_factory=Counters)
     started_at: float = field(default_factory=time.time)
     daemon: ReplicaDaemon | None = None
+    trimmer: Trimmer | None = None  # hands freed heap back to the kernel when idle (app/memory.py)
 
     @classmethod
     def start(cls, settings: Settings, engine=None, embedder=None) -> "Services":
@@ -55,6 +57,7 @@ class Services:
         from retrieval.embedder import Embedder
 
         started = time.perf_counter()
+        limit_arenas(settings.malloc_arenas)  # before the threads below first allocate
         engine = engine or Engine.load(settings.engine_config())
         catalog = Catalog.open(settings.catalog_config())
         chunk_cache = open_chunk_cache(settings, catalog, engine)
@@ -62,7 +65,7 @@ class Services:
         retriever = open_retriever(settings, catalog, embedder)
         chunker = Chunker(token_counter(engine), settings.chunk_tokens, settings.chunk_overlap)
         leases = LeaseKeeper(catalog, settings.replica_id or new_replica_id(), settings.ingest_lease_s)
-        ingestor = Ingestor(engine, chunker, retriever, catalog, chunk_cache, leases)
+        ingestor = Ingestor(engine, chunker, retriever, catalog, chunk_cache, leases, settings.ingest_kv)
         ingestor.reclaim_expired()
         services = cls.assemble(settings, engine, catalog, chunk_cache, retriever, ingestor)
         services.daemon = replica_daemon(settings, catalog, chunk_cache, retriever, ingestor).start()
@@ -79,6 +82,7 @@ class Services:
         # variant builds use idle capacity only: nothing builds while a request runs or waits
         chunk_cache.builder.idle = lambda: queue.pending == 0
         services.metrics.add_collector(LiveCollector(queue, chunk_cache.tier_stats))
+        services.trimmer = Trimmer(lambda: queue.pending == 0, settings.trim_interval_s)
         return services
 
     @property
@@ -91,11 +95,15 @@ class Services:
         self.counters.record(answer.result.mode, share)
         ttft = answer.stages.get("load", 0.0) + answer.stages.get("prefill", 0.0)  # as in the report
         self.metrics.observe_answer(answer.result.mode, ttft, share, answer.stages, len(answer.result.generated_ids))
+        if self.trimmer is not None:
+            self.trimmer.note_work()
 
     def close(self) -> None:
         """Stop following the catalog, finish running work, then close the store and the catalog."""
         if self.daemon is not None:
             self.daemon.close()
+        if self.trimmer is not None:
+            self.trimmer.close()
         self.queue.shutdown(wait=True)
         self.ingestor.leases.close()
         self.retriever.save()

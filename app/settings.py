@@ -66,7 +66,6 @@ class Settings(BaseSettings):
     # fidelity guard (engine/guard.py): defaults and bounds live in EngineConfig
     fidelity: Literal[FIDELITIES] = EngineConfig.fidelity
     guard_margin: float = Field(default=EngineConfig.guard_margin, ge=0.0)
-    guard_coverage: float = Field(default=EngineConfig.guard_coverage, ge=0.0, lt=1.0)
     # -- chunking and retrieval ---------------------------------------------------------------
     chunk_tokens: int = Field(default=256, ge=16, le=2048)
     chunk_overlap: int = Field(default=32, ge=0)
@@ -82,9 +81,17 @@ class Settings(BaseSettings):
     # -- serving ------------------------------------------------------------------------------
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    workers: int = Field(default=2, ge=1)  # engine threads running requests at once
+    # requests in service at once (retrieval, prefill, decode); with batching their decodes
+    # share steps, so keep it >= max_batch
+    workers: int = Field(default=8, ge=1)
     queue_size: int = Field(default=8, ge=0)  # requests waiting beyond those; more get 503
     retry_after_s: int = Field(default=2, ge=1)
+    # continuous batching of decode (engine/scheduler.py): defaults and bounds live in EngineConfig
+    batching: bool = EngineConfig.batching
+    max_batch: int = Field(default=EngineConfig.max_batch, ge=1)
+    max_batch_tokens: int = Field(default=EngineConfig.max_batch_tokens, ge=1)
+    prefill_slots: int = Field(default=EngineConfig.prefill_slots, ge=1)
+    batch_invariant: bool = EngineConfig.batch_invariant
     admin_token: SecretStr | None = None  # None: admin endpoints answer 403
     # None: document writes only from loopback clients (see app/api/access.py)
     write_token: SecretStr | None = None
@@ -184,4 +191,6 @@ class Settings(BaseSettings):
             craft_build_after=self.craft_build_after, craft_traffic_window=self.craft_traffic_window,
             craft_build=self.craft_build,
             focus_layer=self.focus_layer, focus_threshold=self.focus_threshold,
-            fidelity=self.fidelity, guard_margin=self.guard_margin, guard_coverage=self.guard_coverage)
+            fidelity=self.fidelity, guard_margin=self.guard_margin,
+            batching=self.batching, max_batch=self.max_batch, max_batch_tokens=self.max_batch_tokens,
+            prefill_slots=self.prefill_slots, batch_invariant=self.batch_invariant)

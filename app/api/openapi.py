@@ -1,8 +1,13 @@
-"""The OpenAPI document: FastAPI's, plus the schemas of bodies that routes read by hand.
+"""The OpenAPI document: FastAPI's, plus the schemas of bodies that routes read by hand, plus
+the limits that come from this server's settings.
 
 `POST /documents` parses its body itself (JSON or multipart, capped while streaming), so
 FastAPI never sees `DocumentIn`; the route refers to it by `$ref`, and this adds it (with
 any models it nests) to `components.schemas` so the document resolves.
+
+The request models are static, but what a server accepts is not: its registered modes, its
+question length and token budget limits. They are written into the document here, so that
+a request valid by the document is one the server answers (schemathesis checks both ways).
 """
 
 from __future__ import annotations
@@ -12,13 +17,22 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from app.schemas.documents import DocumentIn
+from app.settings import Settings
+from engine.planners import planner_names
+from engine.store.config import KNOWN_POLICIES
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 HAND_READ_BODIES: tuple[type[BaseModel], ...] = (DocumentIn,)
 
 
-def install_openapi(app: FastAPI) -> None:
-    """Make `app.openapi()` (and `/openapi.json`) include the hand-read body schemas."""
+def _tier_names(app: FastAPI, settings: Settings) -> list[str]:
+    """The store's tiers once the services run (gpu is skipped without CUDA), else the setting."""
+    services = getattr(app.state, "services", None)
+    return list(services.chunk_cache.store.names) if services is not None else list(settings.store_tiers)
+
+
+def install_openapi(app: FastAPI, settings: Settings) -> None:
+    """Make `app.openapi()` (and `/openapi.json`) include the hand-read body schemas and `settings`' limits."""
 
     def openapi() -> dict:
         if app.openapi_schema is None:
@@ -29,7 +43,66 @@ def install_openapi(app: FastAPI) -> None:
                 schema = model.model_json_schema(ref_template=REF_TEMPLATE)
                 schemas.update(schema.pop("$defs", {}))
                 schemas[model.__name__] = schema
+            add_limits(schemas, settings, _tier_names(app, settings))
+            exact_integer_bounds(document)
             app.openapi_schema = document
         return app.openapi_schema
 
     app.openapi = openapi
+
+
+# Some non-whitespace, no NUL: what the service checks after stripping (`RagService.query`, uploads).
+NOT_BLANK = "\\S"
+TEXT_WITHOUT_NUL = "^[^\\x00]*[^\\s\\x00][^\\x00]*$"
+
+
+def add_limits(schemas: dict, settings: Settings, tiers: list[str]) -> None:
+    """Write the settings' limits into the request schemas (see the module docstring)."""
+    evict = schemas["EvictRequest"]["properties"]
+    _narrow(evict["tier"], enum=tiers)
+    _narrow(evict["policy"], enum=list(KNOWN_POLICIES))
+    modes, budget = planner_names(), settings.max_tokens_limit
+    for name in ("AskRequest", "ChatRequest"):
+        properties = schemas[name]["properties"]
+        _narrow(properties["mode"], enum=modes)
+        for field in ("max_tokens", "max_completion_tokens"):
+            if field in properties:
+                _narrow(properties[field], maximum=budget)
+    schemas["AskRequest"]["properties"]["question"].update(maxLength=settings.max_question_chars, pattern=NOT_BLANK)
+    # The question is the last user message: require one with text the service accepts.
+    schemas["ChatRequest"]["properties"]["messages"]["contains"] = {
+        "type": "object", "required": ["role", "content"],
+        "properties": {"role": {"const": "user"},
+                       "content": {"type": "string", "pattern": NOT_BLANK, "maxLength": settings.max_question_chars}}}
+    # The limit is in UTF-8 bytes: a character takes at least one, so longer text never fits
+    # (text of multi-byte characters reaches the limit sooner; the description says so).
+    text = schemas["DocumentIn"]["properties"]["text"]
+    text.update(maxLength=settings.max_upload_bytes, pattern=TEXT_WITHOUT_NUL,
+                description=f"UTF-8 text or markdown, at most {settings.max_upload_bytes} bytes (413 beyond)")
+
+
+BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def exact_integer_bounds(node) -> None:
+    """Write integral bounds as JSON integers, in place.
+
+    FastAPI's schema model stores bounds as floats, so 2**63 comes out as 9.223372036854776e+18:
+    equal to it, but a generator working in floats cannot tell 2**63 from 2**63 + 191 that way.
+    """
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in BOUNDS and isinstance(value, float) and value.is_integer():
+                node[key] = int(value)
+            else:
+                exact_integer_bounds(value)
+    elif isinstance(node, list):
+        for value in node:
+            exact_integer_bounds(value)
+
+
+def _narrow(schema: dict, **limits) -> None:
+    """Add `limits` to an optional field's non-null branch (or to the field itself)."""
+    branches = [b for b in schema.get("anyOf", [schema]) if b.get("type") != "null"]
+    for branch in branches:
+        branch.update(limits)

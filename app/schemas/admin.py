@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.schemas.common import INT64_MAX, RowId
+from app.schemas.common import ByteCount, RowId
 
 
 class TierStats(BaseModel):
@@ -35,13 +35,14 @@ class AdminStats(BaseModel):
 class EvictRequest(BaseModel):
     """Say what to evict: a tier, a chunk, and/or bytes to free by a policy."""
 
-    model_config = ConfigDict(extra="forbid")
+    # "at least one of" (the validator below), for the OpenAPI document
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
+        {"required": [name], "properties": {name: {"not": {"type": "null"}}}} for name in ("tier", "chunk_id", "bytes")]})
 
     tier: str | None = None
     chunk_id: RowId | None = None
     policy: str | None = Field(default=None, description="lru, lfu or value (default: the store's)")
-    bytes: int | None = Field(default=None, ge=1, le=INT64_MAX, strict=True,
-                              description="free at least this many bytes")
+    bytes: ByteCount | None = Field(default=None, description="free at least this many bytes")
 
     @model_validator(mode="after")
     def _something(self):

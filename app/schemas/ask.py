@@ -6,12 +6,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from app.schemas.common import Seed
+from app.schemas.common import Seed, TokenBudget, TopK
 
 # The fidelity guard's levels (engine.config.FIDELITIES, spelled out for the OpenAPI schema).
 Fidelity = Literal["fast", "balanced", "exact"]
-FIDELITY_DOC = ("fast: the mode as is; balanced: the guard widens recompute and re-runs an uncertain "
-                "request in full; exact: full prefill (default: the server's)")
+FIDELITY_DOC = ("fast: the mode as is; balanced: a request whose first token is uncertain is prefilled "
+                "again in full; exact: full prefill (default: the server's)")
 
 
 class AskRequest(BaseModel):
@@ -20,12 +20,11 @@ class AskRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     question: str = Field(min_length=1, description="the question; its length limit is a setting")
-    top_k: int | None = Field(default=None, ge=1, le=20, strict=True, description="chunks to retrieve (1-20)")
+    top_k: TopK | None = Field(default=None, description="chunks to retrieve (1-20)")
     mode: str | None = Field(default=None, description="recompute mode (see GET /modes)")
     ratio: float | None = Field(default=None, ge=0.0, le=1.0, description="cacheblend recompute ratio")
     fidelity: Fidelity | None = Field(default=None, description=FIDELITY_DOC)
-    max_tokens: int | None = Field(default=None, ge=1, strict=True,
-                                   description="answer token budget; its limit is a setting")
+    max_tokens: TokenBudget | None = Field(default=None, description="answer token budget; its limit is a setting")
     temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 = greedy")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: Seed | None = None
@@ -83,8 +82,6 @@ class GuardOut(BaseModel):
     fidelity: Fidelity
     margin: float | None = Field(default=None, description="first token's log-probability margin over the "
                                                            "runner-up (nats) in the mode's own prefill")
-    uncovered: float | None = Field(default=None, description="share of the check layer's selection-score mass "
-                                                              "left on rows not recomputed")
     threshold: float | None = Field(default=None, description="margin below which balanced re-runs in full")
     escalated: bool = Field(description="the answer comes from a second, full prefill")
     spent_ms: float = Field(description="time of that second prefill, inside ttft_ms")

@@ -15,7 +15,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from app.schemas.ask import FIDELITY_DOC, Fidelity
-from app.schemas.common import Seed
+from app.schemas.common import Seed, TokenBudget, TopK, json_int
+
+OneChoice = json_int(1, 1)
 
 
 class ContentPart(BaseModel):
@@ -50,14 +52,14 @@ class ChatRequest(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1, strict=True)
-    max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
+    max_tokens: TokenBudget | None = Field(default=None)
+    max_completion_tokens: TokenBudget | None = Field(default=None)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     seed: Seed | None = None
-    n: int | None = Field(default=None, ge=1, le=1, strict=True, description="only one choice is supported")
+    n: OneChoice | None = Field(default=None, description="only one choice is supported")
     mode: str | None = None
-    top_k: int | None = Field(default=None, ge=1, le=20, strict=True)
+    top_k: TopK | None = Field(default=None)
     ratio: float | None = Field(default=None, ge=0.0, le=1.0)
     fidelity: Fidelity | None = Field(default=None, description=FIDELITY_DOC)
 

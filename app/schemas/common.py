@@ -4,20 +4,44 @@ Every integer a client sends ends up somewhere with a fixed width: catalog ids a
 in 64-bit database columns (SQLite raises OverflowError, PostgreSQL "integer out of range"),
 seeds in torch's 64-bit generator. Bounding them here turns an out-of-range value into a 422
 instead of a 500 deep in the database driver. Body integers and booleans are strict, so
-`true` is not an id and `0` is not a boolean.
+`true` is not an id and `0` is not a boolean (an integral `3.0` is an integer, as in JSON Schema).
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field, Strict
 
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
+# The upper bound as an exclusive one: 2**63 is exact as a float, INT64_MAX is not, and the
+# OpenAPI document writes bounds as floats (FastAPI's schema model), so `le=INT64_MAX` would
+# publish 2**63 as allowed.
+INT64_END = 1 << 63
 
+
+def _whole_float_to_int(value):
+    """JSON Schema counts 16.0 as an integer; a bool or a string is not one (left to fail)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def json_int(ge: int | None = None, le: int | None = None, lt: int | None = None):
+    """An integer as JSON Schema means it, within the bounds: 3 and 3.0 yes; true, "3", 3.5 no (422).
+
+    The bounds go before the float conversion so they reach the JSON schema as
+    minimum / maximum (after a validator pydantic cannot translate them).
+    """
+    return Annotated[int, Strict(), Field(ge=ge, le=le, lt=lt), BeforeValidator(_whole_float_to_int)]
+
+
+TopK = json_int(1, 20)
+TokenBudget = json_int(1)  # its upper limit is a setting (`max_tokens_limit`)
 # A catalog row id in a JSON body (ids start at 1).
-RowId = Annotated[int, Field(ge=1, le=INT64_MAX, strict=True)]
+RowId = json_int(1, lt=INT64_END)
 # A sampling seed: any signed 64-bit integer (what torch.Generator.manual_seed takes).
-Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX, strict=True,
-                            description="sampling seed, a signed 64-bit integer")]
+Seed = json_int(INT64_MIN, lt=INT64_END)
+# A byte count.
+ByteCount = json_int(1, lt=INT64_END)

@@ -40,6 +40,11 @@ def test_extreme_in_range_seeds_answer(client):
         assert response.status_code == 200, response.text
 
 
+def test_a_top_p_below_float_precision_still_samples(client):
+    body = {"question": "ok?", "top_p": 5e-324, "temperature": 1.0, "max_tokens": 2, "top_k": 1, "mode": "full"}
+    assert client.post("/ask", json=body).status_code == 200
+
+
 @pytest.mark.parametrize("path", [f"/documents/{1 << 63}", f"/documents/{TOO_BIG}", "/documents/0",
                                   "/documents/-1"])
 def test_out_of_range_document_ids_are_422(client, path):
@@ -60,7 +65,7 @@ def test_bad_evict_integers_are_422(client, body, field):
 
 
 @pytest.mark.parametrize("body,field", [({"explain": 0}, "explain"), ({"stream": "yes"}, "stream"),
-                                        ({"top_k": True}, "top_k"), ({"max_tokens": 2.0}, "max_tokens"),
+                                        ({"top_k": True}, "top_k"), ({"max_tokens": 2.5}, "max_tokens"),
                                         ({"seed": "7"}, "seed")])
 def test_ask_types_are_strict(client, body, field):
     assert field in refused(client.post("/ask", json={"question": "ok?", **body}))

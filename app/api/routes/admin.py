@@ -36,6 +36,8 @@ def evict(body: EvictRequest, services: ServicesDep) -> EvictResult:
 def clear_cache(services: ServicesDep) -> EvictResult:
     """Drop every cached KV; chunks are recomputed (and cached again) on their next use."""
     entries, freed = services.chunk_cache.clear()
+    if services.trimmer is not None:  # the freed KV is a large block of heap: give it back now
+        services.trimmer.trim_now()
     return EvictResult(evicted_entries=entries, freed_bytes=freed)
 
 

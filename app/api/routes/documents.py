@@ -12,19 +12,20 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from app.api.deps import ServicesDep, WriterDep
 from app.api.errors import documented
 from app.api.uploads import read_document
-from app.schemas.common import INT64_MAX
+from app.schemas.common import INT64_END
 from app.schemas.documents import (
     TITLE_MAX_CHARS,
     ChunkBrief,
     DocumentDetail,
     DocumentList,
     DocumentOut,
+    KV_HELP,
     IngestOut,
 )
 
 router = APIRouter(prefix="/documents", tags=["documents"])
 
-DocumentId = Annotated[int, Path(ge=1, le=INT64_MAX, description="a document id")]
+DocumentId = Annotated[int, Path(ge=1, lt=INT64_END, description="a document id")]
 
 # The body is read by hand (JSON or multipart, size-capped while streaming), so FastAPI cannot
 # see it: describe both forms here; `app.api.openapi` adds DocumentIn to the components.
@@ -32,7 +33,8 @@ UPLOAD_BODY = {"requestBody": {"required": True, "content": {
     "application/json": {"schema": {"$ref": "#/components/schemas/DocumentIn"}},
     "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": {
         "file": {"type": "string", "format": "binary", "description": "a UTF-8 .txt or .md file"},
-        "title": {"type": "string", "maxLength": TITLE_MAX_CHARS}}}}}}}
+        "title": {"type": "string", "maxLength": TITLE_MAX_CHARS},
+        "kv": {"type": "string", "enum": ["eager", "lazy"], "description": KV_HELP}}}}}}}
 
 
 @router.post("", response_model=IngestOut, status_code=201, openapi_extra=UPLOAD_BODY, dependencies=[WriterDep],
@@ -40,16 +42,17 @@ UPLOAD_BODY = {"requestBody": {"required": True, "content": {
                         **documented(400, 401, 403, 411, 413, 415, 422, 503)})
 async def add_document(request: Request, response: Response, services: ServicesDep) -> IngestOut:
     """Chunk, embed, index and precompute the KV of one document (idempotent by content)."""
-    doc = await read_document(request, services.settings.max_upload_bytes)
-    result = await services.queue.run(services.ingestor.ingest, doc)
+    upload = await read_document(request, services.settings.max_upload_bytes)
+    result = await services.queue.run(services.ingestor.ingest, upload.doc, None, upload.kv)
     if not result.created:
         response.status_code = 200
     return IngestOut(document=document_out(result.document), created=result.created,
-                     num_tokens=result.num_tokens, seconds=round(result.seconds, 3), kv_tiers=result.kv_tiers)
+                     num_tokens=result.num_tokens, seconds=round(result.seconds, 3), kv=result.kv,
+                     kv_tiers=result.kv_tiers)
 
 
 @router.get("", response_model=DocumentList, responses=documented(422))
-def list_documents(services: ServicesDep, offset: int = Query(0, ge=0, le=INT64_MAX),
+def list_documents(services: ServicesDep, offset: int = Query(0, ge=0, lt=INT64_END),
                    limit: int = Query(50, ge=1, le=500)) -> DocumentList:
     documents = services.catalog.list_documents(offset=offset, limit=limit)
     return DocumentList(documents=[document_out(d) for d in documents], offset=offset, limit=limit,
