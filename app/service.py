@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 
 from app.retrieve import Retrieved, retrieve_chunks
@@ -105,12 +105,13 @@ class RagService:
                cancel: threading.Event | None) -> tuple[str, str]:
         """Stream the answer; returns (text, finish reason: stop, length or cancelled)."""
         pieces = []
-        for piece in self.engine.generate(result, sampling):
-            pieces.append(piece)
-            if on_piece is not None:
-                on_piece(piece)
-            if cancel is not None and cancel.is_set():
-                return "".join(pieces), "cancelled"
+        with closing(self.engine.generate(result, sampling)) as stream:  # closing early cancels decoding
+            for piece in stream:
+                pieces.append(piece)
+                if on_piece is not None:
+                    on_piece(piece)
+                if cancel is not None and cancel.is_set():
+                    return "".join(pieces), "cancelled"
         hit_budget = len(result.generated_ids) >= sampling.max_new_tokens
         return "".join(pieces), "length" if hit_budget else "stop"
 

@@ -35,6 +35,9 @@ from engine.layers import DecoderStack
 log = logging.getLogger(__name__)
 
 _END = object()  # a sequence's last item: it stopped, normally or cancelled
+# The scheduler thread ends after this long without work (and starts again on demand), so an
+# engine that is dropped without `close` leaves no thread behind.
+IDLE_EXIT_S = 5.0
 
 
 class _Sequence:
@@ -192,6 +195,8 @@ class DecodeScheduler:
             self._step(batch)
         error = EngineClosed("the engine is shutting down")
         with self._cond:
+            if not self._closed:
+                return
             for seq in [*self._active, *self._waiting]:
                 seq.fail(error)
             self._active, self._waiting = [], deque()
@@ -200,7 +205,9 @@ class DecodeScheduler:
         """Wait until there is work and no prefill is pending; admit; None once closed."""
         with self._cond:
             while not self._closed and (self._prefills or not (self._active or self._waiting)):
-                self._cond.wait()
+                if not self._cond.wait(IDLE_EXIT_S) and not (self._active or self._waiting):
+                    self._thread = None  # idle: the thread ends (the next submit starts one)
+                    return None
             if self._closed:
                 return None
             self._active = [seq for seq in self._active if not seq.cancelled]
