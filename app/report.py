@@ -21,12 +21,9 @@ def guard_out(report) -> GuardOut | None:
     """The guard's estimate and spend (None for a result that has no guard report)."""
     if report is None:
         return None
-    return GuardOut(fidelity=report.fidelity, margin=_round(report.margin), uncovered=_round(report.uncovered),
-                    threshold=report.threshold, escalated=report.escalated, spent_ms=round(report.spent_s * 1000, 2))
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
+    margin = None if report.margin is None else round(report.margin, 4)
+    return GuardOut(fidelity=report.fidelity, margin=margin, threshold=report.threshold,
+                    escalated=report.escalated, spent_ms=round(report.spent_s * 1000, 2))
 
 
 def chunk_out(retrieved, report, variant: str, mode: str, tokenizer) -> ChunkOut:

@@ -84,11 +84,9 @@ class EngineConfig:
     focus_layer: int | None = 10
     focus_threshold: float = 0.5
     # Fidelity guard (engine/guard.py): the level of requests that name none ("fast",
-    # "balanced" or "exact"); under "balanced", check layers keep rows until they cover
-    # `guard_coverage` of the selection-score mass, and a first token whose log-probability
-    # margin over the runner-up is below `guard_margin` nats sends the prompt to full prefill.
+    # "balanced" or "exact"); under "balanced" a first token whose log-probability margin over
+    # the runner-up is below `guard_margin` nats sends the prompt to full prefill.
     fidelity: str = "balanced"
-    guard_coverage: float = 0.0
     guard_margin: float = 1.0
     # Run the RoPE-shift self-check at start-up; a failure disables reuse modes.
     selfcheck: bool = True
@@ -130,8 +128,8 @@ class EngineConfig:
             raise ValueError("focus_layer must be >= 0 (or None) and focus_threshold >= 0")
         if self.fidelity not in FIDELITIES:
             raise ValueError(f"fidelity must be one of {', '.join(FIDELITIES)}")
-        if not 0.0 <= self.guard_coverage < 1.0 or self.guard_margin < 0:
-            raise ValueError("need 0 <= guard_coverage < 1 and guard_margin >= 0")
+        if self.guard_margin < 0:
+            raise ValueError("guard_margin must be >= 0")
         if self.epic_tokens < 0:
             raise ValueError("epic_tokens must be >= 0")
         if min(self.max_batch, self.max_batch_tokens, self.prefill_slots) < 1:

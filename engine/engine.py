@@ -20,7 +20,7 @@ from engine.config import EngineConfig
 from engine.decode import SamplingParams, TextStream, generate_ids
 from engine.encoder import DEFAULT_BATCH_TOKENS, ChunkEncoder
 from engine.errors import InvalidRequest, PromptTooLong
-from engine.guard import check_fidelity, planning_config, run_guarded
+from engine.guard import check_fidelity, run_guarded
 from engine.kv import ChunkKV
 from engine.layers import DecoderStack
 from engine.model import LoadedModel, load_model
@@ -120,9 +120,9 @@ class Engine:
         """Prefill [prefix][chunks...][question] by `mode`; TTFT ends at the first logits.
 
         `fidelity` ("fast", "balanced", "exact"; None: the config's) is the fidelity guard's
-        level (engine/guard.py): "exact" prefills like `full`, "balanced" may widen the check
-        layers and re-run an uncertain request in full (inside TTFT); `result.guard` says what
-        it estimated and spent. Raises InvalidRequest (or a subclass) for bad input. If the
+        level (engine/guard.py): "exact" prefills like `full`, "balanced" re-runs a request
+        whose first token is uncertain in full (inside TTFT); `result.guard` says what it
+        estimated and spent. Raises InvalidRequest (or a subclass) for bad input. If the
         RoPE self-check failed, reuse modes fall back to `full` and the result says why.
         """
         started = time.perf_counter()
@@ -130,19 +130,18 @@ class Engine:
         if not 0.0 <= ratio <= 1.0:
             raise InvalidRequest(f"ratio must lie in [0, 1], got {ratio}")
         fidelity = check_fidelity(fidelity, self.config)
-        config = planning_config(self.config, fidelity)
-        planner = create_planner(mode, config)
+        planner = create_planner(mode, self.config)
         fallback = None
         if planner.reuses_cache and not self.reuse_available:
-            planner, fallback = reference_planner(config), self.selfcheck.message
+            planner, fallback = reference_planner(self.config), self.selfcheck.message
         layout = self.prompts.layout([tuple(c.token_ids) for c in chunks], question)
         self._check_fits(layout.total_len, max_new_tokens)
         self._check_sources(chunks)
-        request = PlanRequest(layout, tuple(chunks), self.prefix_kv, ratio, config,
+        request = PlanRequest(layout, tuple(chunks), self.prefix_kv, ratio, self.config,
                               self.loaded.spec.num_layers)
         with torch.inference_mode(), self._prefill_turn():
-            kept = run_guarded(fidelity, config, partial(self._run, request, layout.total_len + max_new_tokens),
-                               planner, reference_planner(config))
+            kept = run_guarded(fidelity, self.config, partial(self._run, request, layout.total_len + max_new_tokens),
+                               planner, reference_planner(self.config))
         ttft = time.perf_counter() - started
         out = kept.out
         reports = chunk_reports(chunks, layout, out, self.loaded.spec.num_layers, kept.planner_name, kept.plan.decisions)

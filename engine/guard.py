@@ -3,19 +3,18 @@
 A request names one of `FIDELITIES`:
 - `exact`: the reference plan (full prefill), whatever the mode; the answer equals `full`'s.
 - `fast`: the mode exactly as configured; nothing is estimated or spent.
-- `balanced` (the default): the mode, watched twice.
-  1. While the layers run, at every check layer (modes that select rows by score: cacheblend,
-     and cachecraft's chunks planned by deviation) the kept rows must cover at least
-     `guard_coverage` of the eligible rows' selection-score mass; the plan keeps more rows
-     than the mode's ratio asks when the mass is spread (`planners/selection.py`). What it
-     leaves stale at the last check layer is the request's `uncovered` share.
-  2. At the first token: the blended state is far from full prefill exactly where the
-     first-token distribution is flat, so when the log-probability margin of the top token
-     over the runner-up is below `guard_margin` nats the prompt is prefilled again by the
-     reference plan, and that result (equal to `full`'s) is what the request decodes.
-The guard knows nothing about modes beyond the planner contract: a mode without check layers
-(naive, epic, prefix) gets only the first-token check. This module does not decode, and it
-never makes a request less faithful than its mode alone.
+- `balanced` (the default): the mode, then a check at the first token. A blended state goes
+  wrong where the answer hangs on a near tie: when the log-probability margin of the top
+  token over the runner-up is below `guard_margin` nats, the prompt is prefilled again by the
+  reference plan, and that result (equal to `full`'s) is what the request decodes.
+
+Why the margin and nothing else (SmolLM2, MuSiQue records 0-11, 3 chunks): the share of the
+check layer's question-weighted deviation mass left on stale rows was 0.055-0.061 on every
+record whatever its error, so it could not tell records apart, and keeping rows until that
+mass was covered only raised the ratio uniformly; the blended first-token margin is low
+exactly on the records whose first token or answer drifts. The guard works for every mode
+through the planner contract alone, never decodes, and never makes a request less faithful
+than its mode.
 """
 
 from __future__ import annotations
@@ -38,15 +37,13 @@ class GuardReport:
     """What the guard estimated and spent for one request.
 
     margin: log-probability margin (nats) of the first attempt's top token over the
-    runner-up; uncovered: share of the last check layer's selection-score mass left on stale
-    rows (None: the plan never selected rows by score); escalated: the answer comes from a
-    second, full prefill; spent_s: seconds of that second prefill (0 when none), already
-    inside the result's TTFT; threshold: the margin below which the guard escalates.
+    runner-up (None when the plan was the reference itself); threshold: the margin below which
+    `balanced` escalates; escalated: the answer comes from a second, full prefill; spent_s:
+    seconds of that second prefill (0 when none), already inside the result's TTFT.
     """
 
     fidelity: str
     margin: float | None = None
-    uncovered: float | None = None
     threshold: float | None = None
     escalated: bool = False
     spent_s: float = 0.0
@@ -58,15 +55,6 @@ def check_fidelity(fidelity: str | None, config: EngineConfig) -> str:
     if fidelity not in FIDELITIES:
         raise InvalidRequest(f"unknown fidelity {fidelity!r}; known: {', '.join(FIDELITIES)}")
     return fidelity
-
-
-def planning_config(config: EngineConfig, fidelity: str) -> EngineConfig:
-    """The config a request's planner sees: coverage only when the guard watches it.
-
-    A per-request copy, so the engine's shared config is never swapped under other threads.
-    """
-    coverage = config.guard_coverage if fidelity == "balanced" else 0.0
-    return config if coverage == config.guard_coverage else dataclasses.replace(config, guard_coverage=coverage)
 
 
 def first_token_margin(logits: torch.Tensor) -> float:
@@ -104,7 +92,7 @@ def run_guarded(fidelity: str, config: EngineConfig, run: Callable[[object], tup
     plan, out = run(planner)
     if not planner.reuses_cache:
         return Guarded(plan, out, planner.name, GuardReport(fidelity))
-    report = GuardReport(fidelity, first_token_margin(out.logits), plan.uncovered, config.guard_margin)
+    report = GuardReport(fidelity, first_token_margin(out.logits), config.guard_margin)
     if fidelity == "fast" or not should_escalate(report.margin, config):
         return Guarded(plan, out, planner.name, report)
     started = time.perf_counter()

@@ -83,9 +83,8 @@ def print_report(report: dict) -> None:
 def guard_line(guard: dict) -> str:
     """One line: the guard's level, its estimate, and what it spent."""
     margin = "n/a" if guard["margin"] is None else f"{guard['margin']:.2f} nats"
-    uncovered = "" if guard["uncovered"] is None else f", stale score mass {guard['uncovered']:.3f}"
     action = f"re-ran in full ({guard['spent_ms']:.0f} ms)" if guard["escalated"] else "kept the mode's prefill"
-    return f"fidelity {guard['fidelity']}: first-token margin {margin}{uncovered}; {action}"
+    return f"fidelity {guard['fidelity']}: first-token margin {margin}; {action}"
 
 
 def _echo(piece: str) -> None:

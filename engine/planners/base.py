@@ -160,9 +160,6 @@ class Plan:
     pinned: torch.Tensor  # bool [total_len]
     # per chunk, when the planner decides chunk by chunk (None: the mode name says it all)
     decisions: list[ChunkDecision] | None = None
-    # share of the selection-score mass left on stale rows at the last selecting layer (the
-    # fidelity guard's in-run estimate, engine/guard.py); None if the plan never selected
-    uncovered: float | None = None
 
     def selects_at(self, layer: int) -> bool:
         return False

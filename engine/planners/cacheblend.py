@@ -17,7 +17,7 @@ import torch
 from engine.config import EngineConfig
 from engine.planners import register
 from engine.planners.base import BasePlanner, LayerView, Plan, PlanRequest, positions
-from engine.planners.selection import keep_best_measured
+from engine.planners.selection import keep_best
 
 
 @register
@@ -56,6 +56,4 @@ class BlendPlan(Plan):
 
     def select(self, layer: int, view: LayerView) -> torch.Tensor:
         count = math.ceil(self.schedule[layer] * self.num_eligible)
-        kept = keep_best_measured(view, self.config, self.question, self.eligible, count)
-        self.uncovered = kept.uncovered
-        return kept.keep
+        return keep_best(view, self.config, self.question, self.eligible, count)

@@ -24,7 +24,7 @@ from engine.planners import register
 from engine.planners.base import (BasePlanner, ChunkDecision, LayerView, Plan, PlanRequest, QueryView,
                                   VariantUse, VariantYield, positions)
 from engine.planners.cacheblend import blend_schedule
-from engine.planners.selection import keep_best_measured
+from engine.planners.selection import keep_best
 
 
 @register
@@ -92,9 +92,7 @@ class CraftPlan(Plan):
 
     def select(self, layer: int, view: LayerView) -> torch.Tensor:
         count = math.ceil(self.schedule[layer] * self.num_blended)
-        kept = keep_best_measured(view, self.config, self.question, self.blended, count)
-        self.uncovered = kept.uncovered  # the fidelity guard's in-run estimate
-        return kept.keep
+        return keep_best(view, self.config, self.question, self.blended, count)
 
     # -- early termination -------------------------------------------------------------------------
 
