@@ -2,13 +2,13 @@
 
 A request names one of `FIDELITIES`:
 - `exact`: the reference plan (full prefill), whatever the mode; the answer equals `full`'s.
-- `fast`: the mode exactly as configured; nothing is estimated or spent.
+- `fast`: the mode exactly as configured; its first-token margin is reported, nothing is spent.
 - `balanced` (the default): the mode, then a check at the first token. A blended state goes
   wrong where the answer hangs on a near tie: when the log-probability margin of the top
   token over the runner-up is below `guard_margin` nats, the prompt is prefilled again by the
   reference plan, and that result (equal to `full`'s) is what the request decodes.
 
-Why the margin and nothing else (SmolLM2, MuSiQue records 0-11, 3 chunks): the share of the
+Why the margin and nothing else (SmolLM2, MuSiQue records 0-6, 3 chunks): the share of the
 check layer's question-weighted deviation mass left on stale rows was 0.055-0.061 on every
 record whatever its error, so it could not tell records apart, and keeping rows until that
 mass was covered only raised the ratio uniformly; the blended first-token margin is low
@@ -23,13 +23,16 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from engine.config import FIDELITIES, EngineConfig
 from engine.errors import InvalidRequest
 
+if TYPE_CHECKING:
+    from engine.planners.base import BasePlanner, Plan
+    from engine.runner import RunOutput
 
 
 @dataclass(frozen=True)
@@ -72,14 +75,14 @@ class Guarded(NamedTuple):
     """The run a request keeps: its plan, the runner's output, the name of the planner that
     produced it (the reference's when the guard escalated) and the guard's report."""
 
-    plan: object
-    out: object
+    plan: Plan
+    out: RunOutput
     planner_name: str
     report: GuardReport
 
 
-def run_guarded(fidelity: str, config: EngineConfig, run: Callable[[object], tuple[object, object]],
-                planner, reference) -> Guarded:
+def run_guarded(fidelity: str, config: EngineConfig, run: Callable[[BasePlanner], tuple[Plan, RunOutput]],
+                planner: BasePlanner, reference: BasePlanner) -> Guarded:
     """Prefill by the request's level; `run(planner)` plans and runs, returning (plan, out).
 
     exact: the reference alone. fast: the mode alone, its estimate reported. balanced: the
