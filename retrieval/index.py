@@ -53,7 +53,7 @@ class IndexConfig:
     """
 
     approx_above: int = 100_000
-    nprobe: int = 32
+    nprobe: int = 64  # recall@10 ~0.98 at 1e5 rows with sqrt(N) lists (kvmosaic bench retrieval)
     regrow: float = 4.0
 
     def __post_init__(self) -> None:

@@ -22,7 +22,7 @@ def run_retrieval(args) -> int:
     options = RetrievalBenchOptions(sizes=tuple(int(s) for s in args.sizes.split(",") if s.strip()), dim=args.dim,
                                     queries=args.queries, nprobe=args.nprobe or _configured_nprobe(),
                                     seed=args.seed)
-    print(f"synthetic unit vectors (mixture of {options.clusters} clusters), dim {options.dim}, "
+    print(f"synthetic unit vectors near a {options.latent}-dim subspace, dim {options.dim}, "
           f"{options.queries} single-query searches on 1 thread; recall@10 against the flat index")
     print(HEADER)
     rows = run_retrieval_bench(options)

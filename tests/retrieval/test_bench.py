@@ -10,7 +10,7 @@ from retrieval.bench import RetrievalBenchOptions, run_retrieval_bench, write_js
 
 def test_ivf_probing_every_list_has_perfect_recall(tmp_path):
     nlist = ivf.default_nlist(3000)
-    options = RetrievalBenchOptions(sizes=(3000,), dim=32, queries=20, nprobe=nlist, clusters=50)
+    options = RetrievalBenchOptions(sizes=(3000,), dim=32, queries=20, nprobe=nlist, latent=8)
     (row,) = run_retrieval_bench(options, log=lambda line: None)
     assert row.nlist == nlist and row.recall_at_10 == 1.0
     assert row.flat_ms_p50 > 0 and row.ivf_ms_p50 > 0 and row.speedup > 0
@@ -20,6 +20,6 @@ def test_ivf_probing_every_list_has_perfect_recall(tmp_path):
 
 
 def test_fewer_probes_trade_recall(tmp_path):
-    options = RetrievalBenchOptions(sizes=(3000,), dim=32, queries=30, nprobe=1, clusters=50)
+    options = RetrievalBenchOptions(sizes=(3000,), dim=32, queries=30, nprobe=1, latent=8)
     (row,) = run_retrieval_bench(options, log=lambda line: None)
     assert 0.0 < row.recall_at_10 < 1.0
