@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 # How often the index is written to disk when the follower changed it (a restart rebuilds a
 # stale one from the catalog's stored embeddings, so this only bounds that work).
 INDEX_SAVE_S = 60.0
+# Peers may hold shorter leases than this replica: look for expired ones at least this often.
+RECLAIM_EVERY_S = 5.0
 
 
 @dataclass
@@ -121,13 +123,15 @@ def open_retriever(settings: Settings, catalog, embedder) -> Retriever:
 
 
 def replica_daemon(settings: Settings, catalog, chunk_cache, retriever: Retriever, ingestor: Ingestor) -> ReplicaDaemon:
-    """Follow the change log every `index_poll_s`, reclaim expired ingests every third of a
-    lease, sweep orphan KV every half grace period (at least every 10 s)."""
+    """Follow the change log every `index_poll_s`; look for expired ingests (of any replica,
+    whatever their lease) every `RECLAIM_EVERY_S` or a third of this replica's lease if
+    shorter; sweep orphan KV every half grace period (at least every 10 s)."""
     follower = IndexFollower(catalog, retriever)
     grace = settings.kv_orphan_grace_s
     return ReplicaDaemon([
         PeriodicJob("follow the catalog", settings.index_poll_s, follower.poll),
-        PeriodicJob("reclaim expired ingests", settings.ingest_lease_s / 3, ingestor.reclaim_expired),
+        PeriodicJob("reclaim expired ingests", min(RECLAIM_EVERY_S, settings.ingest_lease_s / 3),
+                    ingestor.reclaim_expired),
         PeriodicJob("sweep orphan KV", max(10.0, grace / 2), lambda: chunk_cache.cache.sweep_orphans(grace)),
         PeriodicJob("save the index", INDEX_SAVE_S, retriever.save_if_behind),
     ])

@@ -3,7 +3,7 @@ fresh database) and Redis (a private prefix), as behind a load balancer.
 
 The tests run in order on one pair: both start at once on the empty database; an add on A
 is searchable on B; a delete on A is never served by B; A's KV is a Redis hit on B; B
-restarts while A ingests (A's ingest survives); A is killed during an ingest (B reclaims it
+restarts while A ingests (A's ingest survives); B is killed during an ingest (A reclaims it
 once the lease expires, and nothing half-ingested is ever retrieved).
 """
 
@@ -15,11 +15,12 @@ import time
 
 import httpx
 import pytest
+import redis
 from sqlalchemy import text
 
 from engine.catalog import create_db_engine
 from engine.catalog.migrate import current_revision
-from tests.app.replicas import Replica, fresh_database, redis_prefix, replica_env, save_tiny_checkpoint
+from tests.app.replicas import REDIS_URL, Replica, fresh_database, redis_prefix, replica_env, save_tiny_checkpoint
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -28,6 +29,7 @@ LIGHTHOUSE = {"title": "Hollin Point Lighthouse", "text": "The Hollin Point Ligh
 FERRY = {"title": "The Guillemot ferry", "text": "The Guillemot ferry crosses to Skarra island in about forty "
          "minutes, twice a day from April to October."}
 A_LEASE_S = "900"  # longer than B's restart on a busy machine: A's ingest lives through it
+B_LEASE_S = "3"  # short: when B is killed mid-ingest, A reclaims it quickly
 
 
 def big_document(tag: str, sentences: int = 300) -> dict:
@@ -44,7 +46,7 @@ def cluster(smol_tokenizer, tmp_path_factory):
         root = tmp_path_factory.mktemp("replicas")
         model = save_tiny_checkpoint(smol_tokenizer, root / "model")
         a = Replica("a", replica_env(root / "a", url, prefix, model, KVMOSAIC_INGEST_LEASE_S=A_LEASE_S))
-        b = Replica("b", replica_env(root / "b", url, prefix, model))
+        b = Replica("b", replica_env(root / "b", url, prefix, model, KVMOSAIC_INGEST_LEASE_S=B_LEASE_S))
         started = [r.start() for r in (a, b)]  # at the same moment, on an empty database
         try:
             yield {"a": a, "b": b, "url": url, "prefix": prefix, "root": root, "model": model}
@@ -147,33 +149,30 @@ def test_restarting_b_while_a_ingests_keeps_a_document(cluster):
             time.sleep(0.2)
 
 
-def test_a_killed_mid_ingest_is_reclaimed_by_b_after_its_lease(cluster):
+def test_a_replica_killed_mid_ingest_is_reclaimed_by_the_other_after_its_lease(cluster):
+    """B (a 3 s lease) dies by SIGKILL during an ingest; A deletes the leftover once the lease
+    has expired, and the half-ingested document is never retrieved on A meanwhile."""
     a, b, url = cluster["a"], cluster["b"], cluster["url"]
-    a.stop()
-    short = Replica("a2", {**a.env, "KVMOSAIC_INGEST_LEASE_S": "3"}).start()
-    cluster["a"] = short
-    short.wait_ready()
     doc = big_document("east")
-    threading.Thread(target=lambda: _quietly(post, short, doc), daemon=True).start()
+    question = "How many barrels of east salt does ledger entry 12 record?"
+    threading.Thread(target=lambda: _quietly(post, b, doc), daemon=True).start()
     document_id = wait_for_ingest_row(url, doc["title"])
-    short.process.send_signal(signal.SIGKILL)
-    short.process.wait(timeout=30)
+    b.process.send_signal(signal.SIGKILL)
+    b.process.wait(timeout=30)
     keys_written = {k for (k,) in sql(url, "SELECT v.store_key FROM variants v JOIN chunks c ON c.id = v.chunk_id "
                                            "WHERE c.document_id = :d", d=document_id)}
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 120
     while sql(url, "SELECT 1 FROM documents WHERE id = :d", d=document_id):
-        assert doc["title"] not in retrieved_documents(b, "How many barrels of east salt does entry 12 record?")
-        assert time.monotonic() < deadline, f"B never reclaimed the dead ingest:\n{b.log()}"
+        assert doc["title"] not in retrieved_documents(a, question)
+        assert time.monotonic() < deadline, f"A never reclaimed the dead ingest:\n{a.log()}"
         time.sleep(0.5)
     assert sql(url, "SELECT count(*) FROM ingests")[0][0] == 0
-    assert doc["title"] not in retrieved_documents(b, "How many barrels of east salt does entry 12 record?")
-    import redis
-
-    from tests.app.replicas import REDIS_URL
-
+    assert doc["title"] not in retrieved_documents(a, question)
     client = redis.Redis.from_url(REDIS_URL)
-    assert not any(client.exists(f"{cluster['prefix']}{k}") for k in keys_written)  # its recorded KV went too
-    client.close()
+    try:  # the KV its variant rows recorded went with them (unrecorded KV: the orphan sweep)
+        assert not any(client.exists(f"{cluster['prefix']}{k}") for k in keys_written)
+    finally:
+        client.close()
 
 
 def _quietly(function, *args):
