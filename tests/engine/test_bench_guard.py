@@ -1,0 +1,41 @@
+"""bench fidelity's answer-level figures and guard levels, on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from engine.bench.fidelity import FidelityOptions, fidelity_of, format_table, mode_of, run_fidelity
+from tests.engine.helpers import PASSAGES
+
+
+@pytest.fixture()
+def dataset(tmp_path):
+    ctxs = [{"title": title, "text": text} for title, text in PASSAGES]
+    records = [{"question": "Who wrote the first published algorithm?", "answers": ["Ada Lovelace"], "ctxs": ctxs}]
+    path = tmp_path / "records.json"
+    path.write_text(json.dumps(records))
+    return path
+
+
+def test_row_labels_name_mode_and_level(dataset):
+    options = FidelityOptions(dataset=dataset, fidelity="balanced")
+    assert mode_of("cachecraft@fast+warm3") == "cachecraft" and fidelity_of("cachecraft@fast+warm3", options) == "fast"
+    assert mode_of("cacheblend") == "cacheblend" and fidelity_of("cacheblend", options) == "balanced"
+
+
+def test_answer_figures_and_guard_share(tiny_engine, dataset):
+    options = FidelityOptions(dataset=dataset, n=1, chunks=4, modes=("naive@fast", "naive@exact"), max_new_tokens=6)
+    summaries = {s.mode: s for s in run_fidelity(tiny_engine, options, progress=False)}
+    full, fast, exact = summaries["full"], summaries["naive@fast"], summaries["naive@exact"]
+    if math.isnan(full.answer_top1):
+        pytest.skip("the tiny model's greedy answer was empty")
+    assert full.answer_top1 == 1.0 and full.answer_kl == pytest.approx(0.0, abs=1e-6)
+    assert exact.answer_top1 == 1.0 and exact.answer_kl == pytest.approx(0.0, abs=1e-6)
+    assert exact.recompute_share == 1.0 and fast.recompute_share == 0.0
+    assert fast.answer_kl > 1e-6 and 0.0 <= fast.answer_top1 <= 1.0
+    assert fast.escalated == 0.0 and exact.escalated == 0.0
+    header = format_table(list(summaries.values())).splitlines()[0]
+    assert "ans top1" in header and "ans KL" in header and "guard" in header
