@@ -169,7 +169,10 @@ class Catalog(IngestLeases, ChangeLog):
             return [rec.chunk_record(found[r]) if r in found else None for r in rows]
 
     def set_embedding_rows(self, rows_by_chunk: dict[int, int | None]) -> None:
-        """Assign FAISS rows to chunks (all or nothing); a row used twice raises CatalogError."""
+        """Assign FAISS rows to chunks (all or nothing); a row used twice raises CatalogError.
+
+        Logs nothing to the change log, so other replicas do not see it: ingests commit
+        through `finish_ingest`, which does."""
         with self.session() as s:
             for chunk_id, row in rows_by_chunk.items():
                 s.execute(update(Chunk).where(Chunk.id == chunk_id).values(embedding_row=row))
