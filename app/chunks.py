@@ -15,12 +15,13 @@ background on idle capacity; the other modes use base variants and leave nothing
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from app.variant_builder import VariantBuilder
 from engine.catalog import context_signature
 from engine.chunk_cache import ChunkKVCache, LoadedChunks
+from engine.encoder import DEFAULT_BATCH_TOKENS, batches
 from engine.planners import planner_class
 from engine.planners.base import ChunkInput
 from engine.variants.harvest import source_contexts
@@ -63,8 +64,9 @@ class RequestChunks:
 
 
 class ServiceChunkCache:
-    def __init__(self, cache: ChunkKVCache):
+    def __init__(self, cache: ChunkKVCache, batch_tokens: int = DEFAULT_BATCH_TOKENS):
         self.cache = cache
+        self.batch_tokens = batch_tokens  # chunk rows packed into one encoding pass (put_bases)
         self.store = cache.store
         self.engine = cache.engine
         # None (no disk or Redis tier): the first tier, lost at exit.
@@ -116,7 +118,23 @@ class ServiceChunkCache:
         with none left it goes to the first tier with room (memory: lost at exit, said so
         in the log and in the ingest's `kv_tiers`).
         """
-        kv = self.engine.encode_chunk(tuple(token_ids))
+        return self.store_base(chunk_id, self.engine.encode_chunk(tuple(token_ids)))
+
+    def put_bases(self, chunks: Sequence[tuple[int, Sequence[int]]],
+                  on_batch: Callable[[int, int], None] | None = None) -> list[str | None]:
+        """`put_base` of many (chunk id, token ids), encoded in packed batches
+        (`Engine.encode_chunks`); `on_batch(chunks, tokens)` after each batch is stored.
+        Returns the tier that took each chunk, in order."""
+        tiers: list[str | None] = []
+        for group in batches([len(ids) for _, ids in chunks], self.batch_tokens):
+            kvs = self.engine.encode_chunks([chunks[i][1] for i in group], self.batch_tokens)
+            tiers += [self.store_base(chunks[i][0], kv) for i, kv in zip(group, kvs)]
+            if on_batch is not None:
+                on_batch(len(group), sum(kv.num_tokens for kv in kvs))
+        return tiers
+
+    def store_base(self, chunk_id: int, kv) -> str | None:
+        """Store a computed base variant as `put_base` does; the tier that took it, or None."""
         stored = self.cache.put_variant(chunk_id, kv, tier=self.persistent_tier)
         if stored is None and self.persistent_tier is not None:
             stored = self.cache.put_variant(chunk_id, kv)
@@ -182,7 +200,7 @@ def open_chunk_cache(settings, catalog, engine) -> ServiceChunkCache:
     cache = ChunkKVCache(engine, store, catalog, storage_dtype=config.codec, prefetch_layers=config.prefetch_layers,
                          base_tier=first_persistent_tier(store.names))
     cache.reconcile(settings.kv_orphan_grace_s)
-    return ServiceChunkCache(cache)
+    return ServiceChunkCache(cache, settings.ingest_batch_tokens)
 
 
 def first_persistent_tier(names: Sequence[str]) -> str | None:

@@ -8,6 +8,13 @@ rows, KV, index rows). A crash leaves an ingest row whose lease stops being rene
 expires, any replica deletes it (`reclaim_expired`); a peer's live ingest is never touched.
 Idempotent: content already ingested (same sha256 of the text) is reported, not added again.
 Ingests of one process run one at a time.
+
+KV: `eager` (default) computes every chunk's base variant now, in packed batches
+(`Engine.encode_chunks`), so the first question over the document reuses it. `lazy` skips
+that: the document is searchable as soon as it is committed, ingest costs only chunking and
+embedding, and the first request that retrieves a chunk computes its base variant (a
+prefill of that chunk, in that request's TTFT) and stores it for the next one. Lazy suits
+large corpora of which little is ever asked; eager suits documents that will be asked about.
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ from retrieval import Chunker, SourceDocument
 
 log = logging.getLogger(__name__)
 
-OnChunk = Callable[[int], None]
+OnProgress = Callable[[int, int], None]  # (chunks, tokens) whose base KV was just stored
+KV_MODES = ("eager", "lazy")
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,7 @@ class IngestResult:
     num_tokens: int
     seconds: float
     kv_tiers: dict[str, int] = field(default_factory=dict)
+    kv: str = "eager"  # lazy: no base KV yet (kv_tiers empty); computed on first retrieval
 
 
 def content_hash(text: str) -> str:
@@ -49,7 +58,10 @@ def content_hash(text: str) -> str:
 
 
 class Ingestor:
-    def __init__(self, engine, chunker: Chunker, retriever, catalog, chunk_cache, leases: LeaseKeeper):
+    def __init__(self, engine, chunker: Chunker, retriever, catalog, chunk_cache, leases: LeaseKeeper,
+                 kv: str = "eager"):
+        """`kv`: what `ingest` does with base KV when the caller names nothing (`KV_MODES`)."""
+        self.kv = _check_kv(kv)
         self.engine = engine
         self.chunker = chunker
         self.retriever = retriever
@@ -58,14 +70,17 @@ class Ingestor:
         self.leases = leases
         self._lock = threading.Lock()
 
-    def ingest(self, doc: SourceDocument, on_chunk: OnChunk | None = None) -> IngestResult:
-        """Add one document (or find it already there); `on_chunk(n)` reports KV progress."""
+    def ingest(self, doc: SourceDocument, on_progress: OnProgress | None = None,
+               kv: str | None = None) -> IngestResult:
+        """Add one document (or find it already there); `kv` "eager" or "lazy" (None: the
+        ingestor's default); `on_progress(chunks, tokens)` reports stored base KV."""
+        kv = _check_kv(kv or self.kv)
         started = time.perf_counter()
         digest = content_hash(doc.text)
         with self._lock:
             existing = self.catalog.find_documents_by_hash(digest)
             if existing:
-                return IngestResult(existing[0], False, 0, time.perf_counter() - started)
+                return IngestResult(existing[0], False, 0, time.perf_counter() - started, kv=kv)
             pieces = self.chunker.split(doc.text)
             if not pieces:
                 raise InvalidRequest(f"{doc.source}: the document has no text")
@@ -73,7 +88,7 @@ class Ingestor:
             vectors = self.retriever.embed([f"{doc.title}\n{p.text}" for p in pieces])
             added = self._begin(doc, digest, pieces, ids, vectors)
             try:
-                kv_tiers = self._compute_kv(added.chunks, ids, on_chunk)
+                kv_tiers = self._compute_kv(added.chunks, ids, on_progress) if kv == "eager" else Counter()
                 chunk_ids = [c.id for c in added.chunks]
                 self.catalog.finish_ingest(added.document.id, self.leases.owner)  # the commit point
                 self.retriever.add(chunk_ids, vectors)
@@ -84,7 +99,7 @@ class Ingestor:
             finally:
                 self.leases.release(added.document.id)
         return IngestResult(added.document, True, sum(len(t) for t in ids), time.perf_counter() - started,
-                            dict(kv_tiers))
+                            dict(kv_tiers), kv)
 
     def delete(self, document_id: int) -> bool:
         """Remove a document's index rows, catalog rows and KV; False if there is no such document."""
@@ -110,14 +125,11 @@ class Ingestor:
         self.leases.hold(added.document.id)
         return added
 
-    def _compute_kv(self, chunks, ids, on_chunk: OnChunk | None) -> Counter[str]:
-        """Base KV of every chunk into the store; how many chunks each tier took."""
-        tiers: Counter[str] = Counter()
-        for chunk, token_ids in zip(chunks, ids):
-            tiers[self.chunk_cache.put_base(chunk.id, token_ids) or "none"] += 1
-            if on_chunk is not None:
-                on_chunk(1)
-        return tiers
+    def _compute_kv(self, chunks, ids, on_progress: OnProgress | None) -> Counter[str]:
+        """Base KV of every chunk into the store, packed; how many chunks each tier took."""
+        stored = self.chunk_cache.put_bases([(chunk.id, token_ids) for chunk, token_ids in zip(chunks, ids)],
+                                            on_progress)
+        return Counter(tier or "none" for tier in stored)
 
     def _undo(self, document_id: int, chunk_ids: list[int]) -> None:
         try:
@@ -125,6 +137,12 @@ class Ingestor:
             self.chunk_cache.forget_document(document_id)
         except Exception:  # the original error matters more; the unrenewed lease expires and is reclaimed
             log.exception("could not undo the failed ingest of document %d", document_id)
+
+
+def _check_kv(kv: str) -> str:
+    if kv not in KV_MODES:
+        raise InvalidRequest(f"kv must be one of {', '.join(KV_MODES)}, got {kv!r}")
+    return kv
 
 
 def iter_documents(catalog, page: int = 500):

@@ -1,4 +1,5 @@
-"""Read a document from a request: JSON `{text, title?, source?}` or a multipart file upload.
+"""Read a document from a request: JSON `{text, title?, source?, kv?}` or a multipart file
+upload (fields `file`, `title?`, `kv?`); `kv` ("eager" or "lazy") comes back beside it.
 
 Refuses, before anything is written: bodies over the size limit (413), other content types
 (415), malformed or too deeply nested JSON (400), schema violations (422), non-UTF-8 or empty
@@ -9,13 +10,14 @@ catalog's columns are bounded). A title taken from the text's first heading is c
 from __future__ import annotations
 
 import json
+from typing import NamedTuple, get_args
 
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from app.schemas.documents import FILENAME_MAX_CHARS, TITLE_MAX_CHARS, DocumentIn
+from app.schemas.documents import FILENAME_MAX_CHARS, TITLE_MAX_CHARS, DocumentIn, KvMode
 from retrieval.sources import SourceDocument, title_of
 
 # JSON escaping can inflate text; the raw body may exceed the text limit by this much.
@@ -24,7 +26,14 @@ TEXT_TYPES = ("text/plain", "text/markdown", "text/x-markdown", "application/oct
 TEXT_SUFFIXES = (".txt", ".md", ".markdown")
 
 
-async def read_document(request: Request, limit: int) -> SourceDocument:
+class Upload(NamedTuple):
+    """A document to ingest and the KV mode asked for with it (None: the server's default)."""
+
+    doc: SourceDocument
+    kv: str | None = None
+
+
+async def read_document(request: Request, limit: int) -> Upload:
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit + JSON_OVERHEAD:
@@ -58,11 +67,14 @@ def _from_json(raw: bytes, limit: int) -> SourceDocument:
         doc = DocumentIn.model_validate(data)
     except ValidationError as exc:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
-    return _document(doc.text, doc.title, doc.source or "api", limit)
+    return Upload(_document(doc.text, doc.title, doc.source or "api", limit), doc.kv)
 
 
-async def _from_form(request: Request, limit: int) -> SourceDocument:
+async def _from_form(request: Request, limit: int) -> Upload:
     form = await request.form(max_files=1, max_fields=4, max_part_size=limit + 1)
+    kv = form.get("kv")
+    if kv is not None and kv not in get_args(KvMode):
+        raise HTTPException(422, f"kv must be one of {', '.join(get_args(KvMode))}")
     upload = form.get("file")
     if not isinstance(upload, UploadFile):
         raise HTTPException(422, "the form has no 'file' part")
@@ -81,8 +93,8 @@ async def _from_form(request: Request, limit: int) -> SourceDocument:
     title = form.get("title")
     if isinstance(title, str) and len(title) > TITLE_MAX_CHARS:
         raise HTTPException(422, f"title: the title has {len(title)} characters; the limit is {TITLE_MAX_CHARS}")
-    return _document(text, title if isinstance(title, str) else None, f"upload:{name}", limit,
-                     fallback_title=name.rsplit(".", 1)[0])
+    return Upload(_document(text, title if isinstance(title, str) else None, f"upload:{name}", limit,
+                            fallback_title=name.rsplit(".", 1)[0]), kv)
 
 
 def _document(text: str, title: str | None, source: str, limit: int, fallback_title: str = "untitled") -> SourceDocument:

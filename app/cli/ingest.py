@@ -4,8 +4,8 @@ Each document is all or nothing; a document that fails is reported and the other
 `--kv eager` (default: `KVMOSAIC_INGEST_KV`) computes every chunk's base KV now, in packed
 batches; `--kv lazy` only chunks, embeds and indexes (the first request that retrieves a
 chunk computes its KV). The progress bar counts documents and shows chunk tokens per second.
-Run it while the server is stopped (a running server reads the index only at start-up), or
-add documents through `POST /documents` instead.
+A server on the same catalog picks the new documents up from the catalog's change log
+within `KVMOSAIC_INDEX_POLL_S`; `POST /documents` does the same through a server.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -12,12 +13,18 @@ TITLE_MAX_CHARS = 1000
 FILENAME_MAX_CHARS = 255
 
 
+KvMode = Literal["eager", "lazy"]
+KV_HELP = ("eager: compute every chunk's base KV now; lazy: only index it, the first request that retrieves a "
+           "chunk computes its KV (default: the KVMOSAIC_INGEST_KV setting)")
+
+
 class DocumentIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     text: str = Field(min_length=1, description="UTF-8 text or markdown; size limit is a setting")
     title: str | None = Field(default=None, max_length=TITLE_MAX_CHARS, description="default: first heading")
     source: str | None = Field(default=None, max_length=TITLE_MAX_CHARS, description="where it came from")
+    kv: KvMode | None = Field(default=None, description=KV_HELP)
 
 
 class DocumentOut(BaseModel):
@@ -34,6 +41,7 @@ class IngestOut(BaseModel):
     created: bool = Field(description="false: the same content was already ingested")
     num_tokens: int
     seconds: float
+    kv: KvMode = Field(default="eager", description="lazy: no base KV was computed (kv_tiers is empty)")
     kv_tiers: dict[str, int] = Field(default_factory=dict, description=(
         "chunks whose base KV each store tier took ('none': no tier could; computed on first use); "
         "a memory tier (cpu, gpu) here means every persistent tier was down"))

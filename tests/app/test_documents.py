@@ -50,3 +50,19 @@ def test_file_upload_takes_title_from_form_or_file_name(client):
     titled = client.post("/documents", data={"title": "Neaps"},
                          files={"file": ("n.txt", b"Neap tides come at the quarter moons.", "text/plain")})
     assert titled.json()["document"]["title"] == "Neaps"
+
+
+def test_kv_lazy_indexes_without_computing_kv_and_bad_kv_is_refused(client, services):
+    added = client.post("/documents", json={"text": "The lazy lighthouse keeper counted 41 gulls.", "kv": "lazy"})
+    assert added.status_code == 201, added.text
+    body = added.json()
+    assert body["kv"] == "lazy" and body["kv_tiers"] == {}
+    chunks = services.catalog.chunks_of_document(body["document"]["id"])
+    assert chunks and all(services.catalog.variants_of_chunk(c.id) == [] for c in chunks)
+    form = client.post("/documents", files={"file": ("lazy.md", b"# Lazy file\nEleven herons.")}, data={"kv": "lazy"})
+    assert form.status_code == 201 and form.json()["kv"] == "lazy", form.text
+    for bad in (client.post("/documents", json={"text": "x y z", "kv": "later"}),
+                client.post("/documents", files={"file": ("b.md", b"# B\nbad kv")}, data={"kv": "later"})):
+        assert bad.status_code == 422, bad.text
+    client.delete(f"/documents/{body['document']['id']}")
+    client.delete(f"/documents/{form.json()['document']['id']}")
