@@ -1,0 +1,29 @@
+"""`bench fidelity --store-codecs`: the same requests with chunk KV through each codec."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.bench.codecs import CodecOptions, format_codec_table, run_codec_fidelity
+from tests.conftest import MUSIQUE_SLICE
+
+
+def test_codecs_run_the_same_requests_and_report_their_cost(tiny_engine):
+    options = CodecOptions(dataset=MUSIQUE_SLICE, start=0, n=2, chunks=3, codecs=("float32", "float16", "int4"),
+                           modes=("full", "cacheblend", "naive"))
+    report = run_codec_fidelity(tiny_engine, options, progress=False)
+    sizes = report.bytes_per_token
+    assert sizes["float32"] == 4 * 2 * 2 * 4 * 16  # tiny model: 4 layers x K,V x 2 heads x 16 dims x 4 bytes
+    assert sizes["float16"] == sizes["float32"] / 2 and sizes["int4"] < sizes["float16"] / 2
+    assert {(r.codec, r.mode) for r in report.rows} == {(c, m) for c in options.codecs for m in ("cacheblend", "naive")}
+    assert all(len(r.kl) == 2 for r in report.rows)
+    naive = [report.row(c, "naive").kl for c in options.codecs]
+    assert naive[0] != naive[2]  # int4 changed the reused KV, so the naive logits moved
+    table = format_codec_table(report)
+    assert "int4" in table and "dKL" in table
+
+
+def test_unknown_codec_fails_before_any_work(tiny_engine):
+    options = CodecOptions(dataset=MUSIQUE_SLICE, n=1, codecs=("float16", "int3"))
+    with pytest.raises(ValueError, match="int3"):
+        run_codec_fidelity(tiny_engine, options, progress=False)
