@@ -162,7 +162,8 @@ def add_store_parser(kinds) -> None:
     add_engine_arguments(store)
     store.add_argument("--tiers", default="gpu,cpu,disk,redis", help="tiers to measure (unavailable ones are skipped)")
     store.add_argument("--repeats", type=int, default=5, help="entries per tier and size (default 5)")
-    store.add_argument("--storage-dtype", choices=["float16", "bfloat16", "float32"], default="float16")
+    store.add_argument("--codec", "--storage-dtype", dest="codec", default="float16",
+                       choices=["float16", "bfloat16", "float32", "int8", "int4"], help="KV codec of the entries")
     store.add_argument("--redis-url", default=os.environ.get("KVMOSAIC_REDIS_URL", "redis://127.0.0.1:6379/0"))
     store.add_argument("--work-dir", type=Path, default=None,
                        help="scratch directory on the disk to measure (default <data-dir>/bench)")
@@ -171,19 +172,28 @@ def add_store_parser(kinds) -> None:
     store.add_argument("--chunk-tokens", type=int, default=512)
     store.add_argument("--blend-repeats", type=int, default=3)
     store.add_argument("--skip-overlap", action="store_true", help="throughput only (loads no model)")
+    store.add_argument("--capacity", action="store_true",
+                       help="also: hit rate of a capped tier under a Zipf trace, per policy and capacity")
+    store.add_argument("--capacity-fractions", default="0.1,0.25,0.5", help="tier caps, as shares of the corpus's KV")
+    store.add_argument("--capacity-policies", default="lru,lfu,value")
+    store.add_argument("--capacity-tier", choices=["disk", "redis"], default="disk")
+    store.add_argument("--capacity-entries", type=int, default=300)
+    store.add_argument("--capacity-accesses", type=int, default=3000)
+    store.add_argument("--zipf-s", type=float, default=1.0, help="Zipf exponent of the trace (default 1.0)")
     store.add_argument("--json", type=Path, default=None, help="also write the figures here")
     store.set_defaults(handler=run_store)
 
 
 def run_store(args) -> int:
-    from engine.bench.store import (StoreBenchOptions, default_work_dir, format_overlap, format_throughput,
-                                    run_overlap, run_throughput, write_json)
+    from engine.bench.store import (StoreBenchOptions, default_work_dir, format_codec_sizes, format_overlap,
+                                    format_throughput, run_overlap, run_throughput, write_json)
 
     options = StoreBenchOptions(tiers=tuple(t.strip() for t in args.tiers.split(",") if t.strip()),
-                                repeats=args.repeats, dtype=args.storage_dtype, redis_url=args.redis_url,
+                                repeats=args.repeats, dtype=args.codec, redis_url=args.redis_url,
                                 work_dir=args.work_dir or engine_config(args).data_dir / "bench", fsync=not args.no_fsync,
                                 chunks=args.chunks, chunk_tokens=args.chunk_tokens, blend_repeats=args.blend_repeats)
-    overlap = None
+    overlap = capacity = None
+    print(format_codec_sizes())
     with default_work_dir(options) as work:
         rows = run_throughput(options, Path(work))
         print(format_throughput(rows))
@@ -192,7 +202,23 @@ def run_store(args) -> int:
 
             overlap = run_overlap(Engine.load(engine_config(args)), options, Path(work))
             print(format_overlap(overlap))
+        if args.capacity:
+            capacity = run_store_capacity(args, Path(work))
     if args.json:
-        write_json(rows, overlap, options, args.json)
+        write_json(rows, overlap, options, args.json, capacity)
         print(f"wrote {args.json}")
     return 0
+
+
+def run_store_capacity(args, work: Path):
+    from engine.bench.capacity import CapacityOptions, format_capacity, run_capacity
+
+    options = CapacityOptions(fractions=tuple(float(f) for f in args.capacity_fractions.split(",") if f.strip()),
+                              policies=tuple(p.strip() for p in args.capacity_policies.split(",") if p.strip()),
+                              tier=args.capacity_tier, entries=args.capacity_entries,
+                              accesses=args.capacity_accesses, zipf_s=args.zipf_s,
+                              codec=args.codec if args.codec in ("int8", "int4") else "int4",
+                              redis_url=args.redis_url)
+    result = run_capacity(options, work / "capacity")
+    print(format_capacity(result, options))
+    return result

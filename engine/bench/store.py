@@ -84,6 +84,20 @@ def make_entry(shape: tuple[int, ...], dtype: str, seed: int) -> KVEntry:
     return KVEntry(meta, get_codec(dtype).encode(kv))
 
 
+def format_codec_sizes(layers: int = 30, heads: int = 3, dim: int = 64, tokens: tuple[int, ...] = (256, 512)) -> str:
+    """Stored bytes per token of every codec for SmolLM2-shaped chunks, against float16."""
+    from engine.store.quant import CODECS
+
+    lines = ["codec      " + " ".join(f"{f'B/token @{n}':>13} {'vs f16':>7}" for n in tokens)]
+    for name, codec in CODECS.items():
+        cells = []
+        for n in tokens:
+            size = layers * codec.layer_bytes((2, heads, n, dim)) / n
+            cells.append(f"{size:>13.0f} {size / (layers * 2 * heads * dim * 2):>6.3f}x")
+        lines.append(f"{name:<10} " + " ".join(cells))
+    return "\n".join(lines)
+
+
 def _mb_s(num_bytes: int, seconds: float) -> float:
     return num_bytes / 1e6 / max(seconds, 1e-9)
 
@@ -165,10 +179,11 @@ def format_throughput(rows: list[ThroughputRow]) -> str:
 
 
 def write_json(rows: list[ThroughputRow], overlap: OverlapResult | None, options: StoreBenchOptions,
-               path: Path) -> None:
+               path: Path, capacity=None) -> None:
     data = {"options": {k: str(v) for k, v in asdict(options).items()},
             "throughput": [dict(asdict(r), put_ratio=r.put_ratio, get_ratio=r.get_ratio) for r in rows],
-            "overlap": asdict(overlap) if overlap else None}
+            "overlap": asdict(overlap) if overlap else None,
+            "capacity": asdict(capacity) if capacity else None}
     Path(path).write_text(json.dumps(data, indent=2))
 
 

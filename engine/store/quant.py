@@ -13,8 +13,9 @@ A quantized layer is one flat uint8 payload:
 int4 codes are packed two per byte, low nibble first. Decoding is a few element-wise ops on
 the device the layer goes to, so entries travel and sit in every tier at their stored size.
 
-Payload bytes per token (SmolLM2: 30 layers, 3 KV heads, head_dim 64): float16 23,040;
-int8 ≈ 12,480 (0.54×); int4 ≈ 6,720 (0.29×) at 256-token chunks.
+Payload bytes per token (SmolLM2: 30 layers, 3 KV heads, head_dim 64; `kvmosaic bench store`
+prints the table): float16 23,040; int8 12,240 (0.53×); int4 6,480 (0.28×: 4-bit codes plus
+the float16 scales and minimums).
 
 This module neither serializes nor checksums (`codec.py` does); it is pure tensor math.
 """
