@@ -52,7 +52,7 @@ class Settings(BaseSettings):
     deviation: str = "value"
     selection: str = "question_weighted"
     epic_tokens: int = Field(default=16, ge=0)
-    craft_alpha: float = Field(default=0.1, ge=0.0)
+    craft_alpha: float = Field(default=EngineConfig.craft_alpha, ge=0.0)
     craft_novelty: bool = True
     craft_reuse_below: float = Field(default=0.02, ge=0.0, le=1.0)
     craft_full_above: float = Field(default=0.7, ge=0.0, le=1.0)

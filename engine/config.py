@@ -59,8 +59,12 @@ class EngineConfig:
     # epic: recompute the first k tokens of every chunk in every layer.
     epic_tokens: int = 16
     # cachecraft: CFO = clamp(alpha * CCI * (1 - beta'), 0, 1); below `craft_reuse_below` the
-    # chunk is reused as is, above `craft_full_above` it is recomputed fully.
-    craft_alpha: float = 0.1
+    # chunk is reused as is, above `craft_full_above` it is recomputed fully. With CCI in
+    # [0.5, 1), alpha = 1 spans the whole range: a variant from an unrelated context costs
+    # CFO = CCI > the blend fix's cost (~0.18 of a chunk's layer-rows), so it loses to the base
+    # variant; one from a close context (a mild reorder, gamma below ~0.2) wins. At 0.1 every
+    # variant, however stale, cost at most 0.1 and beat blending. Fit it with `kvmosaic calibrate`.
+    craft_alpha: float = 1.0
     # Scale β′ by the share of the new preceding chunks the variant has seen (scores.py).
     craft_novelty: bool = True
     craft_reuse_below: float = 0.02
