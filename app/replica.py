@@ -24,14 +24,19 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 
 import numpy as np
 
 from engine.catalog import ADD, Catalog, IndexedChunk
+from engine.catalog.models import utcnow
 from retrieval.embedder import Embedder
 from retrieval.retriever import IndexUpdate, Retriever
 
 log = logging.getLogger(__name__)
+
+# History the change log keeps; a replica that could not poll for half of it resyncs.
+CHANGE_LOG_KEEP_S = 24 * 3600.0
 
 
 def new_replica_id() -> str:
@@ -95,13 +100,49 @@ class LeaseKeeper:
 
 
 class IndexFollower:
-    """Applies the catalog's change log to the local index, from `retriever.cursor` on."""
+    """Applies the catalog's change log to the local index, from `retriever.cursor` on.
+
+    The log keeps `CHANGE_LOG_KEEP_S` of history (`prune`); a follower that has not polled
+    successfully for half of that may have missed pruned entries, so it resyncs instead:
+    the index is compared with the catalog's retrievable chunks and the difference applied.
+    """
 
     def __init__(self, catalog: Catalog, retriever: Retriever, page: int = 1000):
         self.catalog, self.retriever, self.page = catalog, retriever, page
+        self._last_poll = time.monotonic()
 
     def poll(self) -> int:
-        """Apply every change committed since the cursor; returns how many were applied."""
+        """Apply every change committed since the cursor (or resync after a long gap);
+        returns how many changes were applied."""
+        if time.monotonic() - self._last_poll > CHANGE_LOG_KEEP_S / 2:
+            applied = self.resync()
+        else:
+            applied = self._follow()
+        self._last_poll = time.monotonic()
+        return applied
+
+    def resync(self) -> int:
+        """Bring the index to exactly the catalog's retrievable chunks; returns rows changed."""
+        cursor = self.catalog.last_change_seq()  # first, as at start-up
+        wanted, held = set(self.catalog.indexed_chunk_ids()), set(self.retriever.index.ids())
+        self.retriever.remove(sorted(held - wanted))
+        added = self.catalog.indexed_chunks_by_id(sorted(wanted - held))
+        if added:
+            vectors = [stored_vector(c, self.retriever.embedder) for c in added]
+            missing = [i for i, v in enumerate(vectors) if v is None]
+            for i, v in zip(missing, self.retriever.embed([added[i].embedding_text for i in missing])):
+                vectors[i] = v
+            self.retriever.add([c.chunk_id for c in added], np.stack(vectors))
+        self.retriever.cursor = max(self.retriever.cursor, cursor)
+        log.warning("vector index resynced with the catalog: %d rows removed, %d added",
+                    len(held - wanted), len(added))
+        return len(held - wanted) + len(added)
+
+    def prune(self) -> int:
+        """Drop change log entries older than `CHANGE_LOG_KEEP_S` (any replica may do it)."""
+        return self.catalog.prune_changes(utcnow() - timedelta(seconds=CHANGE_LOG_KEEP_S))
+
+    def _follow(self) -> int:
         applied = 0
         while True:
             changes = self.catalog.changes_since(self.retriever.cursor, self.page)

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 INDEX_SAVE_S = 60.0
 # Peers may hold shorter leases than this replica: look for expired ones at least this often.
 RECLAIM_EVERY_S = 5.0
+PRUNE_EVERY_S = 3600.0
 
 
 @dataclass
@@ -125,7 +126,8 @@ def open_retriever(settings: Settings, catalog, embedder) -> Retriever:
 def replica_daemon(settings: Settings, catalog, chunk_cache, retriever: Retriever, ingestor: Ingestor) -> ReplicaDaemon:
     """Follow the change log every `index_poll_s`; look for expired ingests (of any replica,
     whatever their lease) every `RECLAIM_EVERY_S` or a third of this replica's lease if
-    shorter; sweep orphan KV every half grace period (at least every 10 s)."""
+    shorter; sweep orphan KV every half grace period (at least every 10 s); save the index
+    when it changed; prune the change log hourly."""
     follower = IndexFollower(catalog, retriever)
     grace = settings.kv_orphan_grace_s
     return ReplicaDaemon([
@@ -134,6 +136,7 @@ def replica_daemon(settings: Settings, catalog, chunk_cache, retriever: Retrieve
                     ingestor.reclaim_expired),
         PeriodicJob("sweep orphan KV", max(10.0, grace / 2), lambda: chunk_cache.cache.sweep_orphans(grace)),
         PeriodicJob("save the index", INDEX_SAVE_S, retriever.save_if_behind),
+        PeriodicJob("prune the change log", PRUNE_EVERY_S, follower.prune),
     ])
 
 

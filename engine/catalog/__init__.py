@@ -17,8 +17,9 @@ Public API (stable; the service and the chunk cache build on it):
   Ingest leases: `begin_ingest` (document + chunks with embeddings + a RUNNING row owned
   by a replica), `heartbeat`, `finish_ingest` (the commit point; `LeaseLost` if reclaimed),
   `expired_ingests`, `claim_ingest`, `ingest_of`, `ingests`.
-  Change log: `last_change_seq`, `changes_since(cursor)`, `indexed_chunk_ids`,
-  `iter_indexed_chunks` (what every replica's vector index is built from and follows).
+  Change log: `last_change_seq`, `changes_since(cursor)`, `prune_changes`,
+  `indexed_chunk_ids`, `indexed_chunks_by_id`, `iter_indexed_chunks` (what every
+  replica's vector index is built from and follows).
 - `upgrade_to_head(url)` / `downgrade_to_base(url)`: Alembic migrations from code.
 - `context_signature(chunk_ids)`: the stored form of a variant's context ("" = base).
 

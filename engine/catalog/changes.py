@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import func, insert, select, text
+from datetime import datetime
+
+from sqlalchemy import delete, func, insert, select, text
 from sqlalchemy.orm import Session
 
 from engine.catalog import records as rec
@@ -51,6 +53,22 @@ class ChangeLog:
             added = {c.chunk_id: c for c in _indexed(s, [r.chunk_id for r in rows if r.op == ADD])}
             return [rec.IndexChangeRecord(seq, chunk_id, op, added.get(chunk_id) if op == ADD else None)
                     for seq, chunk_id, op in rows]
+
+    def prune_changes(self, older_than: datetime) -> int:
+        """Delete log entries made before `older_than`, always keeping the newest one (so `seq`
+        never restarts on SQLite, which reuses the largest rowid + 1); returns how many went.
+        A follower that has not polled since then must resync (`IndexFollower`)."""
+        with self.session() as s:
+            newest = s.scalar(select(func.max(IndexChange.seq)))
+            if newest is None:
+                return 0
+            return s.execute(delete(IndexChange).where(IndexChange.created_at < older_than,
+                                                       IndexChange.seq < newest)).rowcount
+
+    def indexed_chunks_by_id(self, chunk_ids: Sequence[int]) -> list[rec.IndexedChunk]:
+        """The retrievable chunks among `chunk_ids`, with their embeddings (any order)."""
+        with self.session() as s:
+            return [c for start in range(0, len(chunk_ids), 500) for c in _indexed(s, list(chunk_ids[start:start + 500]))]
 
     def indexed_chunk_ids(self) -> list[int]:
         """Ids of every retrievable chunk (an index row assigned), ascending."""

@@ -188,3 +188,17 @@ def test_an_ingest_whose_lease_a_peer_took_is_undone_and_answered_503(fresh, mon
     assert response.status_code == 503 and response.headers["retry-after"] == "1", response.text
     assert "send it again" in response.json()["error"]["message"]
     assert totals(fresh) == before and fresh.catalog.ingests() == []
+
+
+def test_a_follower_that_missed_the_log_resyncs_with_the_catalog(fresh):
+    """After a long gap (entries may have been pruned) the follower compares instead of replaying."""
+    from app.replica import CHANGE_LOG_KEEP_S, IndexFollower
+
+    follower = IndexFollower(fresh.catalog, fresh.retriever)
+    expected = sorted(fresh.catalog.indexed_chunk_ids())
+    fresh.retriever.index.remove(expected[:1])  # a row it missed
+    fresh.retriever.add([10**9], fresh.retriever.embed(["a chunk deleted while it was away"]))
+    follower._last_poll -= CHANGE_LOG_KEEP_S  # the catalog was out of reach for a day
+    assert follower.poll() == 2
+    assert sorted(fresh.retriever.index.ids()) == expected
+    assert fresh.retriever.cursor == fresh.catalog.last_change_seq()

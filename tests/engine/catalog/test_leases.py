@@ -175,3 +175,17 @@ def test_change_seq_follows_commit_order_under_concurrent_writers(postgres_url):
         assert len(seen) == 4 * 3 * 2
     finally:
         catalog.close()
+
+
+def test_pruning_keeps_the_newest_entry_so_seq_never_restarts(catalog):
+    first = _begin(catalog, name="first")
+    catalog.finish_ingest(first.document.id, "a")
+    newest = catalog.last_change_seq()
+    assert catalog.prune_changes(utcnow() + timedelta(seconds=5)) == len(first.chunks) - 1
+    assert [c.seq for c in catalog.changes_since(0)] == [newest]
+    second = _begin(catalog, name="second")
+    catalog.finish_ingest(second.document.id, "a")
+    assert min(c.seq for c in catalog.changes_since(newest)) > newest
+    assert catalog.prune_changes(utcnow() - timedelta(hours=1)) == 0  # nothing that old
+    found = catalog.indexed_chunks_by_id([c.id for c in second.chunks] + [10**9])
+    assert sorted(c.chunk_id for c in found) == sorted(c.id for c in second.chunks)
