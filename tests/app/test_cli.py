@@ -38,6 +38,16 @@ def test_ingest_is_idempotent_and_reports_failures(tiny_start, tmp_path, capsys)
     assert "ingested 0 new documents" in out and "2 already present" in out
 
 
+def test_ingest_kv_lazy_indexes_without_kv_and_reports_tokens_per_second(tiny_start, tmp_path, capsys):
+    (tmp_path / "lazy.md").write_text("# Herons\n\nEleven herons fish the mill pond at dawn.")
+    assert main(["ingest", "--kv", "lazy", str(tmp_path / "lazy.md")]) == 0
+    captured = capsys.readouterr()
+    assert "ingested 1 new documents" in captured.out and "KV lazy" in captured.out
+    assert "tokens/s" in captured.out and "tok/s" in captured.err  # the summary and the progress bar
+    with pytest.raises(SystemExit):
+        main(["ingest", "--kv", "later", str(tmp_path / "lazy.md")])
+
+
 def test_ingest_refuses_an_unreadable_path_before_writing(tiny_start, tmp_path, capsys):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"\xff\xfe")
