@@ -9,7 +9,7 @@ A request names one of `FIDELITIES`:
   reference plan, and that result (equal to `full`'s) is what the request decodes.
 
 Why the margin and nothing else (SmolLM2, MuSiQue records 0-6, 3 chunks): the share of the
-check layer's question-weighted deviation mass left on stale rows was 0.055-0.061 on every
+check layer's question-weighted deviation mass left on stale rows was 0.055-0.065 on every
 record whatever its error, so it could not tell records apart, and keeping rows until that
 mass was covered only raised the ratio uniformly; the blended first-token margin is low
 exactly on the records whose first token or answer drifts. The guard works for every mode
