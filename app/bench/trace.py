@@ -4,7 +4,8 @@ A trace file is JSON lines, one request a line: `{"question": "...", "top_k": 6}
 optional). The generator draws from a dataset's questions with a Zipf popularity (a few
 questions are asked often, most rarely) and turns some repeats into reformulations: the same
 need in other words, as users ask it, so retrieval returns an overlapping chunk set in another
-order. Reuse is not assumed from that recipe: `trace_stats` measures it on the chunks that
+order, or asked together with part of another popular question (a follow-up that brings other
+companions along). Reuse is not assumed from that recipe: `trace_stats` measures it on the chunks that
 retrieval really returned.
 """
 
@@ -82,8 +83,8 @@ def write_trace(path: Path, requests: Sequence[TraceRequest]) -> None:
     path.write_text("".join(json.dumps(asdict(r)) + "\n" for r in requests), encoding="utf-8")
 
 
-def generate_trace(questions: Sequence[str], num_requests: int, seed: int = 0, zipf_s: float = 1.0,
-                   reformulate: float = 0.5) -> list[TraceRequest]:
+def generate_trace(questions: Sequence[str], num_requests: int, seed: int = 0, zipf_s: float = 1.2,
+                   reformulate: float = 0.8) -> list[TraceRequest]:
     """`num_requests` requests over `questions`: Zipf(`zipf_s`) popularity over a seeded ranking;
     a question asked before is reformulated with probability `reformulate`."""
     if not questions:
@@ -98,23 +99,33 @@ def generate_trace(questions: Sequence[str], num_requests: int, seed: int = 0, z
     requests = []
     for need in rng.choices(ranking, weights=weights, k=num_requests):
         again = need in asked and rng.random() < reformulate
-        text = reformulation(questions[need], rng) if again else questions[need]
+        other = questions[rng.choices(ranking, weights=weights)[0]]
+        text = reformulation(questions[need], rng, other if other != questions[need] else "") if again \
+            else questions[need]
         requests.append(TraceRequest(text, None, need, again))
         asked.add(need)
     return requests
 
 
-def reformulation(question: str, rng: random.Random) -> str:
-    """The same need in other words: its keywords, keywords in another order, or a lead-in."""
-    words = re.findall(r"[\w'-]+", question)
-    keywords = [w for w in words if w.lower() not in STOPWORDS] or words
-    form = rng.randrange(3)
+def reformulation(question: str, rng: random.Random, other: str = "") -> str:
+    """The same need in other words: its keywords, keywords in another order, a lead-in, or,
+    given `other` (another popular question), its keywords asked together with half of those."""
+    keywords = _keywords(question)
+    form = rng.randrange(4 if other else 3)
     if form == 0:
         return " ".join(keywords)
     if form == 1:
         half = max(1, len(keywords) // 2)
         return " ".join(keywords[half:] + keywords[:half]) + "?"
-    return rng.choice(LEAD_INS) + question[:1].lower() + question[1:]
+    if form == 2:
+        return rng.choice(LEAD_INS) + question[:1].lower() + question[1:]
+    extra = _keywords(other)
+    return " ".join(keywords) + ", and " + " ".join(extra[: max(1, len(extra) // 2)]) + "?"
+
+
+def _keywords(question: str) -> list[str]:
+    words = re.findall(r"[\w'-]+", question)
+    return [w for w in words if w.lower() not in STOPWORDS] or words
 
 
 def trace_stats(requests: Sequence[TraceRequest], retrieved: Sequence[Sequence[int]]) -> TraceStats:

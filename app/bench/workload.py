@@ -46,8 +46,8 @@ class WorkloadOptions:
     trace: Path | None = None
     requests: int = 48
     seed: int = 0
-    zipf_s: float = 1.0
-    reformulate: float = 0.5
+    zipf_s: float = 1.2
+    reformulate: float = 0.8
     concurrency: tuple[int, ...] = (1, 4)
     rate: float | None = None
     max_tokens: int = 32
