@@ -179,7 +179,7 @@ def add_store_parser(kinds) -> None:
     store.add_argument("--capacity-tier", choices=["disk", "redis"], default="disk")
     store.add_argument("--capacity-entries", type=int, default=300)
     store.add_argument("--capacity-accesses", type=int, default=3000)
-    store.add_argument("--zipf-s", type=float, default=1.0, help="Zipf exponent of the trace (default 1.0)")
+    store.add_argument("--zipf-s", type=float, default=1.2, help="Zipf exponent of the trace (default 1.2)")
     store.add_argument("--json", type=Path, default=None, help="also write the figures here")
     store.set_defaults(handler=run_store)
 

@@ -34,7 +34,7 @@ class CapacityOptions:
     tier: str = "disk"
     entries: int = 300
     accesses: int = 3000
-    zipf_s: float = 1.0
+    zipf_s: float = 1.2  # the workload bench's default popularity skew
     min_tokens: int = 64
     max_tokens: int = 256
     layers: int = 2
