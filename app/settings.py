@@ -109,7 +109,7 @@ class Settings(BaseSettings):
     # KVMOSAIC_STORE_CODEC (KVMOSAIC_STORE_DTYPE, its former name, is still read)
     store_codec: str = Field(default=StoreConfig.codec, validation_alias=AliasChoices(
         "KVMOSAIC_STORE_CODEC", "KVMOSAIC_STORE_DTYPE", "store_codec"))
-    store_eviction: str = "lru"
+    store_eviction: str = StoreConfig.eviction
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_prefix: str = Field(default=StoreConfig.redis_prefix, min_length=1)
     # -- replicas (see app/replica.py; defaults in retrieval.index.IndexConfig) ----------------

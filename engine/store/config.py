@@ -50,7 +50,10 @@ class StoreConfig:
     redis_timeout_s: float = 2.0
     redis_retry_s: float = 30.0
     codec: str = "float16"
-    eviction: str = "lru"
+    # lfu by measurement: `kvmosaic bench store --capacity` (300 entries, Zipf 1.0, 3000 lookups)
+    # hit rate at 10 / 25 / 50% capacity: lfu 0.590 / 0.727 / 0.849, lru 0.499 / 0.689 / 0.833,
+    # value 0.537 / 0.643 / 0.726
+    eviction: str = "lfu"
     load_threads: int = 2
     prefetch_layers: int = 2
 
