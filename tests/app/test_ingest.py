@@ -128,7 +128,9 @@ def test_a_document_ingested_elsewhere_becomes_searchable_here(fresh, tiny_loade
         added = other.ingestor.ingest(LONG)
         chunk_ids = {c.id for c in other.catalog.chunks_of_document(added.document.id)}
         assert not chunk_ids & set(fresh.retriever.index.ids())
-        assert IndexFollower(fresh.catalog, fresh.retriever).poll() == len(chunk_ids)
+        # this replica's own earlier changes may still be after its cursor (its daemon polls on
+        # its own schedule) and are applied again harmlessly: at least the new chunks count
+        assert IndexFollower(fresh.catalog, fresh.retriever).poll() >= len(chunk_ids)
         assert chunk_ids <= set(fresh.retriever.index.ids())
         other.ingestor.delete(added.document.id)
         IndexFollower(fresh.catalog, fresh.retriever).poll()
