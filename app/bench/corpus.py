@@ -28,6 +28,7 @@ from retrieval.sources import SourceDocument, SourceError, load_sources
 log = logging.getLogger(__name__)
 
 READY = "snapshot.json"
+SNAPSHOT_FIELDS = ("chunk_tokens", "chunk_overlap", "store_tiers", "store_codec", "store_dtype")
 
 
 @dataclass(frozen=True)
@@ -90,9 +91,8 @@ def snapshot_key(corpus: Corpus, settings, fingerprint: str) -> str:
     digest = hashlib.sha256()
     for doc in corpus.documents:
         digest.update(hashlib.sha256(f"{doc.title}\n{doc.text}".encode()).digest())
-    # chunking and how KV is stored decide the content; capacities and paths do not
-    decisive = {k: v for k, v in settings.model_dump().items()
-                if k.startswith(("chunk_", "store_")) and not k.endswith(("_bytes", "_dir"))}
+    # chunking, the KV format and the tiers decide the content; capacities, paths and policies do not
+    decisive = {k: v for k, v in settings.model_dump().items() if k in SNAPSHOT_FIELDS}
     digest.update(repr((fingerprint, sorted(decisive.items()))).encode())
     return digest.hexdigest()[:16]
 
