@@ -44,7 +44,7 @@ class WorkloadOptions:
     start: int = 100
     records: int | None = 12
     trace: Path | None = None
-    requests: int = 48
+    requests: int = 32
     seed: int = 0
     zipf_s: float = 1.2
     reformulate: float = 0.8

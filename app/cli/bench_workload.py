@@ -23,7 +23,7 @@ def add_workload_parser(kinds, add_engine_arguments) -> None:
     p.add_argument("--start", type=int, default=100, help="benchmark JSON: first record (default 100)")
     p.add_argument("--records", type=int, default=12, help="benchmark JSON: records pooled (default 12)")
     p.add_argument("--trace", type=Path, default=None, help="JSON lines {question, top_k?} (default: generated)")
-    p.add_argument("--requests", type=int, default=48, help="generated trace: requests (default 48)")
+    p.add_argument("--requests", type=int, default=32, help="generated trace: requests (default 32)")
     p.add_argument("--seed", type=int, default=0, help="generated trace and open-loop arrivals: seed")
     # defaults: on MuSiQue 100-111 about 72% of retrieved chunks were seen before (Cache-Craft: 75%)
     p.add_argument("--zipf", type=float, default=1.2, help="generated trace: Zipf exponent of popularity (1.2)")
@@ -76,7 +76,7 @@ def workload_options(args, data_dir: Path):
 
 
 def _default(key: str):
-    return {"records": 12, "requests": 48, "modes": DEFAULT_MODES, "max_tokens": 32}[key]
+    return {"records": 12, "requests": 32, "modes": DEFAULT_MODES, "max_tokens": 32}[key]
 
 
 def run_workload_command(args) -> int:
