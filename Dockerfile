@@ -49,4 +49,4 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=120s \
 
 # Migrations first (also run by the server at start, harmless twice), then the demo corpus
 # (skipped if already ingested), then the server in the foreground as PID 1's child.
-CMD ["sh", "-c", "python -c 'from app.settings import Settings; from engine.catalog import upgrade_to_head; upgrade_to_head(Settings().catalog_config().resolved_url())' && kvmosaic ingest --quiet app/demo_corpus && exec kvmosaic serve"]
+CMD ["sh", "-c", "python -c 'from app.settings import Settings; from app.catalog import upgrade_to_head; upgrade_to_head(Settings().catalog_config().resolved_url())' && kvmosaic ingest --quiet app/demo_corpus && exec kvmosaic serve"]

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 from app.replica import LeaseKeeper, reclaim_expired
 from app.retrieve import chunk_token_ids
-from engine.catalog import DocumentRecord, NewChunk
+from app.catalog import DocumentRecord, NewChunk
 from engine.errors import InvalidRequest
-from engine.store.entry import token_ids_hash
+from app.store.entry import token_ids_hash
 from retrieval import Chunker, SourceDocument
 
 log = logging.getLogger(__name__)

@@ -28,8 +28,8 @@ from datetime import timedelta
 
 import numpy as np
 
-from engine.catalog import ADD, Catalog, IndexedChunk
-from engine.catalog.models import utcnow
+from app.catalog import ADD, Catalog, IndexedChunk
+from app.catalog.models import utcnow
 from retrieval.embedder import Embedder
 from retrieval.retriever import IndexUpdate, Retriever
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from app.chunks import COMPUTED_NOW
+from app.kvcache.chunk_cache import COMPUTED_NOW
 from app.schemas.ask import AskResponse, ChunkOut, GuardOut, Timings, Usage
-from app.service import Answer
+from app.rag import Answer
 
 
 def ask_response(answer: Answer, tokenizer=None) -> AskResponse:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.catalog import ChunkRecord, DocumentRecord
+from app.catalog import ChunkRecord, DocumentRecord
 from engine.errors import InvalidRequest
 
 

@@ -21,7 +21,7 @@ from app.memory import Trimmer, limit_arenas
 from app.metrics import LiveCollector, Metrics
 from app.queue import WorkQueue
 from app.replica import IndexFollower, LeaseKeeper, PeriodicJob, ReplicaDaemon, index_rows, new_replica_id
-from app.service import Answer, RagService
+from app.rag import Answer, RagService
 from app.settings import Settings
 from retrieval import Chunker, Retriever
 
@@ -54,8 +54,8 @@ class Services:
     @classmethod
     def start(cls, settings: Settings, engine=None, embedder=None) -> "Services":
         """Load or open every component; `engine` / `embedder` given: use them (tests)."""
-        from app.chunks import open_chunk_cache
-        from engine.catalog import Catalog
+        from app.kvcache.chunk_cache import open_chunk_cache
+        from app.catalog import Catalog
         from engine.engine import Engine
         from retrieval.embedder import Embedder
 

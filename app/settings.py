@@ -15,7 +15,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from engine import EngineConfig
 from engine.config import FIDELITIES, gradual_multipliers
 from engine.encoder import DEFAULT_BATCH_TOKENS
-from engine.store.config import StoreConfig
+from app.store.config import StoreConfig
 from retrieval.index import IndexConfig
 
 GiB = 1 << 30
@@ -99,7 +99,7 @@ class Settings(BaseSettings):
     malloc_arenas: int = Field(default=2, ge=0)
     trim_interval_s: float = Field(default=10.0, ge=0.0)
     log_level: str = "info"
-    # -- the KV store (see engine.store.config.StoreConfig) -----------------------------------
+    # -- the KV store (see app.store.config.StoreConfig) -----------------------------------
     store_tiers: Annotated[tuple[str, ...], NoDecode] = ("gpu", "cpu", "disk")
     store_gpu_bytes: int = Field(default=1 * GiB, ge=0)
     store_cpu_bytes: int = Field(default=4 * GiB, ge=0)
@@ -158,12 +158,12 @@ class Settings(BaseSettings):
         return None if isinstance(value, str) and not value.strip() else value
 
     def catalog_config(self):
-        from engine.catalog import CatalogConfig
+        from app.catalog import CatalogConfig
 
         return CatalogConfig(url=self.database_url, data_dir=self.data_dir)
 
     def store_config(self):
-        from engine.store.config import StoreConfig
+        from app.store.config import StoreConfig
 
         return StoreConfig(tiers=self.store_tiers, gpu_bytes=self.store_gpu_bytes, cpu_bytes=self.store_cpu_bytes,
                            disk_bytes=self.store_disk_bytes, redis_bytes=self.store_redis_bytes,

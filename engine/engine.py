@@ -25,7 +25,7 @@ from engine.kv import ChunkKV
 from engine.layers import DecoderStack
 from engine.model import LoadedModel, load_model
 from engine.planners import create_planner, reference_planner
-from engine.planners.base import CachedSpan, ChunkInput, Plan, PlanRequest
+from engine.plan import CachedSpan, ChunkInput, Plan, PlanRequest
 from engine.prompt import PromptBuilder
 from engine.result import PrefillResult, chunk_reports
 from engine.runner import LayerRunner, RunOutput

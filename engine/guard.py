@@ -31,7 +31,8 @@ from engine.config import FIDELITIES, EngineConfig
 from engine.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from engine.planners.base import BasePlanner, Plan
+    from engine.planners.base import BasePlanner
+    from engine.plan import Plan
     from engine.runner import RunOutput
 
 

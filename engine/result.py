@@ -10,7 +10,7 @@ import torch
 from engine.errors import InvalidRequest
 from engine.guard import GuardReport
 from engine.kv import KVCache
-from engine.planners.base import ChunkDecision, ChunkInput
+from engine.plan import ChunkDecision, ChunkInput
 from engine.prompt import PromptLayout
 
 

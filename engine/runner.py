@@ -17,7 +17,7 @@ from engine import ops
 from engine.attention import QueryLayout, attention_mass
 from engine.kv import KVCache
 from engine.layers import DecoderStack
-from engine.planners.base import LayerView, Plan, QueryView
+from engine.plan import LayerView, Plan, QueryView
 from engine.work import WorkMeter
 
 

@@ -1,1 +1,1 @@
-"""Alembic migrations of the kvmosaic catalog (see `engine.catalog.migrate`)."""
+"""Alembic migrations of the kvmosaic catalog (see `app.catalog.migrate`)."""

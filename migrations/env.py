@@ -1,7 +1,7 @@
 """Alembic environment of the catalog.
 
 The database URL comes, in order, from: the `url` attribute of the Config passed in (what
-`engine.catalog.migrate` sets), `sqlalchemy.url` in the ini file, `KVMOSAIC_DATABASE_URL`,
+`app.catalog.migrate` sets), `sqlalchemy.url` in the ini file, `KVMOSAIC_DATABASE_URL`,
 else the SQLite file `<KVMOSAIC_DATA_DIR or data>/catalog.db`. SQLite runs in batch mode so
 later migrations can alter tables.
 """
@@ -12,8 +12,8 @@ from logging.config import fileConfig
 
 from alembic import context
 
-from engine.catalog.db import create_db_engine, normalize_url, url_from_environment
-from engine.catalog.models import Base
+from app.catalog.db import create_db_engine, normalize_url, url_from_environment
+from app.catalog.models import Base
 
 config = context.config
 if config.config_file_name and config.attributes.get("configure_logger", True):

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.queue import QueueFull
-from engine.catalog import LeaseLost
+from app.catalog import LeaseLost
 from app.schemas.errors import ErrorBody
 from engine.errors import InvalidRequest
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from app.schemas.documents import DocumentIn
 from app.settings import Settings
 from engine.planners import planner_names
-from engine.store.config import KNOWN_POLICIES
+from app.store.config import KNOWN_POLICIES
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 HAND_READ_BODIES: tuple[type[BaseModel], ...] = (DocumentIn,)

@@ -29,7 +29,7 @@ class Outcome:
     submitted: float
     first_piece: float | None = None
     finished: float | None = None
-    answer: object | None = None  # what `digest` made of the app.service.Answer
+    answer: object | None = None  # what `digest` made of the app.rag.Answer
     error: str | None = None
     rejections: int = 0
 

@@ -126,7 +126,7 @@ def run_fidelity(args) -> int:
 def run_codec_fidelity(args, engine, options) -> int:
     import json
 
-    from engine.bench.codecs import CodecOptions, codec_json, format_codec_table, run_codec_fidelity
+    from app.bench.codecs import CodecOptions, codec_json, format_codec_table, run_codec_fidelity
 
     codec_options = CodecOptions(dataset=options.dataset, start=options.start, n=options.n, chunks=options.chunks,
                                  codecs=tuple(c.strip() for c in args.store_codecs.split(",") if c.strip()),
@@ -185,7 +185,7 @@ def add_store_parser(kinds) -> None:
 
 
 def run_store(args) -> int:
-    from engine.bench.store import (StoreBenchOptions, default_work_dir, format_codec_sizes, format_overlap,
+    from app.bench.store import (StoreBenchOptions, default_work_dir, format_codec_sizes, format_overlap,
                                     format_throughput, run_overlap, run_throughput, write_json)
 
     options = StoreBenchOptions(tiers=tuple(t.strip() for t in args.tiers.split(",") if t.strip()),
@@ -211,7 +211,7 @@ def run_store(args) -> int:
 
 
 def run_store_capacity(args, work: Path):
-    from engine.bench.capacity import CapacityOptions, format_capacity, run_capacity
+    from app.bench.capacity import CapacityOptions, format_capacity, run_capacity
 
     options = CapacityOptions(fractions=tuple(float(f) for f in args.capacity_fractions.split(",") if f.strip()),
                               policies=tuple(p.strip() for p in args.capacity_policies.split(",") if p.strip()),

@@ -32,7 +32,7 @@ import torch
 from engine.config import EngineConfig
 from engine.decode import SamplingParams
 from engine.engine import Engine
-from engine.planners.base import ChunkInput
+from engine.plan import ChunkInput
 
 PASSAGES = [
     "The Saltcote tide mill was built in 1794 and ground grain with the ebb tide for a century.",

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from engine.bench.fidelity import CRAFT, DatasetSlice, base_variant_chunks
 from engine.bench.metrics import kl_divergence, same_top1
-from engine.cachecraft.book import VariantBook
+from engine.variants.book import VariantBook
 from engine.errors import InvalidRequest
 from engine.variants.policy import VariantPolicy
 

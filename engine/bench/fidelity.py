@@ -30,11 +30,12 @@ from tqdm import tqdm
 
 from engine.bench.flops import FlopCounter
 from engine.bench.metrics import best_f1, forced_logits, kl_divergence, rouge_l, same_top1, teacher_forced
-from engine.cachecraft.book import VariantBook
+from engine.variants.book import VariantBook
 from engine.decode import SamplingParams
 from engine.errors import InvalidRequest
 from engine.planners import planner_class, reference_mode
-from engine.planners.base import ChunkInput, VariantYield
+from engine.planners.base import VariantYield
+from engine.plan import ChunkInput
 
 REFERENCE = reference_mode()  # every row is measured against it
 CRAFT = "cachecraft"  # the mode whose α `kvmosaic calibrate` fits

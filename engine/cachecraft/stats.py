@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.cachecraft.scores import cci, inter_intra_terms
-from engine.planners.base import CachedSpan, Plan
+from engine.plan import CachedSpan, Plan
 from engine.prompt import PromptLayout
 
 ROW_BLOCK = 128

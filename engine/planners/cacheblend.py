@@ -16,7 +16,8 @@ import torch
 
 from engine.config import EngineConfig
 from engine.planners import register
-from engine.planners.base import BasePlanner, LayerView, Plan, PlanRequest, positions
+from engine.planners.base import BasePlanner
+from engine.plan import LayerView, Plan, PlanRequest, positions
 from engine.planners.selection import keep_best
 
 

@@ -21,8 +21,8 @@ from engine.cachecraft.choice import Candidate, variant_cfo
 from engine.cachecraft.scores import recompute_count, top_token_offsets
 from engine.config import EngineConfig
 from engine.planners import register
-from engine.planners.base import (BasePlanner, ChunkDecision, LayerView, Plan, PlanRequest, QueryView,
-                                  VariantUse, VariantYield, positions)
+from engine.plan import ChunkDecision, LayerView, Plan, PlanRequest, QueryView, positions
+from engine.planners.base import BasePlanner, VariantUse, VariantYield
 from engine.planners.cacheblend import blend_schedule
 from engine.planners.selection import keep_best
 

@@ -6,7 +6,8 @@ k is `EngineConfig.epic_tokens`.
 """
 
 from engine.planners import register
-from engine.planners.base import BasePlanner, Plan, PlanRequest, positions
+from engine.planners.base import BasePlanner
+from engine.plan import Plan, PlanRequest, positions
 
 
 @register

@@ -3,7 +3,8 @@
 import torch
 
 from engine.planners import register
-from engine.planners.base import BasePlanner, Plan, PlanRequest
+from engine.planners.base import BasePlanner
+from engine.plan import Plan, PlanRequest
 
 
 @register

@@ -4,7 +4,8 @@ Cross-chunk attention is lost entirely, so this is the lower bound on fidelity.
 """
 
 from engine.planners import register
-from engine.planners.base import BasePlanner, Plan, PlanRequest, positions
+from engine.planners.base import BasePlanner
+from engine.plan import Plan, PlanRequest, positions
 
 
 @register

@@ -12,7 +12,8 @@ extra compute (`VariantYield.HARVEST`), and the same prompt again reuses all of 
 import torch
 
 from engine.planners import register
-from engine.planners.base import BasePlanner, CachedSpan, Plan, PlanRequest, VariantUse, VariantYield
+from engine.planners.base import BasePlanner, VariantUse, VariantYield
+from engine.plan import CachedSpan, Plan, PlanRequest
 
 
 @register

@@ -13,7 +13,7 @@ import torch
 
 from engine import ops
 from engine.config import EngineConfig
-from engine.planners.base import LayerView, positions
+from engine.plan import LayerView, positions
 
 def row_scores(view: LayerView, deviation: str, selection: str, question: torch.Tensor) -> torch.Tensor:
     """Score [m] of every active row; `question`: bool [total] marking the question rows."""

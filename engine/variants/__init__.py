@@ -1,9 +1,11 @@
 """Chunk variants across modes: the one policy that chooses, keeps and values them (`policy`),
-the recent traffic that says where building them repays (`traffic`), and which rows of a
-finished request are exact in their context (`harvest`).
+the recent traffic that says where building them repays (`traffic`), which rows of a
+finished request are exact in their context (`harvest`), exact variants built from a finished
+request (`build`), the statistics a variant carries (`stats`, stored by the catalog) and an
+in-memory variant book for benchmarks and tests (`book`).
 
 The mode's planner class says what it may use (`variant_use`) and leave (`leaves`); the
-service (`engine/chunk_cache.py`) and the benchmarks (`engine/cachecraft/book.py`) go through
+service (`app/kvcache/cache.py`) and the benchmarks (`engine/variants/book.py`) go through
 `VariantPolicy`, so a benchmark measures the policy the server runs.
 """
 

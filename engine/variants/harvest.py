@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from engine.kv import ChunkKV
-from engine.planners.base import ChunkInput
+from engine.plan import ChunkInput
 from engine.result import PrefillResult
 
 

@@ -3,8 +3,8 @@ a chunk keeps, what a variant is worth, and when a request's exact variants get 
 
 The mode's planner class says what it may use and what its requests leave
 (`BasePlanner.variant_use` / `leaves`); this object applies that, the same way in the service
-(`engine/chunk_cache.py`, variants in the store and the catalog) and in every benchmark
-(`engine/cachecraft/book.py`, variants in a dict).
+(`app/kvcache/cache.py`, variants in the store and the catalog) and in every benchmark
+(`engine/variants/book.py`, variants in a dict).
 
 Costs are shares of a chunk's layer-rows: a measured variant costs its CFO (rows recomputed in
 every layer), the base variant the share a `cacheblend` plan computes (`blend_cost`). Worth is

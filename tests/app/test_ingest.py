@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.ingest import iter_chunk_texts
-from engine.catalog import NewChunk
+from app.catalog import NewChunk
 from retrieval import Retriever, SourceDocument
 from retrieval.index import MANIFEST_FILE
 from tests.app.conftest import DOCS, start_services
@@ -79,7 +79,7 @@ def test_ingest_encodes_chunks_in_packed_batches_with_progress(fresh, monkeypatc
 
 
 def test_lazy_ingest_indexes_now_and_computes_kv_on_first_retrieval(fresh):
-    from app.chunks import COMPUTED_NOW
+    from app.kvcache.chunk_cache import COMPUTED_NOW
 
     result = fresh.ingestor.ingest(LONG, kv="lazy")
     chunks = fresh.catalog.chunks_of_document(result.document.id)
@@ -175,7 +175,7 @@ def test_an_ingest_whose_lease_a_peer_took_is_undone_and_answered_503(fresh, mon
     from fastapi.testclient import TestClient
 
     from app.main import create_app
-    from engine.catalog.models import utcnow
+    from app.catalog.models import utcnow
 
     before = totals(fresh)
     real = fresh.ingestor.leases.hold

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from app.chunks import COMPUTED_NOW
+from app.kvcache.chunk_cache import COMPUTED_NOW
 from app.main import create_app
 from tests.app.conftest import ADMIN_TOKEN, LOCAL_CLIENT, start_services
 

@@ -18,8 +18,8 @@ import pytest
 import redis
 from sqlalchemy import text
 
-from engine.catalog import create_db_engine
-from engine.catalog.migrate import current_revision
+from app.catalog import create_db_engine
+from app.catalog.migrate import current_revision
 from tests.app.replicas import REDIS_URL, Replica, fresh_database, redis_prefix, replica_env, save_tiny_checkpoint
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]

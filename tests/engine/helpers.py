@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.planners.base import ChunkInput
+from engine.plan import ChunkInput
 
 PASSAGES = [
     ("Ada", "Ada Lovelace wrote the first published algorithm for Babbage's Analytical Engine in 1843."),

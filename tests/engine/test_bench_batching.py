@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from engine.bench.batching import PASSAGES, measure
 from engine.engine import Engine
-from engine.planners.base import ChunkInput
+from engine.plan import ChunkInput
 
 
 def test_measure_compares_batching_on_and_off(tiny_engine):

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from engine.bench.capacity import CapacityOptions, format_capacity, oracle_hit_rate, run_capacity, zipf_trace
+from app.bench.capacity import CapacityOptions, format_capacity, oracle_hit_rate, run_capacity, zipf_trace
 
 
 def test_zipf_trace_is_seeded_and_skewed():

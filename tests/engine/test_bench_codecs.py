@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.bench.codecs import CodecOptions, format_codec_table, run_codec_fidelity
+from app.bench.codecs import CodecOptions, format_codec_table, run_codec_fidelity
 from tests.conftest import MUSIQUE_SLICE
 
 

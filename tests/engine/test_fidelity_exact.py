@@ -9,7 +9,7 @@ from engine import EngineConfig, ops
 from engine.engine import Engine
 from engine.decode import SamplingParams
 from engine.kv import ChunkKV
-from engine.planners.base import ChunkInput
+from engine.plan import ChunkInput
 from tests.engine.helpers import PASSAGES, QUESTION, chunk_inputs, kl
 
 

@@ -9,7 +9,7 @@ from engine import EngineConfig, InvalidRequest, PromptTooLong, UnknownMode
 from engine.decode import SamplingParams
 from engine.engine import Engine
 from engine.kv import ChunkKV
-from engine.planners.base import ChunkInput
+from engine.plan import ChunkInput
 from tests.engine.helpers import QUESTION, chunk_inputs
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.planners.base import LayerView
+from engine.plan import LayerView
 from engine.planners.selection import keep_top, row_scores
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.decode import SamplingParams
-from engine.planners.base import ChunkInput
+from engine.plan import ChunkInput
 from tests.engine.helpers import QUESTION, chunk_inputs, kl
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ import threading
 import torch
 
 from engine.engine import Engine
-from engine.planners.base import ChunkInput
+from engine.plan import ChunkInput
 from engine.work import WorkMeter, WorkTotals, work_of
 
 

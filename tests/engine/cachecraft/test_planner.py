@@ -7,13 +7,13 @@ import dataclasses
 import pytest
 import torch
 
-from engine.cachecraft.book import VariantBook
+from engine.variants.book import VariantBook
 from engine.cachecraft.choice import Candidate, choose_variant
-from engine.cachecraft.variants import build_variants
+from engine.variants.build import build_variants
 from engine.variants.harvest import source_contexts
-from engine.catalog import VariantStats
+from engine.variants.stats import VariantStats
 from engine.engine import Engine
-from engine.planners.base import ChunkInput
+from engine.plan import ChunkInput
 from engine.variants.policy import VariantPolicy
 from tests.engine.helpers import QUESTION, chunk_inputs
 

@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 import torch
 
-from engine.cachecraft.book import VariantBook
+from engine.variants.book import VariantBook
 from engine.cachecraft.choice import Candidate
-from engine.catalog import VariantStats
+from engine.variants.stats import VariantStats
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import UnknownMode

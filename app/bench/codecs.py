@@ -1,0 +1,114 @@
+"""`kvmosaic bench fidelity --store-codecs float16,int4`: what a KV codec costs in fidelity.
+
+Per record, the base-variant KV of its first `chunks` passages is computed once and `full`
+prefills once (it reads no cached KV, so it is every codec's reference); then, per codec,
+every chunk's KV goes through the codec (encoded as the store keeps it, decoded as a load
+does) and each reuse mode prefills the same prompt from it. The change of mean first-token
+KL(full ‖ mode) and of top-1 agreement between codecs is the codec's fidelity cost on the same
+requests. Bytes per token are the stored payload of the record chunks over their tokens.
+
+Only prefills run (no decoding, no timing): this is a fidelity measurement. Chunks reuse
+their base variants (a cold `cachecraft` request), as right after ingest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from engine.bench.fidelity import REFERENCE, DatasetSlice, base_variant_chunks
+from engine.bench.metrics import kl_divergence, same_top1
+from app.store.entry import entry_from_chunk, roundtrip
+from app.store.quant import get_codec
+
+
+@dataclass(frozen=True)
+class CodecOptions(DatasetSlice):
+    codecs: tuple[str, ...] = ("float16", "int8", "int4")
+    modes: tuple[str, ...] = ("cacheblend", "cachecraft")
+    ratio: float | None = None
+
+
+@dataclass
+class CodecRow:
+    """One mode under one codec over the records."""
+
+    codec: str
+    mode: str
+    kl: list[float] = field(default_factory=list)
+    top1: list[bool] = field(default_factory=list)
+
+    @property
+    def mean_kl(self) -> float:
+        return statistics.fmean(self.kl)
+
+    @property
+    def top1_agreement(self) -> float:
+        return statistics.fmean(self.top1)
+
+
+@dataclass
+class CodecReport:
+    codecs: tuple[str, ...]
+    bytes_per_token: dict[str, float]
+    rows: list[CodecRow]
+
+    def row(self, codec: str, mode: str) -> CodecRow:
+        return next(r for r in self.rows if r.codec == codec and r.mode == mode)
+
+
+def run_codec_fidelity(engine, options: CodecOptions, progress: bool = True) -> CodecReport:
+    """Every mode under every codec on the same records; the first codec is the baseline."""
+    if not options.codecs or not options.modes:
+        raise ValueError("name at least one codec and one mode")
+    for codec in options.codecs:
+        get_codec(codec)  # unknown names fail before any work
+    modes = tuple(m for m in options.modes if m != REFERENCE)
+    rows = {(c, m): CodecRow(c, m) for c in options.codecs for m in modes}
+    stored = dict.fromkeys(options.codecs, 0)
+    tokens = 0
+    records = options.records()
+    for offset, record in enumerate(tqdm(records, desc="codecs", unit="record", file=sys.stderr, disable=not progress)):
+        base = base_variant_chunks(engine, record, options.chunks, options.start + offset)
+        question = record["question"]
+        full = engine.prefill(base, question, mode=REFERENCE, max_new_tokens=1).logits
+        tokens += sum(c.kv.num_tokens for c in base)
+        for codec in options.codecs:
+            stored[codec] += sum(entry_from_chunk(c.kv, codec).num_bytes for c in base)
+            inputs = [dataclasses.replace(c, kv=roundtrip(c.kv, codec)) for c in base]
+            for mode in modes:
+                logits = engine.prefill(inputs, question, mode=mode, ratio=options.ratio, max_new_tokens=1).logits
+                rows[codec, mode].kl.append(kl_divergence(full, logits))
+                rows[codec, mode].top1.append(same_top1(full, logits))
+        if progress:  # running figures, so a run cut short still says something
+            tqdm.write(f"after {offset + 1} records: " + "; ".join(
+                f"{r.mode}/{r.codec} KL {r.mean_kl:.4f} top1 {r.top1_agreement:.2f}" for r in rows.values()),
+                file=sys.stderr)
+    return CodecReport(options.codecs, {c: b / max(tokens, 1) for c, b in stored.items()}, list(rows.values()))
+
+
+def format_codec_table(report: CodecReport) -> str:
+    """Per mode and codec: bytes/token (and against the baseline), mean KL and top-1 against
+    full, and their change from the baseline codec on the same requests."""
+    base = report.codecs[0]
+    header = (f"{'mode':<11} {'codec':<9} {'B/token':>8} {'vs ' + base:>11} {'KL':>8} {'dKL':>8} "
+              f"{'top1':>6} {'dtop1':>7}")
+    lines = [header, "-" * len(header)]
+    for mode in dict.fromkeys(r.mode for r in report.rows):
+        reference = report.row(base, mode)
+        for codec in report.codecs:
+            row, size = report.row(codec, mode), report.bytes_per_token[codec]
+            lines.append(f"{mode:<11} {codec:<9} {size:>8.0f} {size / report.bytes_per_token[base]:>10.3f}x "
+                         f"{row.mean_kl:>8.4f} {row.mean_kl - reference.mean_kl:>+8.4f} "
+                         f"{row.top1_agreement:>6.3f} {row.top1_agreement - reference.top1_agreement:>+7.3f}")
+    return "\n".join(lines)
+
+
+def codec_json(report: CodecReport) -> dict:
+    return {"codecs": list(report.codecs), "bytes_per_token": report.bytes_per_token,
+            "rows": [{"codec": r.codec, "mode": r.mode, "mean_kl": r.mean_kl, "top1_agreement": r.top1_agreement,
+                      "kl": r.kl, "top1": r.top1} for r in report.rows]}

@@ -1,0 +1,195 @@
+"""Plain, immutable records the catalog API takes and returns (never live ORM objects).
+
+Returning frozen dataclasses keeps callers (the service, the chunk cache) free of sessions,
+lazy loading and detached-instance errors; the ORM models stay inside the repository.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from app.catalog.models import READY, Chunk, Document, Variant
+from engine.variants.stats import VariantStats
+
+
+def context_signature(chunk_ids: Sequence[int | str]) -> str:
+    """The ordered ids of the chunks before a chunk, as stored: "12,7,3" ("" = base variant)."""
+    parts = [str(i) for i in chunk_ids]
+    if any("," in p or not p for p in parts):
+        raise ValueError(f"chunk ids must be non-empty and contain no comma: {parts}")
+    return ",".join(parts)
+
+
+def parse_context_signature(signature: str) -> tuple[str, ...]:
+    return tuple(signature.split(",")) if signature else ()
+
+
+@dataclass(frozen=True)
+class NewChunk:
+    """A chunk to add with its document. `embedding_row`: its FAISS row, if already known;
+    `embedding`: its vector as float32 little-endian bytes (see `Catalog.begin_ingest`)."""
+
+    text: str
+    num_tokens: int
+    token_ids_hash: str
+    embedding_row: int | None = None
+    embedding: bytes | None = None
+
+
+@dataclass(frozen=True)
+class NewVariant:
+    """A variant whose KV was just written to the store under `store_key`."""
+
+    chunk_id: int
+    context: tuple[str, ...]
+    model_fingerprint: str
+    prefix_digest: str
+    storage_dtype: str
+    store_key: str
+    tier: str
+    num_bytes: int
+    num_tokens: int
+    stats: VariantStats = field(default_factory=VariantStats)
+
+
+@dataclass(frozen=True)
+class DocumentRecord:
+    id: int
+    source: str
+    content_hash: str
+    title: str
+    created_at: datetime
+    num_chunks: int
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    id: int
+    document_id: int
+    ordinal: int
+    text: str
+    num_tokens: int
+    token_ids_hash: str
+    embedding_row: int | None
+
+
+@dataclass(frozen=True)
+class VariantRecord:
+    id: int
+    chunk_id: int
+    context: tuple[str, ...]
+    model_fingerprint: str
+    prefix_digest: str
+    storage_dtype: str
+    store_key: str
+    tier: str
+    num_bytes: int
+    num_tokens: int
+    status: str
+    created_at: datetime
+    access_count: int
+    last_access_at: datetime | None
+    stats: VariantStats
+
+    @property
+    def is_ready(self) -> bool:
+        return self.status == READY
+
+
+@dataclass(frozen=True)
+class VariantLocation:
+    """Where the catalog believes a variant's KV is, and what eviction needs of it."""
+
+    status: str
+    tier: str
+    access_count: int
+    expected_savings: float | None
+
+
+@dataclass(frozen=True)
+class AddedDocument:
+    document: DocumentRecord
+    chunks: tuple[ChunkRecord, ...]
+
+
+@dataclass(frozen=True)
+class DeletedDocument:
+    """What a delete removed; `store_keys` are the variants' KV keys to drop from the store."""
+
+    document_id: int
+    num_chunks: int
+    store_keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CatalogStats:
+    num_documents: int
+    num_chunks: int
+    num_variants_ready: int
+    num_variants_missing: int
+    ready_bytes_by_tier: dict[str, int]
+    total_accesses: int
+
+
+@dataclass(frozen=True)
+class IndexedChunk:
+    """A retrievable chunk as the vector index needs it: the text it embeds ("title\ntext")
+    and the stored embedding, if any (None: ingested before migration 0002, embed the text)."""
+
+    chunk_id: int
+    title: str
+    text: str
+    embedder: str | None
+    embedding: bytes | None
+
+    @property
+    def embedding_text(self) -> str:
+        return f"{self.title}\n{self.text}"
+
+
+@dataclass(frozen=True)
+class IndexChangeRecord:
+    """One entry of the retrieval change log. `chunk` is set for an `add` whose chunk still
+    exists (None: removed since; a later `remove` entry follows)."""
+
+    seq: int
+    chunk_id: int
+    op: str
+    chunk: IndexedChunk | None
+
+
+@dataclass(frozen=True)
+class IngestRecord:
+    """A document not yet retrievable: who ingests it, in which state, until when."""
+
+    document_id: int
+    owner: str
+    state: str
+    started_at: datetime
+    lease_expires_at: datetime
+
+
+def aware(moment: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; every stored time is UTC, so say so."""
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=timezone.utc)
+
+
+def document_record(row: Document, num_chunks: int) -> DocumentRecord:
+    return DocumentRecord(row.id, row.source, row.content_hash, row.title, aware(row.created_at), num_chunks)
+
+
+def chunk_record(row: Chunk) -> ChunkRecord:
+    return ChunkRecord(row.id, row.document_id, row.ordinal, row.text, row.num_tokens,
+                       row.token_ids_hash, row.embedding_row)
+
+
+def variant_record(row: Variant) -> VariantRecord:
+    stats = VariantStats(row.a, row.b, row.cci, row.inter_scores, row.token_scores, row.expected_savings)
+    return VariantRecord(row.id, row.chunk_id, parse_context_signature(row.context_signature),
+                         row.model_fingerprint, row.prefix_digest, row.storage_dtype, row.store_key,
+                         row.tier, row.num_bytes, row.num_tokens, row.status, aware(row.created_at),
+                         row.access_count, aware(row.last_access_at), stats)

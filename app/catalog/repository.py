@@ -1,0 +1,326 @@
+"""`Catalog`: the repository API over documents, chunks and variants.
+
+Every method runs in its own transaction and returns plain records (`records.py`), so the
+caller never holds a session. Multi-row writes are all-or-nothing: `add_document` stores
+the document and every chunk, or nothing. Integrity problems (a duplicate embedding row, a
+variant for a deleted chunk) raise `CatalogError` after the transaction is rolled back.
+
+    catalog = Catalog.open(CatalogConfig(data_dir=Path("data")))   # migrates to head
+    added = catalog.add_document("a.txt", "Title", sha, [NewChunk(text, n, ids_hash)])
+    catalog.variants_of_chunk(added.chunks[0].id, model_fingerprint=fp)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+
+from sqlalchemy import Engine, delete, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.catalog import records as rec
+from app.catalog.changes import ChangeLog, append_changes
+from app.catalog.db import CatalogConfig, create_db_engine, create_session_factory
+from app.catalog.ingests import IngestLeases
+from app.catalog.models import MISSING, READY, REMOVE, Chunk, Document, Ingest, Variant, utcnow
+from engine.errors import KvMosaicError
+
+# Bound parameters per IN (...) clause; SQLite allows 32766, PostgreSQL 65535.
+_IN_BATCH = 500
+
+
+class CatalogError(KvMosaicError):
+    """A catalog write broke an integrity rule; nothing of it was stored."""
+
+
+class Catalog(IngestLeases, ChangeLog):
+    """Thread-safe: each call takes its own pooled connection and transaction.
+
+    Ingest leases (`begin_ingest`, `heartbeat`, `finish_ingest`, `claim_ingest`, ...) live in
+    `ingests.py`; the retrieval change log (`changes_since`, `iter_indexed_chunks`, ...) in
+    `changes.py`.
+    """
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._sessions = create_session_factory(engine)
+
+    @classmethod
+    def open(cls, config: CatalogConfig) -> Catalog:
+        """Connect to `config`'s database, migrating it to head first if `config.migrate`."""
+        url = config.resolved_url()
+        if config.migrate:
+            from app.catalog.migrate import upgrade_to_head
+
+            upgrade_to_head(url)
+        return cls(create_db_engine(url, echo=config.echo))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @property
+    def is_shared(self) -> bool:
+        """True for a server database (PostgreSQL) that other replicas may use too; False for
+        a SQLite file, which only this machine sees."""
+        return self.engine.dialect.name != "sqlite"
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """One transaction: committed on success, rolled back (and re-raised) on error."""
+        with self._sessions() as session:
+            try:
+                yield session
+                session.commit()
+            except IntegrityError as exc:
+                session.rollback()
+                raise CatalogError(f"catalog integrity error: {exc.orig}") from exc
+            except BaseException:
+                session.rollback()
+                raise
+
+    # -- documents -----------------------------------------------------------------------------
+
+    def add_document(self, source: str, title: str, content_hash: str,
+                     chunks: Sequence[rec.NewChunk]) -> rec.AddedDocument:
+        """Store a document and its chunks (ordinals 0..n-1, in the given order) atomically."""
+        with self.session() as s:
+            document = Document(source=source, title=title, content_hash=content_hash)
+            document.chunks = [Chunk(ordinal=i, text=c.text, num_tokens=c.num_tokens,
+                                     token_ids_hash=c.token_ids_hash, embedding_row=c.embedding_row)
+                               for i, c in enumerate(chunks)]
+            s.add(document)
+            s.flush()
+            return rec.AddedDocument(rec.document_record(document, len(chunks)),
+                                     tuple(rec.chunk_record(c) for c in document.chunks))
+
+    def get_document(self, document_id: int) -> rec.DocumentRecord | None:
+        with self.session() as s:
+            rows = self._documents_with_counts(s, select(Document).where(Document.id == document_id))
+            return rows[0] if rows else None
+
+    def list_documents(self, offset: int = 0, limit: int = 100) -> list[rec.DocumentRecord]:
+        """Documents by id (oldest first)."""
+        with self.session() as s:
+            query = select(Document).order_by(Document.id).offset(offset).limit(limit)
+            return self._documents_with_counts(s, query)
+
+    def find_documents_by_hash(self, content_hash: str) -> list[rec.DocumentRecord]:
+        with self.session() as s:
+            query = select(Document).where(Document.content_hash == content_hash).order_by(Document.id)
+            return self._documents_with_counts(s, query)
+
+    def delete_document(self, document_id: int) -> rec.DeletedDocument | None:
+        """Delete a document, its chunks and their variants; None if there was no such document.
+
+        The returned store keys are the variants' KV; the caller removes them from the store
+        (a crash in between leaves orphan KV, which the orphan sweep removes). The chunks'
+        `remove` entries go to the change log in the same transaction, so every replica's
+        index drops them.
+        """
+        with self.session() as s:
+            document = s.get(Document, document_id)
+            if document is None:
+                return None
+            chunk_ids = select(Chunk.id).where(Chunk.document_id == document_id)
+            keys = s.scalars(select(Variant.store_key).where(Variant.chunk_id.in_(chunk_ids))).all()
+            num_chunks = s.scalar(select(func.count()).select_from(Chunk)
+                                  .where(Chunk.document_id == document_id))
+            append_changes(s, REMOVE, list(s.scalars(chunk_ids.order_by(Chunk.id))))
+            # Explicit deletes, so the cascade never depends on the database enforcing it.
+            s.execute(delete(Ingest).where(Ingest.document_id == document_id))
+            s.execute(delete(Variant).where(Variant.chunk_id.in_(chunk_ids)))
+            s.execute(delete(Chunk).where(Chunk.document_id == document_id))
+            s.execute(delete(Document).where(Document.id == document_id))
+            return rec.DeletedDocument(document_id, int(num_chunks or 0), tuple(keys))
+
+    def _documents_with_counts(self, s: Session, query) -> list[rec.DocumentRecord]:
+        documents = s.scalars(query).all()
+        if not documents:
+            return []
+        ids = [d.id for d in documents]
+        counts = dict(s.execute(select(Chunk.document_id, func.count()).where(Chunk.document_id.in_(ids))
+                                .group_by(Chunk.document_id)).all())
+        return [rec.document_record(d, int(counts.get(d.id, 0))) for d in documents]
+
+    # -- chunks --------------------------------------------------------------------------------
+
+    def get_chunk(self, chunk_id: int) -> rec.ChunkRecord | None:
+        with self.session() as s:
+            row = s.get(Chunk, chunk_id)
+            return rec.chunk_record(row) if row is not None else None
+
+    def get_chunks(self, chunk_ids: Sequence[int]) -> list[rec.ChunkRecord | None]:
+        """Chunks in the order asked; None where an id does not exist."""
+        with self.session() as s:
+            found = {c.id: c for c in _select_in(s, Chunk, Chunk.id, chunk_ids)}
+            return [rec.chunk_record(found[i]) if i in found else None for i in chunk_ids]
+
+    def chunks_of_document(self, document_id: int) -> list[rec.ChunkRecord]:
+        with self.session() as s:
+            rows = s.scalars(select(Chunk).where(Chunk.document_id == document_id).order_by(Chunk.ordinal))
+            return [rec.chunk_record(c) for c in rows]
+
+    def chunks_by_embedding_rows(self, rows: Sequence[int]) -> list[rec.ChunkRecord | None]:
+        """Map FAISS rows to chunks, in the order asked; None where no chunk has that row."""
+        with self.session() as s:
+            found = {c.embedding_row: c for c in _select_in(s, Chunk, Chunk.embedding_row, rows)}
+            return [rec.chunk_record(found[r]) if r in found else None for r in rows]
+
+    def set_embedding_rows(self, rows_by_chunk: dict[int, int | None]) -> None:
+        """Assign FAISS rows to chunks (all or nothing); a row used twice raises CatalogError.
+
+        Logs nothing to the change log, so other replicas do not see it: ingests commit
+        through `finish_ingest`, which does."""
+        with self.session() as s:
+            for chunk_id, row in rows_by_chunk.items():
+                s.execute(update(Chunk).where(Chunk.id == chunk_id).values(embedding_row=row))
+
+    def max_embedding_row(self) -> int | None:
+        with self.session() as s:
+            return s.scalar(select(func.max(Chunk.embedding_row)))
+
+    # -- variants ------------------------------------------------------------------------------
+
+    def put_variant(self, new: rec.NewVariant) -> rec.VariantRecord:
+        """Insert the variant, or refresh the row with the same store key (status back to ready).
+
+        Call it only after the KV is in the store. Access counts survive a refresh; the
+        statistics are replaced by `new.stats` where given.
+        """
+        try:
+            return self._upsert_variant(new)
+        except CatalogError:
+            # Two writers inserting the same key race on the unique index: the loser updates.
+            return self._upsert_variant(new)
+
+    def _upsert_variant(self, new: rec.NewVariant) -> rec.VariantRecord:
+        with self.session() as s:
+            row = s.scalar(select(Variant).where(Variant.store_key == new.store_key))
+            if row is None:
+                row = Variant(store_key=new.store_key, access_count=0)
+                s.add(row)
+            row.chunk_id, row.context_signature = new.chunk_id, rec.context_signature(new.context)
+            row.model_fingerprint, row.prefix_digest = new.model_fingerprint, new.prefix_digest
+            row.storage_dtype, row.tier, row.status = new.storage_dtype, new.tier, READY
+            row.num_bytes, row.num_tokens = new.num_bytes, new.num_tokens
+            _apply_stats(row, new.stats)
+            s.flush()
+            return rec.variant_record(row)
+
+    def get_variant(self, store_key: str) -> rec.VariantRecord | None:
+        with self.session() as s:
+            row = s.scalar(select(Variant).where(Variant.store_key == store_key))
+            return rec.variant_record(row) if row is not None else None
+
+    def variants_of_chunk(self, chunk_id: int, model_fingerprint: str | None = None,
+                          status: str | None = READY) -> list[rec.VariantRecord]:
+        """The chunk's variants (oldest first), optionally of one model and one status."""
+        with self.session() as s:
+            query = select(Variant).where(Variant.chunk_id == chunk_id).order_by(Variant.id)
+            if model_fingerprint is not None:
+                query = query.where(Variant.model_fingerprint == model_fingerprint)
+            if status is not None:
+                query = query.where(Variant.status == status)
+            return [rec.variant_record(v) for v in s.scalars(query)]
+
+    def record_access(self, store_keys: Iterable[str], when: datetime | None = None) -> int:
+        """Count one use of each variant; returns how many rows were updated."""
+        when = when or utcnow()
+        with self.session() as s:
+            total = 0
+            for batch in _batches(list(store_keys)):
+                result = s.execute(update(Variant).where(Variant.store_key.in_(batch))
+                                   .values(access_count=Variant.access_count + 1, last_access_at=when))
+                total += result.rowcount
+            return total
+
+    def update_variant_stats(self, store_key: str, stats: rec.VariantStats) -> bool:
+        """Replace the given (non-None) statistics; False if no such variant."""
+        with self.session() as s:
+            row = s.scalar(select(Variant).where(Variant.store_key == store_key))
+            if row is None:
+                return False
+            _apply_stats(row, stats)
+            return True
+
+    def set_variant_tier(self, store_key: str, tier: str) -> bool:
+        with self.session() as s:
+            result = s.execute(update(Variant).where(Variant.store_key == store_key).values(tier=tier))
+            return result.rowcount > 0
+
+    def mark_missing(self, store_keys: Iterable[str]) -> int:
+        """Mark variants whose KV is gone; returns how many rows changed."""
+        return self._set_status(store_keys, MISSING)
+
+    def _set_status(self, store_keys: Iterable[str], status: str) -> int:
+        with self.session() as s:
+            total = 0
+            for batch in _batches(list(store_keys)):
+                result = s.execute(update(Variant).where(Variant.store_key.in_(batch), Variant.status != status)
+                                   .values(status=status))
+                total += result.rowcount
+            return total
+
+    def delete_variants(self, store_keys: Iterable[str]) -> int:
+        with self.session() as s:
+            total = 0
+            for batch in _batches(list(store_keys)):
+                total += s.execute(delete(Variant).where(Variant.store_key.in_(batch))).rowcount
+            return total
+
+    def mark_ready(self, tiers_by_key: dict[str, str]) -> int:
+        """Set status ready and the given tier for each store key; returns rows changed."""
+        with self.session() as s:
+            total = 0
+            for key, tier in tiers_by_key.items():
+                result = s.execute(update(Variant).where(Variant.store_key == key)
+                                   .values(status=READY, tier=tier))
+                total += result.rowcount
+            return total
+
+    def variant_locations(self) -> dict[str, rec.VariantLocation]:
+        """{store key: status, tier, access count, expected savings} of every variant."""
+        with self.session() as s:
+            rows = s.execute(select(Variant.store_key, Variant.status, Variant.tier, Variant.access_count,
+                                    Variant.expected_savings))
+            return {key: rec.VariantLocation(status, tier, count, savings)
+                    for key, status, tier, count, savings in rows}
+
+    def variant_statuses(self) -> dict[str, str]:
+        """{store key: status} of every variant (start-up reconciliation reads this)."""
+        with self.session() as s:
+            return dict(s.execute(select(Variant.store_key, Variant.status)).all())
+
+    # -- stats ---------------------------------------------------------------------------------
+
+    def stats(self) -> rec.CatalogStats:
+        with self.session() as s:
+            count = lambda model: int(s.scalar(select(func.count()).select_from(model)) or 0)  # noqa: E731
+            by_status = dict(s.execute(select(Variant.status, func.count()).group_by(Variant.status)).all())
+            by_tier = s.execute(select(Variant.tier, func.sum(Variant.num_bytes))
+                                .where(Variant.status == READY).group_by(Variant.tier)).all()
+            accesses = s.scalar(select(func.sum(Variant.access_count))) or 0
+            return rec.CatalogStats(count(Document), count(Chunk), int(by_status.get(READY, 0)),
+                                    int(by_status.get(MISSING, 0)), {t: int(b) for t, b in by_tier},
+                                    int(accesses))
+
+
+def _apply_stats(row: Variant, stats: rec.VariantStats) -> None:
+    for name in ("a", "b", "cci", "inter_scores", "token_scores", "expected_savings"):
+        value = getattr(stats, name)
+        if value is not None:
+            setattr(row, name, value)
+
+
+def _batches(items: list, size: int = _IN_BATCH) -> Iterator[list]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def _select_in(s: Session, model, column, values: Sequence) -> list:
+    out = []
+    for batch in _batches(list(dict.fromkeys(values))):
+        out.extend(s.scalars(select(model).where(column.in_(batch))))
+    return out

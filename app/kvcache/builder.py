@@ -1,0 +1,87 @@
+"""Builds Cache-Craft variants in the background, on idle capacity only.
+
+A request whose chunk set recurs (`VariantPolicy.should_build`) has exact variants built for
+its context (engine/variants/build.py), which costs one more prefill of its prompt from
+the first inexact chunk on. That work must delay neither the first token nor the rest of
+any answer, and must not pile up under load: one background thread takes jobs from a short
+queue and starts a job only while the engine is idle (`idle()`: no request running or
+waiting); a request that finds the queue full leaves no build (counted as skipped). The
+thread also runs at a lower CPU priority (nice + 10, inherited by the threads torch starts
+from it), so a request arriving during a build gets the CPU first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable, Sequence
+
+from engine.work import mark_background_thread
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+IDLE_POLL_S = 0.01
+
+
+class VariantBuilder:
+    def __init__(self, chunk_cache, max_pending: int = 2, idle: Callable[[], bool] | None = None):
+        self.chunk_cache = chunk_cache  # app.kvcache.cache.ChunkKVCache
+        # Set by whoever runs requests (`Services`); None: always idle (tests, benchmarks).
+        self.idle = idle
+        self._jobs: queue.Queue = queue.Queue(maxsize=max_pending)
+        self._stopping = threading.Event()
+        self.built = self.skipped = self.failed = 0
+        self._thread = threading.Thread(target=self._work, name="variant-builder", daemon=True)
+        self._thread.start()
+
+    def submit(self, result, contexts: Sequence[tuple[str, ...] | None]) -> bool:
+        """Queue a finished request's prefill result and the contexts of the KV its chunks
+        started from; False (skipped) when the queue is full."""
+        try:
+            self._jobs.put_nowait((result, tuple(contexts)))
+            return True
+        except queue.Full:
+            self.skipped += 1
+            return False
+
+    def join(self) -> None:
+        """Wait until every queued job is done (tests, orderly shutdown)."""
+        self._jobs.join()
+
+    def close(self) -> None:
+        """Finish the queued jobs (without waiting for idle), then stop the thread."""
+        self._stopping.set()
+        self._jobs.put(_STOP)
+        self._thread.join()
+
+    def _work(self) -> None:
+        _lower_priority()
+        mark_background_thread()  # benchmarks tell this work from the requests' own
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is _STOP:
+                    return
+                self._wait_for_idle()
+                self.built += self.chunk_cache.build_variants(*job)
+            except Exception:  # a failed build loses variants, never the server
+                self.failed += 1
+                log.exception("building Cache-Craft variants failed")
+            finally:
+                self._jobs.task_done()
+
+    def _wait_for_idle(self) -> None:
+        while self.idle is not None and not self._stopping.is_set() and not self.idle():
+            self._stopping.wait(IDLE_POLL_S)
+
+
+def _lower_priority(increment: int = 10) -> None:
+    """Raise this thread's nice value (Linux: per thread); elsewhere do nothing."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
+    except (AttributeError, OSError):
+        log.debug("could not lower the variant builder's priority")

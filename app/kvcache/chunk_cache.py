@@ -1,0 +1,220 @@
+"""The service's view of chunk KV: `app.kvcache.cache.ChunkKVCache` plus the store's admin side.
+
+What the request path needs from it: `load` (the retrieved chunks' KV, pinned, read layer
+by layer; a chunk with no stored KV is computed and stored), `store_variants` (the KV a
+request produced in a new context) and `release`. Ingest uses `put_base`; deletion uses
+`forget_document`; `/admin` uses `tier_stats`, `evict` and `clear`.
+
+Which variant each chunk uses and what a finished request leaves is the mode's policy
+(`engine.variants.VariantPolicy`, from the planner's `variant_use` / `leaves`): `prefix`
+uses exact-context variants and keeps what it computed; `cachecraft` uses the cheapest variant
+to fix, keeps its exact rows and, for chunk sets that recur, has exact variants built in the
+background on idle capacity; the other modes use base variants and leave nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from app.kvcache.builder import VariantBuilder
+from app.catalog import context_signature
+from app.kvcache.cache import ChunkKVCache, LoadedChunks
+from engine.encoder import DEFAULT_BATCH_TOKENS, batches
+from engine.planners import planner_class
+from engine.plan import ChunkInput
+from engine.variants.harvest import source_contexts
+from engine.errors import InvalidRequest
+from app.store import create_store
+from app.store.config import KNOWN_POLICIES
+
+log = logging.getLogger(__name__)
+
+PERSISTENT_TIERS = ("disk", "redis")
+COMPUTED_NOW = "base (computed now)"
+IN_CONTEXT = "none (computed in context, kept)"  # a cachecraft inline build
+FULL_PREFILL = "none (full prefill)"
+
+
+@dataclass
+class RequestChunks:
+    """One request's chunk inputs (in retrieval order) and which variant each one uses."""
+
+    loaded: LoadedChunks
+    reuses_cache: bool = True
+
+    @property
+    def inputs(self):
+        return self.loaded.inputs
+
+    @property
+    def variant_labels(self) -> list[str]:
+        """Per chunk: the variant its KV came from, `COMPUTED_NOW` if it was computed for this
+        request. Read it after the prefill: an entry found corrupt while its layers are read
+        is recomputed then, and that chunk was not served from the cache."""
+        if not self.reuses_cache:
+            return [FULL_PREFILL] * len(self.inputs)
+        computed = set(self.loaded.computed) | {int(i.chunk_id) for i in self.inputs if _fell_back(i.kv)}
+        return [IN_CONTEXT if i.kv is None else _label(getattr(i.kv, "context", ()), int(i.chunk_id) in computed)
+                for i in self.inputs]
+
+    def release(self) -> None:
+        self.loaded.close()
+
+
+class ServiceChunkCache:
+    def __init__(self, cache: ChunkKVCache, batch_tokens: int = DEFAULT_BATCH_TOKENS):
+        self.cache = cache
+        self.batch_tokens = batch_tokens  # chunk rows packed into one encoding pass (put_bases)
+        self.store = cache.store
+        self.engine = cache.engine
+        # None (no disk or Redis tier): the first tier, lost at exit.
+        self.persistent_tier = first_persistent_tier(self.store.names)
+        self.builder = VariantBuilder(cache)
+
+    # -- the request path ----------------------------------------------------------------------
+
+    def load(self, retrieved: Sequence, mode: str) -> RequestChunks:
+        """Pinned KV sources for the retrieved chunks; computed and stored where missing.
+
+        A mode that reuses no cache (`full`) gets no sources at all: nothing is read or
+        pinned, so its TTFT is the plain prefill it stands for.
+        """
+        if not planner_class(mode).reuses_cache:
+            inputs = [ChunkInput(str(r.chunk.id), tuple(r.token_ids)) for r in retrieved]
+            return RequestChunks(LoadedChunks(inputs, [], self.cache), reuses_cache=False)
+        refs = self.cache.choose_variants(mode, [(r.chunk.id, tuple(r.token_ids)) for r in retrieved])
+        return RequestChunks(self.cache.load(refs))
+
+    def store_variants(self, chunks: RequestChunks, result) -> bool:
+        """What the finished request leaves, by its mode's policy: the savings its context
+        variants brought, the exact rows it computed (at once: a copy), and a background build
+        of exact variants where its chunk set recurs. True if a build was queued."""
+        inputs = chunks.inputs
+        if not planner_class(result.mode).reuses_cache:
+            return False
+        try:
+            self.cache.record_savings(result, inputs)
+            self.cache.harvest_variants(result, inputs)
+        except Exception:  # variants are an optimisation: never fail an answered request
+            log.exception("keeping the request's variants failed")
+        ids = [c.chunk_id for c in inputs]
+        return self.cache.policy.should_build(result.mode, ids) and self.builder.submit(result, source_contexts(inputs))
+
+    def drain(self) -> None:
+        """Wait until the background work queued so far (variant builds) is done (benchmarks, tests)."""
+        self.builder.join()
+
+    # -- ingest and deletion -------------------------------------------------------------------
+
+    def put_base(self, chunk_id: int, token_ids: Sequence[int]) -> str | None:
+        """Compute and store a chunk's base variant; returns the tier that took it (None: no
+        tier could, and the KV will be computed on first use).
+
+        It goes to the first persistent tier (disk, else Redis), so what ingest computed
+        survives restarts and separate `kvmosaic ingest` runs; first use promotes it. A
+        persistent tier that is down (Redis unreachable) passes it to the next tier below;
+        with none left it goes to the first tier with room (memory: lost at exit, said so
+        in the log and in the ingest's `kv_tiers`).
+        """
+        return self.store_base(chunk_id, self.engine.encode_chunk(tuple(token_ids)))
+
+    def put_bases(self, chunks: Sequence[tuple[int, Sequence[int]]],
+                  on_batch: Callable[[int, int], None] | None = None) -> list[str | None]:
+        """`put_base` of many (chunk id, token ids), encoded in packed batches
+        (`Engine.encode_chunks`); `on_batch(chunks, tokens)` after each batch is stored.
+        Returns the tier that took each chunk, in order."""
+        tiers: list[str | None] = []
+        for group in batches([len(ids) for _, ids in chunks], self.batch_tokens):
+            kvs = self.engine.encode_chunks([chunks[i][1] for i in group], self.batch_tokens)
+            tiers += [self.store_base(chunks[i][0], kv) for i, kv in zip(group, kvs)]
+            if on_batch is not None:
+                on_batch(len(group), sum(kv.num_tokens for kv in kvs))
+        return tiers
+
+    def store_base(self, chunk_id: int, kv) -> str | None:
+        """Store a computed base variant as `put_base` does; the tier that took it, or None."""
+        stored = self.cache.put_variant(chunk_id, kv, tier=self.persistent_tier)
+        if stored is None and self.persistent_tier is not None:
+            stored = self.cache.put_variant(chunk_id, kv)
+            if stored is not None:
+                log.warning("chunk %d: no persistent tier could take its KV; it is in %s only", chunk_id, stored.tier)
+        if stored is None:
+            log.warning("chunk %d: no store tier could take its KV; it will be computed on use", chunk_id)
+        return stored.tier if stored is not None else None
+
+    def forget_document(self, document_id: int):
+        return self.cache.forget_document(document_id)
+
+    # -- admin ---------------------------------------------------------------------------------
+
+    def tier_stats(self) -> dict[str, dict]:
+        """{tier: entries, bytes, capacity_bytes, hits, misses, evictions, ...} for /admin and /metrics."""
+        out = {}
+        for report in self.store.stats():
+            c = report.counters
+            out[report.name] = {"entries": report.num_entries, "bytes": report.used_bytes,
+                                "capacity_bytes": report.capacity_bytes, "hits": c.hits, "misses": c.misses,
+                                "available": report.available, "pinned": report.num_pinned,
+                                "evictions": c.evictions, "demotions": c.demotions,
+                                "promotions": c.promotions, "corrupt": c.corrupt}
+        return out
+
+    def evict(self, tier: str | None, chunk_id: int | None, policy: str | None,
+              num_bytes: int | None) -> tuple[int, int]:
+        """Evict a chunk's variants everywhere, and/or free bytes in a tier by policy (demoting)."""
+        if tier is not None and tier not in self.store.names:
+            raise InvalidRequest(f"unknown tier {tier!r}; this store has {', '.join(self.store.names)}")
+        if policy is not None and policy not in KNOWN_POLICIES:
+            raise InvalidRequest(f"unknown policy {policy!r}; use one of {', '.join(KNOWN_POLICIES)}")
+        entries = freed = 0
+        if chunk_id is not None:
+            removed = [v for v in self.cache.catalog.variants_of_chunk(chunk_id, status=None)
+                       if self.store.remove(v.store_key)]
+            self.cache.catalog.mark_missing([v.store_key for v in removed])
+            entries, freed = len(removed), sum(v.num_bytes for v in removed)
+        if tier is not None or num_bytes is not None:
+            moved = self.store.evict(tier or self.store.names[0], num_bytes, policy)
+            entries, freed = entries + moved[0], freed + moved[1]
+        return entries, freed
+
+    def clear(self) -> tuple[int, int]:
+        """Drop every entry from every tier and mark the variants missing; (entries, bytes freed)."""
+        before = sum(s["bytes"] for s in self.tier_stats().values())
+        keys = self.store.clear()
+        self.cache.catalog.mark_missing(keys)
+        return len(keys), before - sum(s["bytes"] for s in self.tier_stats().values())
+
+    def close(self) -> None:
+        self.builder.close()
+        self.store.close()
+
+
+def open_chunk_cache(settings, catalog, engine) -> ServiceChunkCache:
+    """The store from settings, joined to the catalog; reconciled before the first request."""
+    config = settings.store_config()
+    store = create_store(config)
+    # Base KV computed on use goes where ingest puts it, so a cleared or cold cache is
+    # persistent again after one use instead of living in RAM only.
+    cache = ChunkKVCache(engine, store, catalog, storage_dtype=config.codec, prefetch_layers=config.prefetch_layers,
+                         base_tier=first_persistent_tier(store.names))
+    cache.reconcile(settings.kv_orphan_grace_s)
+    return ServiceChunkCache(cache, settings.ingest_batch_tokens)
+
+
+def first_persistent_tier(names: Sequence[str]) -> str | None:
+    """The first tier that survives a restart (disk, else Redis); None if there is none."""
+    return next((n for n in names if n in PERSISTENT_TIERS), None)
+
+
+def _fell_back(kv) -> bool:
+    """True if a stored entry's layers failed their checksum and the chunk was recomputed."""
+    stats = getattr(kv, "stats", None)
+    return bool(getattr(stats, "fell_back", False))
+
+
+def _label(context: Sequence[str], computed: bool) -> str:
+    if computed:
+        return COMPUTED_NOW
+    return "base" if not context else f"after {context_signature(context)}"

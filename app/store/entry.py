@@ -1,0 +1,177 @@
+"""What the store keeps per key: a chunk's KV encoded by a codec plus what identifies it.
+
+A `KVEntry` is the unit every tier stores. Its `EntryMeta` says which model, system prefix
+and token ids the KV belongs to, so a reader can refuse an entry that does not match what it
+asked for (`EntryExpectation.mismatch`) — such an entry is a miss, never served — and which
+codec (`app.store.quant`: float16, bfloat16, float32, int8, int4) encoded it. Tiers keep
+and move the encoded payload; only `decode_layer` / `chunk_from_entry` turn it back into KV.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.errors import KvMosaicError
+from engine.kv import ChunkKV
+from app.store.quant import FLOAT_CODECS, KVCodec, get_codec
+
+# Codecs that store the KV as plain floats of this dtype (the others quantize).
+STORAGE_DTYPES = FLOAT_CODECS
+
+
+class CorruptEntry(KvMosaicError):
+    """A stored entry failed validation (checksum, size, header); it must not be served."""
+
+
+def storage_dtype(name: str) -> torch.dtype:
+    if name not in STORAGE_DTYPES:
+        raise ValueError(f"unknown storage dtype {name!r}; use one of {', '.join(STORAGE_DTYPES)}")
+    return STORAGE_DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    for name, value in STORAGE_DTYPES.items():
+        if value == dtype:
+            return name
+    raise ValueError(f"dtype {dtype} cannot be stored; use one of {', '.join(STORAGE_DTYPES)}")
+
+
+def token_ids_hash(token_ids: Sequence[int]) -> str:
+    """sha256 hex of the token ids as little-endian int64."""
+    return hashlib.sha256(np.asarray(token_ids, dtype="<i8").tobytes()).hexdigest()
+
+
+@dataclass(frozen=True)
+class EntryMeta:
+    """Identity and shape of a stored KV. shape: [layers, 2, kv_heads, tokens, head_dim] (the
+    decoded KV); `dtype` names the codec (a float dtype or `int8` / `int4`)."""
+
+    fingerprint: str
+    prefix_digest: str
+    token_ids_hash: str
+    base_position: int
+    dtype: str
+    shape: tuple[int, int, int, int, int]
+    context: tuple[str, ...] = ()
+
+    @property
+    def num_layers(self) -> int:
+        return self.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.shape[3]
+
+    @property
+    def layer_shape(self) -> tuple[int, int, int, int]:
+        return tuple(self.shape[1:])
+
+    @property
+    def codec(self) -> KVCodec:
+        return get_codec(self.dtype)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """dtype of the stored payload (uint8 for quantized codecs)."""
+        return self.codec.payload_dtype
+
+    @property
+    def payload_shape(self) -> tuple[int, ...]:
+        """Shape of one stored layer: layer_shape for float codecs, [bytes] for quantized ones."""
+        return self.codec.payload_shape(self.layer_shape)
+
+    @property
+    def num_bytes(self) -> int:
+        """Payload bytes of the KV (what tier capacities count)."""
+        return self.num_layers * self.codec.layer_bytes(self.layer_shape)
+
+    def to_json(self) -> dict:
+        return {"fingerprint": self.fingerprint, "prefix_digest": self.prefix_digest,
+                "token_ids_hash": self.token_ids_hash, "base_position": self.base_position,
+                "dtype": self.dtype, "shape": list(self.shape), "context": list(self.context)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> EntryMeta:
+        try:
+            shape = tuple(int(x) for x in data["shape"])
+            if len(shape) != 5 or shape[1] != 2 or min(shape) <= 0:
+                raise ValueError(f"bad shape {shape}")
+            get_codec(str(data["dtype"]))
+            return cls(str(data["fingerprint"]), str(data["prefix_digest"]), str(data["token_ids_hash"]),
+                       int(data["base_position"]), str(data["dtype"]), shape,
+                       tuple(str(c) for c in data.get("context", ())))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptEntry(f"bad entry metadata: {exc}") from exc
+
+
+@dataclass
+class KVEntry:
+    """meta plus kv, the stored payload [layers, *meta.payload_shape] in meta.torch_dtype,
+    contiguous: for float codecs the KV itself [layers, 2, kv_heads, tokens, head_dim]."""
+
+    meta: EntryMeta
+    kv: torch.Tensor
+
+    @property
+    def num_bytes(self) -> int:
+        return self.meta.num_bytes
+
+
+@dataclass(frozen=True)
+class EntryExpectation:
+    """What a reader requires of an entry; any difference makes it a miss."""
+
+    fingerprint: str
+    prefix_digest: str
+    token_ids_hash: str
+    dtype: str | None = None
+    context: tuple[str, ...] | None = None
+
+    def mismatch(self, meta: EntryMeta) -> str | None:
+        """Why `meta` is not the entry asked for, or None if it is."""
+        for name in ("fingerprint", "prefix_digest", "token_ids_hash", "dtype", "context"):
+            wanted = getattr(self, name)
+            if wanted is not None and getattr(meta, name) != wanted:
+                return f"{name} is {getattr(meta, name)!r}, expected {wanted!r}"
+        return None
+
+
+def entry_from_chunk(chunk: ChunkKV, codec: str) -> KVEntry:
+    """Encode a computed chunk KV into a storable entry by `codec` (on the CPU)."""
+    payload = get_codec(codec).encode(chunk.kv)  # [layers, *payload_shape]
+    meta = EntryMeta(chunk.fingerprint, chunk.prefix_digest, token_ids_hash(chunk.token_ids),
+                     chunk.base_position, codec, tuple(chunk.kv.shape), tuple(chunk.context))
+    return KVEntry(meta, payload)
+
+
+def decode_layer(meta: EntryMeta, payload: torch.Tensor, dtype: torch.dtype,
+                 device: torch.device | str = "cpu") -> torch.Tensor:
+    """One stored layer as KV [2, kv_heads, tokens, head_dim] in `dtype` on `device`.
+
+    The payload moves to `device` first, so a quantized layer crosses to a GPU compressed.
+    """
+    if tuple(payload.shape) != meta.payload_shape or payload.dtype != meta.torch_dtype:
+        raise CorruptEntry(f"stored layer {tuple(payload.shape)} {payload.dtype} does not match its meta")
+    return meta.codec.decode_layer(payload.to(device), meta.layer_shape, dtype)
+
+
+def chunk_from_entry(entry: KVEntry, token_ids: Sequence[int], dtype: torch.dtype,
+                     device: torch.device | str = "cpu") -> ChunkKV:
+    """The entry decoded as an in-memory ChunkKV in the engine's dtype and device."""
+    if token_ids_hash(token_ids) != entry.meta.token_ids_hash:
+        raise ValueError("token ids do not belong to this entry")
+    meta = entry.meta
+    kv = meta.codec.decode(entry.kv.to(device), meta.layer_shape, dtype)
+    return ChunkKV(tuple(token_ids), kv, meta.base_position, meta.fingerprint, meta.prefix_digest, meta.context)
+
+
+def roundtrip(chunk: ChunkKV, codec: str) -> ChunkKV:
+    """`chunk` as it comes back from the store under `codec` (same dtype and device)."""
+    entry = entry_from_chunk(chunk, codec)
+    return ChunkKV(chunk.token_ids, chunk_from_entry(entry, chunk.token_ids, chunk.kv.dtype, chunk.kv.device).kv,
+                   chunk.base_position, chunk.fingerprint, chunk.prefix_digest, chunk.context, dict(chunk.meta))

@@ -1,0 +1,72 @@
+"""Per-tier counters of the tiered store, and the report `TieredStore.stats()` returns."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass, fields
+
+from app.store.base import EntryReader
+
+
+@dataclass
+class TierCounters:
+    """Monotonic counts since start. A lookup that reaches a tier is a hit or a miss there."""
+
+    hits: int = 0
+    misses: int = 0
+    corrupt: int = 0  # entries found but refused (checksum, truncation, wrong model ...)
+    puts: int = 0
+    put_failures: int = 0
+    evictions: int = 0  # entries removed to make room (demoted or dropped)
+    demotions: int = 0  # evicted entries written to the next tier
+    promotions: int = 0  # entries copied up after a hit
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+
+@dataclass(frozen=True)
+class TierReport:
+    name: str
+    available: bool
+    capacity_bytes: int
+    used_bytes: int
+    num_entries: int
+    num_pinned: int
+    counters: TierCounters
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class CounterBook:
+    """Thread-safe TierCounters per tier name."""
+
+    def __init__(self, names: list[str]):
+        self._counters = {n: TierCounters() for n in names}
+        self._lock = threading.Lock()
+
+    def add(self, tier: str, **amounts: int) -> None:
+        with self._lock:
+            counters = self._counters[tier]
+            for name, amount in amounts.items():
+                setattr(counters, name, getattr(counters, name) + amount)
+
+    def snapshot(self, tier: str) -> TierCounters:
+        with self._lock:
+            c = self._counters[tier]
+            return TierCounters(**{f.name: getattr(c, f.name) for f in fields(c)})
+
+
+class CountedReader(EntryReader):
+    """Wraps a tier's reader so that every layer read adds to the tier's `bytes_read`."""
+
+    def __init__(self, inner: EntryReader, book: CounterBook, tier: str):
+        self.meta, self._inner, self._book, self._tier = inner.meta, inner, book, tier
+
+    def layer(self, index: int):
+        tensor = self._inner.layer(index)
+        self._book.add(self._tier, bytes_read=tensor.numel() * tensor.element_size())
+        return tensor
+
+    def close(self) -> None:
+        self._inner.close()

@@ -1,0 +1,420 @@
+"""`TieredStore`: the tiers in lookup order, with eviction, demotion, promotion and pins.
+
+- Lookups try the tiers fastest first; a hit below the first tier copies the entry up
+  (promotion; the lower copy stays, so a shared Redis keeps serving other replicas).
+- A put goes to the first tier (or the one named) with room. Room is made by evicting
+  unpinned entries chosen by the policy; an evicted entry is written to the next tier
+  (demotion) unless that one holds it already, and dropped only from the last tier.
+- An entry that fails validation, or whose metadata is not what the caller expects (other
+  model, prefix, tokens), is a miss: counted as `corrupt`, logged, removed, never served.
+- A tier that raises `TierUnavailable` (Redis down) is skipped for `retry_s` seconds, then
+  tried again; the other tiers keep serving.
+- Listeners hear `entry_moved(key, tier)` (the fastest tier holding the key changed after a
+  demotion or promotion) and `entry_dropped(key)` (no tier holds it any more); the chunk
+  cache keeps the catalog's `tier` / `status` columns in step with them.
+
+Writes (put, evictions, promotion, remove) are serialized by one lock; reads are not.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
+
+from app.store.base import BaseTier, EntryReader, TierUnavailable, check_key
+from app.store.entry import CorruptEntry, EntryExpectation, KVEntry
+from app.store.policy import BaseEvictionPolicy, Candidate, LruPolicy, Usage, UsageBook, create_policy
+from app.store.events import EventQueue, StoreListener
+from app.store.stats import CountedReader, CounterBook, TierReport
+
+log = logging.getLogger(__name__)
+
+
+class Opened(NamedTuple):
+    """An entry opened for layer-wise reads, and the tier it is read from."""
+
+    reader: EntryReader
+    tier: str
+
+
+class TieredStore:
+    def __init__(self, tiers: Sequence[BaseTier], policy: BaseEvictionPolicy | None = None,
+                 retry_s: float = 30.0, load_threads: int = 2):
+        names = [t.name for t in tiers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate tiers: {names}")
+        self.tiers = list(tiers)
+        self.policy = policy or LruPolicy()
+        self.retry_s = retry_s
+        self.counters = CounterBook(names)
+        # Background readers of layers for lazy loading (see app.store.lazy).
+        self.loader = ThreadPoolExecutor(max_workers=load_threads, thread_name_prefix="kv-load")
+        # Promotions after a request run here, so they never delay the next request's layer reads.
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-promote")
+        self._lock = threading.RLock()
+        self._usage = UsageBook()
+        self._down_until: dict[str, float] = {}
+        self._doomed: set[str] = set()
+        self._events = EventQueue()
+        for tier in self.tiers:  # probe remote tiers once, so a dead Redis is logged at start
+            self._guard(tier, tier.used_bytes)
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.tiers]
+
+    def tier(self, name: str) -> BaseTier:
+        for tier in self.tiers:
+            if tier.name == name:
+                return tier
+        raise KeyError(f"no tier {name!r} in this store (tiers: {self.names})")
+
+    def subscribe(self, listener: StoreListener) -> None:
+        """`listener` hears where entries went after demotions, promotions and drops."""
+        self._events.subscribe(listener)
+
+    # -- lookups -------------------------------------------------------------------------------
+
+    def where(self, key: str) -> str | None:
+        """Name of the fastest reachable tier holding `key`, or None."""
+        for tier in self._live():
+            if self._guard(tier, tier.contains, key):
+                return tier.name
+        return None
+
+    def live_names(self) -> list[str]:
+        """Names of the tiers not currently skipped as unreachable."""
+        return [t.name for t in self._live()]
+
+    def locations(self) -> dict[str, str]:
+        """{key: fastest reachable tier holding it} for every stored key (a snapshot)."""
+        found: dict[str, str] = {}
+        for tier in reversed(self._live()):
+            for key in self._guard(tier, tier.keys) or {}:
+                found[key] = tier.name
+        return found
+
+    def contains(self, key: str) -> bool:
+        return self.where(key) is not None
+
+    def get(self, key: str, expect: EntryExpectation | None = None) -> KVEntry | None:
+        """The whole entry from the fastest tier that has a valid one (promoted); None: miss."""
+        check_key(key)
+        for position, tier in enumerate(self._live()):
+            try:
+                entry = tier.get(key)
+            except TierUnavailable as exc:
+                self._mark_down(tier, exc)
+                continue
+            except CorruptEntry as exc:
+                self._refuse(key, tier, str(exc))
+                continue
+            if entry is None:
+                self.counters.add(tier.name, misses=1)
+                continue
+            reason = expect.mismatch(entry.meta) if expect else None
+            if reason:
+                self._refuse(key, tier, reason)
+                continue
+            self.counters.add(tier.name, hits=1, bytes_read=entry.num_bytes)
+            self._usage.used(key, entry.meta.num_tokens, hit=True)
+            if position > 0:
+                self._promote(key, entry)
+            return entry
+        return None
+
+    def open(self, key: str, expect: EntryExpectation | None = None) -> Opened | None:
+        """Open the entry for layer-wise reads from the fastest tier with a valid header.
+
+        No promotion here (call `promote` once the entry has been used); pin the key while
+        reading so it is not evicted underneath.
+        """
+        check_key(key)
+        for tier in self._live():
+            try:
+                reader = tier.open(key)
+            except TierUnavailable as exc:
+                self._mark_down(tier, exc)
+                continue
+            except CorruptEntry as exc:
+                self._refuse(key, tier, str(exc))
+                continue
+            if reader is None:
+                self.counters.add(tier.name, misses=1)
+                continue
+            reason = expect.mismatch(reader.meta) if expect else None
+            if reason:
+                reader.close()
+                self._refuse(key, tier, reason)
+                continue
+            self.counters.add(tier.name, hits=1)
+            self._usage.used(key, reader.meta.num_tokens, hit=True)
+            return Opened(CountedReader(reader, self.counters, tier.name), tier.name)
+        return None
+
+    def promote(self, key: str) -> bool:
+        """Copy `key` into the first tier if a lower one holds it; True if it was copied."""
+        live = self._live()
+        if not live or self._guard(live[0], live[0].contains, key):
+            return False
+        for tier in live[1:]:
+            try:
+                entry = tier.get(key)
+            except TierUnavailable as exc:
+                self._mark_down(tier, exc)
+                continue
+            except CorruptEntry as exc:
+                self._refuse(key, tier, str(exc))
+                continue
+            if entry is not None:
+                return self._promote(key, entry)
+        return False
+
+    def promote_later(self, key: str) -> None:
+        """`promote(key)` on a background thread; does nothing once the store is closed."""
+        try:
+            self._background.submit(self._promote_quietly, key)
+        except RuntimeError:  # shut down
+            pass
+
+    def _promote_quietly(self, key: str) -> None:
+        try:
+            self.promote(key)
+        except Exception:  # a failed promotion only costs speed
+            log.exception("background promotion of %s failed", key)
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def put(self, key: str, entry: KVEntry, tier: str | None = None) -> str | None:
+        """Store `entry` in `tier` (default: the first), or the next tier down with room.
+
+        Returns the name of the tier that took it, or None if none could (every candidate
+        full of pinned entries, the entry larger than each capacity, or backends down).
+        """
+        check_key(key)
+        start = self.names.index(tier) if tier is not None else 0
+        with self._lock:
+            self._usage.used(key, entry.meta.num_tokens, hit=False)
+            # Events only for entries this put evicted: the caller knows where `key` went.
+            stored = next((t.name for t in self.tiers[start:]
+                           if self._available(t) and self._store_in(t, key, entry)), None)
+        self._deliver()
+        return stored
+
+    def remove(self, key: str) -> bool:
+        """Remove `key` from every tier; a pinned key goes at its last unpin.
+
+        True if some tier held it (removed now or scheduled).
+        """
+        check_key(key)
+        with self._lock:
+            held = self.where(key) is not None
+            if self._pinned(key):
+                self._doomed.add(key)
+                return held
+            self._discard_everywhere(key)
+            return held
+
+    def pin(self, key: str) -> None:
+        """Protect `key` from eviction in every tier until the matching unpin."""
+        with self._lock:
+            for tier in self.tiers:
+                tier.pin(key)
+
+    def unpin(self, key: str) -> None:
+        with self._lock:
+            for tier in self.tiers:
+                tier.unpin(key)
+            if key in self._doomed and not self._pinned(key):
+                self._doomed.discard(key)
+                self._discard_everywhere(key)
+
+    def report_corrupt(self, key: str, tier: str, reason: str) -> None:
+        """A reader found a bad layer: count it and remove the entry from that tier (pinned or not)."""
+        self._refuse(key, self.tier(tier), reason)
+
+    # -- admin (what `/admin/evict` and `DELETE /admin/cache` call) ----------------------------
+
+    def evict(self, tier: str, num_bytes: int | None = None, policy: str | None = None) -> tuple[int, int]:
+        """Evict unpinned entries of `tier` as when making room (demoting them to the next tier):
+        victims chosen by `policy` (default: the store's) until `num_bytes` are freed, or all
+        of them when `num_bytes` is None. Returns (entries evicted, bytes freed in `tier`)."""
+        chooser = create_policy(policy) if policy else self.policy
+        target = self.tier(tier)
+        entries = freed = 0
+        with self._lock:
+            sizes = self._guard(target, target.keys) or {}
+            while sizes and (num_bytes is None or freed < num_bytes):
+                candidates = [Candidate(k, s, self.usage(k)) for k, s in sizes.items() if not target.is_pinned(k)]
+                victim = chooser.victim(candidates)
+                if victim is None:
+                    break
+                self._evict(target, victim.key)
+                freed += sizes.pop(victim.key)
+                entries += 1
+        self._deliver()
+        return entries, freed
+
+    def clear(self) -> list[str]:
+        """Remove every entry from every reachable tier (a pinned one at its last unpin).
+
+        Returns the keys removed; no listener events (the caller updates the catalog in bulk).
+        """
+        with self._lock:
+            keys: set[str] = set()
+            for tier in self._live():
+                keys.update(self._guard(tier, tier.keys) or {})
+            for key in keys:
+                if self._pinned(key):
+                    self._doomed.add(key)
+                else:
+                    self._discard_everywhere(key)
+        return sorted(keys)
+
+    # -- usage (fed by the chunk cache from the catalog) --------------------------------------
+
+    def set_usage(self, key: str, access_count: int | None = None, savings: float | None = None) -> None:
+        """Seed what the eviction policy knows of `key` (access count, expected savings in tokens)."""
+        self._usage.seed(key, access_count, savings)
+
+    def usage(self, key: str) -> Usage:
+        return self._usage.get(key)
+
+    # -- reporting -----------------------------------------------------------------------------
+
+    def stats(self) -> list[TierReport]:
+        reports = []
+        for tier in self.tiers:
+            available = self._available(tier)
+            info = self._guard(tier, tier.stats) if available else None
+            reports.append(TierReport(tier.name, info is not None, tier.capacity_bytes,
+                                      info.used_bytes if info else 0, info.num_entries if info else 0,
+                                      info.num_pinned if info else 0, self.counters.snapshot(tier.name)))
+        return reports
+
+    def close(self) -> None:
+        self._background.shutdown(wait=True, cancel_futures=True)
+        self.loader.shutdown(wait=True, cancel_futures=True)
+        for tier in self.tiers:
+            try:
+                tier.close()
+            except Exception:  # closing must not stop closing the others
+                log.exception("closing tier %s failed", tier.name)
+
+    # -- internals (callers of _x_locked hold self._lock) --------------------------------------
+
+    def _store_in(self, tier: BaseTier, key: str, entry: KVEntry) -> bool:
+        """Make room in `tier` and put the entry there; False if it cannot take it."""
+        if not self._make_room(tier, key, entry.num_bytes):
+            return False
+        try:
+            tier.put(key, entry)
+        except TierUnavailable as exc:
+            self._mark_down(tier, exc)
+            return False
+        except OSError as exc:  # disk full, permissions: the next tier may still work
+            log.warning("tier %s could not store %s: %s", tier.name, key, exc)
+            self.counters.add(tier.name, put_failures=1)
+            return False
+        self.counters.add(tier.name, puts=1, bytes_written=entry.num_bytes)
+        return True
+
+    def _make_room(self, tier: BaseTier, key: str, num_bytes: int) -> bool:
+        if num_bytes > tier.capacity_bytes:
+            return False
+        sizes = self._guard(tier, tier.keys)
+        if sizes is None:
+            return False
+        used = sum(sizes.values()) - sizes.pop(key, 0)
+        while used + num_bytes > tier.capacity_bytes:
+            candidates = [Candidate(k, s, self.usage(k)) for k, s in sizes.items() if not tier.is_pinned(k)]
+            victim = self.policy.victim(candidates)
+            if victim is None:
+                return False
+            self._evict(tier, victim.key)
+            used -= sizes.pop(victim.key)
+        return True
+
+    def _evict(self, tier: BaseTier, key: str) -> None:
+        """Move `key` from `tier` to the next live tier (if it is valid and fits), else drop it."""
+        try:
+            entry = tier.get(key)
+        except (CorruptEntry, TierUnavailable) as exc:
+            log.warning("evicting %s from tier %s without demotion: %s", key, tier.name, exc)
+            entry = None
+        lower = self._next_live(tier)
+        demoted = False
+        if entry is not None and lower is not None:
+            demoted = bool(self._guard(lower, lower.contains, key)) or self._store_in(lower, key, entry)
+        self._guard(tier, tier._discard, key)
+        self.counters.add(tier.name, evictions=1)
+        if demoted:
+            self.counters.add(lower.name, demotions=1)
+        self._after_removal(key)
+
+    def _promote(self, key: str, entry: KVEntry) -> bool:
+        with self._lock:
+            live = self._live()
+            if not live or self._guard(live[0], live[0].contains, key) or not self._store_in(live[0], key, entry):
+                return False
+            self.counters.add(live[0].name, promotions=1)
+            self._events.located(key, live[0].name)
+        self._deliver()
+        return True
+
+    def _refuse(self, key: str, tier: BaseTier, reason: str) -> None:
+        log.warning("KV entry %s in tier %s refused (treated as a miss): %s", key, tier.name, reason)
+        self.counters.add(tier.name, corrupt=1)
+        with self._lock:
+            self._guard(tier, tier._discard, key)
+            self._after_removal(key)
+        self._deliver()
+
+    def _discard_everywhere(self, key: str) -> None:
+        for tier in self.tiers:
+            if self._available(tier):
+                self._guard(tier, tier._discard, key)
+        self._usage.forget(key)
+
+    def _after_removal(self, key: str) -> None:
+        """Tell listeners where `key` is now, or that it is gone (and forget its usage)."""
+        where = self.where(key)
+        if where is None:
+            self._usage.forget(key)
+        self._events.located(key, where)
+
+    def _pinned(self, key: str) -> bool:
+        return any(t.is_pinned(key) for t in self.tiers)
+
+    # -- availability and events ---------------------------------------------------------------
+
+    def _live(self) -> list[BaseTier]:
+        return [t for t in self.tiers if self._available(t)]
+
+    def _next_live(self, tier: BaseTier) -> BaseTier | None:
+        below = self.tiers[self.tiers.index(tier) + 1:]
+        return next((t for t in below if self._available(t)), None)
+
+    def _available(self, tier: BaseTier) -> bool:
+        return time.monotonic() >= self._down_until.get(tier.name, 0.0)
+
+    def _mark_down(self, tier: BaseTier, exc: Exception) -> None:
+        if self._available(tier):
+            log.warning("store tier %s unavailable for %.0fs, serving from the others: %s",
+                        tier.name, self.retry_s, exc)
+        self._down_until[tier.name] = time.monotonic() + self.retry_s
+
+    def _guard(self, tier: BaseTier, operation, *args):
+        """Run a tier operation; None (and the tier marked down) if its backend is unreachable."""
+        try:
+            return operation(*args)
+        except TierUnavailable as exc:
+            self._mark_down(tier, exc)
+            return None
+
+    def _deliver(self) -> None:
+        self._events.deliver()

@@ -1,0 +1,182 @@
+"""The planner contract: which rows start from cached KV and which rows each layer computes.
+
+A planner turns a request into a `Plan`. The runner executes it layer by layer:
+- rows under `cached_spans` start from cached KV (K rotated to its new position);
+- rows in `initial_active` are computed from layer 0 on; every other row must be cached;
+- at layers where `selects_at(layer)` is true, the runner computes fresh K/V for all active
+  rows, shows them next to the cached rows (`LayerView`) and asks `select` which rows stay
+  active from this layer on. Fresh K/V of every active row is written either way, so a row
+  dropped at layer l keeps its fresh layer-l KV and its cached KV above;
+- at layers where `observes(layer)` is true, the runner shows the active rows' queries and
+  the layer's cache (`QueryView`) and asks `observe` which rows go on (early termination).
+Rows in `pinned` (the question, chunks with no cache) can never be dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import EngineConfig
+from engine.kv import KVSource
+from engine.prompt import PromptLayout
+
+
+@dataclass(frozen=True)
+class ChunkInput:
+    """One retrieved chunk of a request: its id, token ids and cached KV (None: not cached).
+
+    `stats`: Cache-Craft statistics of the variant in `kv` (an object with `cci`,
+    `inter_scores` {chunk id: mass} and `token_scores` [per token]), None if unknown.
+    """
+
+    chunk_id: str
+    token_ids: tuple[int, ...]
+    kv: KVSource | None = None
+    stats: object | None = None
+
+
+@dataclass(frozen=True)
+class ChunkDecision:
+    """How a planner treats one chunk, for the prefill report.
+
+    strategy: e.g. "reuse", "partial", "full", "deviation", "computed";
+    cfo: the Cache Fix Overhead when one was computed; variant: the context of the variant used.
+    """
+
+    strategy: str
+    cfo: float | None = None
+    variant: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class CachedSpan:
+    """Rows [start, start + source.num_tokens) come from `source`, shifted to `start`."""
+
+    start: int
+    source: KVSource
+
+    @property
+    def end(self) -> int:
+        return self.start + self.source.num_tokens
+
+    @property
+    def delta(self) -> int:
+        return self.start - self.source.base_position
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a planner sees: the layout, the chunks, the exact prefix KV and the knobs."""
+
+    layout: PromptLayout
+    chunks: tuple[ChunkInput, ...]
+    prefix: KVSource
+    ratio: float
+    config: EngineConfig
+    num_layers: int
+
+    def all_cached_spans(self) -> list[CachedSpan]:
+        """The system prefix plus every chunk that has cached KV."""
+        spans = [CachedSpan(0, self.prefix)]
+        spans += [CachedSpan(start, c.kv) for c, (start, _) in zip(self.chunks, self.layout.chunk_spans)
+                  if c.kv is not None]
+        return spans
+
+    def pinned_mask(self) -> torch.Tensor:
+        """bool [total_len]: the question and every chunk without cached KV."""
+        pinned = torch.zeros(self.layout.total_len, dtype=torch.bool)
+        qs, qe = self.layout.question_span
+        pinned[qs:qe] = True
+        for chunk, (start, end) in zip(self.chunks, self.layout.chunk_spans):
+            if chunk.kv is None:
+                pinned[start:end] = True
+        return pinned
+
+    def question_mask(self) -> torch.Tensor:
+        """bool [total_len]: the question rows."""
+        mask = torch.zeros(self.layout.total_len, dtype=torch.bool)
+        qs, qe = self.layout.question_span
+        mask[qs:qe] = True
+        return mask
+
+    def context_mask(self) -> torch.Tensor:
+        """bool [total_len]: rows of chunks that have cached KV (candidates for reuse)."""
+        mask = torch.zeros(self.layout.total_len, dtype=torch.bool)
+        for chunk, (start, end) in zip(self.chunks, self.layout.chunk_spans):
+            if chunk.kv is not None:
+                mask[start:end] = True
+        return mask
+
+
+@dataclass
+class LayerView:
+    """What `Plan.select` sees at a selecting layer.
+
+    active: [m] positions of the active rows (ascending); fresh_k/fresh_v: their newly
+    computed K (after RoPE) and V, [kv_heads, m, head_dim]; cached_k/cached_v: the cached
+    rows at the same positions (meaningful where the row lies under a cached span).
+    attention_from(rows): attention mass [m] that the active rows `rows` (bool [m]) put on
+    each active row at this layer, averaged over heads and those rows (computed on demand).
+    """
+
+    layer: int
+    active: torch.Tensor
+    fresh_k: torch.Tensor
+    fresh_v: torch.Tensor
+    cached_k: torch.Tensor
+    cached_v: torch.Tensor
+    attention_from: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+@dataclass
+class QueryView:
+    """What `Plan.observe` sees at an observing layer, after the active rows' queries exist.
+
+    active: [m] positions; q: [heads, m, head_dim] (after RoPE); keys / values:
+    [kv_heads, total, head_dim], this layer's assembled cache with the fresh rows written;
+    scale: the model's attention scale.
+    """
+
+    layer: int
+    active: torch.Tensor
+    q: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
+    scale: float
+
+
+@dataclass
+class Plan:
+    """The executable plan. Subclass and override `selects_at` / `select` to shrink rows."""
+
+    cached_spans: list[CachedSpan]
+    initial_active: torch.Tensor  # [m0] positions, ascending
+    pinned: torch.Tensor  # bool [total_len]
+    # per chunk, when the planner decides chunk by chunk (None: the mode name says it all)
+    decisions: list[ChunkDecision] | None = None
+
+    def selects_at(self, layer: int) -> bool:
+        return False
+
+    def select(self, layer: int, view: LayerView) -> torch.Tensor | None:
+        """Indices into view.active of the rows that stay active; None keeps them all."""
+        return None
+
+    def observes(self, layer: int) -> bool:
+        return False
+
+    def observe(self, layer: int, view: QueryView) -> torch.Tensor | None:
+        """Indices into view.active of the rows that go on past this layer; None keeps all.
+
+        Rows left out stop here (early termination): their fresh K/V of this layer are
+        written and their cached KV serves every later layer. They still count as selected.
+        """
+        return None
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Ascending positions where a bool mask is true."""
+    return mask.nonzero().flatten()

@@ -1,0 +1,57 @@
+"""The variant builder: jobs wait for idle capacity, a full queue skips, failures are counted."""
+
+from __future__ import annotations
+
+import threading
+
+from app.kvcache.builder import VariantBuilder
+
+
+class FakeCache:
+    def __init__(self, fail: bool = False):
+        self.calls: list[tuple] = []
+        self.fail = fail
+        self.started = threading.Event()
+
+    def build_variants(self, result, contexts) -> int:
+        self.started.set()
+        if self.fail:
+            raise RuntimeError("boom")
+        self.calls.append((result, contexts))
+        return 2
+
+
+def test_a_job_waits_until_no_request_runs_or_waits():
+    busy = threading.Event()
+    busy.set()
+    cache = FakeCache()
+    builder = VariantBuilder(cache, idle=lambda: not busy.is_set())
+    assert builder.submit("result", [(), ("1",)])
+    assert not cache.started.wait(0.2)  # requests are running: nothing builds
+    busy.clear()
+    builder.join()
+    assert cache.calls == [("result", ((), ("1",)))] and builder.built == 2
+    builder.close()
+
+
+def test_a_full_queue_skips_and_a_failed_build_is_counted():
+    gate = threading.Event()
+    cache = FakeCache(fail=True)
+    builder = VariantBuilder(cache, max_pending=1, idle=gate.is_set)
+    assert builder.submit("a", [])
+    while builder._jobs.qsize():  # the thread holds "a", waiting for idle
+        threading.Event().wait(0.01)
+    assert builder.submit("b", [])
+    assert not builder.submit("c", []) and builder.skipped == 1
+    gate.set()
+    builder.join()
+    assert builder.failed == 2 and builder.built == 0
+    builder.close()
+
+
+def test_close_finishes_queued_jobs_without_waiting_for_idle():
+    cache = FakeCache()
+    builder = VariantBuilder(cache, idle=lambda: False)
+    builder.submit("a", [])
+    builder.close()
+    assert [c[0] for c in cache.calls] == ["a"]

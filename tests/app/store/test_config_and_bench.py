@@ -1,0 +1,48 @@
+"""StoreConfig validation, the store factory, and a smoke run of `kvmosaic bench store`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.bench.store import StoreBenchOptions, run_overlap, run_throughput
+from app.store import StoreConfig, TierUnavailable, create_store, create_tier
+
+
+@pytest.mark.parametrize("bad", [dict(tiers=()), dict(tiers=("cpu", "cpu")), dict(tiers=("tape",)),
+                                 dict(cpu_bytes=-1), dict(codec="int3"), dict(eviction="fifo"),
+                                 dict(load_threads=0), dict(prefetch_layers=0)])
+def test_config_rejects_bad_settings(bad):
+    with pytest.raises(ValueError):
+        StoreConfig(**bad)
+
+
+def test_factories(tmp_path):
+    config = StoreConfig(tiers=("gpu", "cpu", "disk"), disk_dir=tmp_path, eviction="value")
+    store = create_store(config)
+    expected = ["gpu", "cpu", "disk"] if torch.cuda.is_available() else ["cpu", "disk"]
+    assert store.names == expected and store.policy.name == "value"
+    store.close()
+    with pytest.raises(ValueError):
+        create_tier("tape", config)
+    if not torch.cuda.is_available():
+        with pytest.raises(TierUnavailable):
+            create_tier("gpu", config)
+        with pytest.raises(TierUnavailable):
+            create_store(StoreConfig(tiers=("gpu",)))
+
+
+def test_bench_throughput_smoke(tmp_path):
+    rows = run_throughput(StoreBenchOptions(tiers=("cpu", "disk"), repeats=1, fsync=False), tmp_path)
+    assert [(r.tier, r.entry) for r in rows] == [("cpu", "chunk-512"), ("disk", "chunk-512"),
+                                                 ("cpu", "10MiB"), ("disk", "10MiB")]
+    assert rows[0].megabytes == pytest.approx(30 * 2 * 3 * 512 * 64 * 2 / 1e6)
+    assert all(r.put_ratio > 0 and r.get_ratio > 0 for r in rows)
+    assert not list(tmp_path.glob("kv/*/*.kvs"))  # the bench cleans up after itself
+
+
+def test_bench_overlap_smoke(tiny_engine, tmp_path):
+    options = StoreBenchOptions(chunks=2, chunk_tokens=48, blend_repeats=1, fsync=False)
+    result = run_overlap(tiny_engine, options, tmp_path)
+    assert result.samples[0]["layers_read"] > 0
+    assert 0.0 <= result.hidden_share <= 1.0 and result.load_s > 0

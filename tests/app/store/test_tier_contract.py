@@ -1,0 +1,113 @@
+"""The one contract of `BaseTier`, run against every tier (cpu, disk, redis, gpu)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.store import CorruptEntry, EntryPinned
+from tests.app.store.helpers import key_of, make_entry, same_entry
+
+A, B = key_of("a"), key_of("b")
+
+
+def test_put_get_round_trip(tier):
+    entry = make_entry(1)
+    assert not tier.contains(A)
+    tier.put(A, entry)
+    assert tier.contains(A)
+    assert same_entry(tier.get(A), entry)
+    assert tier.keys() == {A: entry.num_bytes}
+    assert tier.used_bytes() == entry.num_bytes
+
+
+def test_absent_keys(tier):
+    assert tier.get(A) is None
+    assert tier.open(A) is None
+    assert tier.get_layer(A, 0) is None
+    assert tier.remove(A) is False
+    assert tier.keys() == {} and tier.used_bytes() == 0
+
+
+def test_put_replaces_and_accounts(tier):
+    tier.put(A, make_entry(1, tokens=5))
+    bigger = make_entry(2, tokens=9)
+    tier.put(A, bigger)
+    tier.put(B, make_entry(3))
+    assert same_entry(tier.get(A), bigger)
+    assert tier.used_bytes() == bigger.num_bytes + make_entry(3).num_bytes == sum(tier.keys().values())
+    assert tier.remove(A) is True
+    assert tier.used_bytes() == make_entry(3).num_bytes
+
+
+def test_layer_at_a_time(tier):
+    entry = make_entry(4, layers=5)
+    tier.put(A, entry)
+    with tier.open(A) as reader:
+        assert reader.meta == entry.meta
+        for index in (3, 0, 4, 3):  # any order, repeated
+            assert torch.equal(reader.layer(index).cpu(), entry.kv[index])
+    assert torch.equal(tier.get_layer(A, 2).cpu(), entry.kv[2])
+    with pytest.raises(IndexError):
+        tier.get_layer(A, 5)
+
+
+def test_reader_never_sees_another_entry(tier):
+    """A reader opened before a replace/remove yields the old bytes or refuses; never the new ones."""
+    old, new = make_entry(5), make_entry(6)
+    tier.put(A, old)
+    reader = tier.open(A)
+    tier.put(A, new)
+    for index in range(old.meta.num_layers):
+        try:
+            assert torch.equal(reader.layer(index).cpu(), old.kv[index])
+        except CorruptEntry:
+            pass  # redis cannot keep the old value alive; refusing is the contract
+    reader.close()
+    tier.remove(A)
+    assert tier.open(A) is None
+
+
+def test_pins(tier):
+    tier.put(A, make_entry(7))
+    tier.pin(A)
+    tier.pin(A)
+    assert tier.is_pinned(A) and tier.stats().num_pinned == 1
+    with pytest.raises(EntryPinned):
+        tier.remove(A)
+    tier.unpin(A)
+    with pytest.raises(EntryPinned):
+        tier.remove(A)
+    tier.unpin(A)
+    assert tier.remove(A) is True
+    with pytest.raises(ValueError):
+        tier.unpin(A)
+    tier.pin(B)  # pinning an absent key is allowed and protects it once it appears
+    tier.put(B, make_entry(8))
+    with pytest.raises(EntryPinned):
+        tier.remove(B)
+    tier.unpin(B)
+
+
+def test_stats(tier):
+    tier.put(A, make_entry(1))
+    tier.put(B, make_entry(2, tokens=3))
+    stats = tier.stats()
+    assert stats.name == tier.name
+    assert stats.num_entries == 2 and stats.num_pinned == 0
+    assert stats.used_bytes == make_entry(1).num_bytes + make_entry(2, tokens=3).num_bytes
+    assert stats.capacity_bytes == tier.capacity_bytes
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_storage_dtypes(tier, dtype):
+    entry = make_entry(9, dtype=dtype)
+    tier.put(A, entry)
+    got = tier.get(A)
+    assert got.kv.dtype == entry.kv.dtype and same_entry(got, entry)
+
+
+def test_keys_must_be_hex_digests(tier):
+    for bad in ("../../etc/passwd", "ABCDEF0123456789", "short", "g" * 32):
+        with pytest.raises(ValueError):
+            tier.put(bad, make_entry(1))
