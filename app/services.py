@@ -134,7 +134,7 @@ def replica_daemon(settings: Settings, catalog, chunk_cache, retriever: Retrieve
         PeriodicJob("follow the catalog", settings.index_poll_s, follower.poll),
         PeriodicJob("reclaim expired ingests", min(RECLAIM_EVERY_S, settings.ingest_lease_s / 3),
                     ingestor.reclaim_expired),
-        PeriodicJob("sweep orphan KV", max(10.0, grace / 2), lambda: chunk_cache.cache.sweep_orphans(grace)),
+        PeriodicJob("sweep orphan KV", max(10.0, grace / 2), lambda: chunk_cache.cache.maintenance.sweep_orphans(grace)),
         PeriodicJob("save the index", INDEX_SAVE_S, retriever.save_if_behind),
         PeriodicJob("prune the change log", PRUNE_EVERY_S, follower.prune),
     ])

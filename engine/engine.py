@@ -2,7 +2,7 @@
 
     engine = Engine.load(EngineConfig())
     kv = engine.encode_chunk(engine.chunk_ids("Some passage ..."))
-    result = engine.prefill([ChunkInput("c1", kv.token_ids, kv)], "Question?", mode="cacheblend")
+    result = engine.prefill([ChunkInput(1, kv.token_ids, kv)], "Question?", mode="cacheblend")
     text = "".join(engine.generate(result, SamplingParams(max_new_tokens=32)))
 """
 

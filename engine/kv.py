@@ -13,6 +13,10 @@ from typing import Protocol
 
 import torch
 
+# A chunk's id: the catalog's row id (benchmarks number their chunks). Contexts, Cache-Craft
+# statistics and reports all use it; only the catalog and the store's metadata hold it as text.
+ChunkId = int
+
 
 class KVSource(Protocol):
     """Anything that yields one layer of a chunk's cached KV at a time.
@@ -28,7 +32,7 @@ class KVSource(Protocol):
     base_position: int
     fingerprint: str
     prefix_digest: str
-    context: tuple[str, ...]
+    context: tuple[ChunkId, ...]
 
     def layer(self, index: int) -> torch.Tensor: ...
 
@@ -48,7 +52,7 @@ class ChunkKV:
     base_position: int
     fingerprint: str
     prefix_digest: str
-    context: tuple[str, ...] = ()
+    context: tuple[ChunkId, ...] = ()
     meta: dict = field(default_factory=dict)
 
     @property

@@ -20,22 +20,23 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import EngineConfig
-from engine.kv import KVSource
+from engine.kv import ChunkId, KVSource
 from engine.prompt import PromptLayout
+from engine.variant_stats import VariantStats
 
 
 @dataclass(frozen=True)
 class ChunkInput:
     """One retrieved chunk of a request: its id, token ids and cached KV (None: not cached).
 
-    `stats`: Cache-Craft statistics of the variant in `kv` (an object with `cci`,
-    `inter_scores` {chunk id: mass} and `token_scores` [per token]), None if unknown.
+    `stats`: Cache-Craft statistics of the variant in `kv` (`cci`, `inter_scores` {chunk id:
+    mass}, `token_scores` [per token]), None if never measured.
     """
 
-    chunk_id: str
+    chunk_id: ChunkId
     token_ids: tuple[int, ...]
     kv: KVSource | None = None
-    stats: object | None = None
+    stats: VariantStats | None = None
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class ChunkDecision:
 
     strategy: str
     cfo: float | None = None
-    variant: tuple[str, ...] | None = None
+    variant: tuple[ChunkId, ...] | None = None
 
 
 @dataclass(frozen=True)

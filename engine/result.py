@@ -28,7 +28,7 @@ class ChunkReport:
     mode's name; cfo and variant are set by Cache-Craft).
     """
 
-    chunk_id: str
+    chunk_id: ChunkId
     tokens: int
     recomputed: int
     compute_share: float
@@ -37,7 +37,7 @@ class ChunkReport:
     stopped_layer: int | None = None
     strategy: str = ""
     cfo: float | None = None
-    variant: tuple[str, ...] | None = None
+    variant: tuple[ChunkId, ...] | None = None
 
     @property
     def reused(self) -> int:

@@ -204,7 +204,7 @@ def median(values: list[float]) -> float:
 def bench_chunk_refs(engine, catalog, options: StoreBenchOptions) -> list:
     """`options.chunks` distinct chunks of exactly `chunk_tokens` tokens, recorded in the catalog."""
     from app.catalog import NewChunk
-    from app.kvcache.cache import ChunkRef
+    from app.kvcache.variants import ChunkRef
     from app.store import token_ids_hash
 
     texts, ids = [], []
@@ -241,13 +241,13 @@ def run_overlap(engine, options: StoreBenchOptions, work_dir: Path) -> OverlapRe
     catalog = Catalog.open(CatalogConfig(data_dir=work_dir))
     config = StoreConfig(tiers=("disk",), disk_dir=work_dir / "blend-kv", disk_fsync=options.fsync,
                          codec=options.dtype)
-    cache = ChunkKVCache(engine, create_store(config), catalog, options.dtype)
+    cache = ChunkKVCache.open(engine, create_store(config), catalog, options.dtype)
     try:
         refs = bench_chunk_refs(engine, catalog, options)
-        with cache.load(refs):  # computes and stores every chunk (not timed)
+        with cache.loader.load(refs):  # computes and stores every chunk (not timed)
             pass
-        in_memory = [ChunkInput(str(r.chunk_id), r.token_ids,
-                                chunk_from_entry(cache.store.get(cache.key(r.token_ids)), r.token_ids,
+        in_memory = [ChunkInput(r.chunk_id, r.token_ids,
+                                chunk_from_entry(cache.store.get(cache.keys.key(r.token_ids)), r.token_ids,
                                                  engine.loaded.dtype, engine.device)) for r in refs]
         engine.prefill(in_memory, QUESTION, mode="cacheblend")  # warm-up
         samples = [_overlap_sample(engine, cache, refs, in_memory, config.disk_dir)
@@ -264,7 +264,7 @@ def run_overlap(engine, options: StoreBenchOptions, work_dir: Path) -> OverlapRe
 def _overlap_sample(engine, cache, refs, in_memory, disk_dir: Path) -> dict:
     evict_page_cache(disk_dir)
     started = time.perf_counter()
-    with cache.load(refs) as loaded:
+    with cache.loader.load(refs) as loaded:
         engine.prefill(loaded.inputs, QUESTION, mode="cacheblend")
         ttft_cold = time.perf_counter() - started
         stats = loaded.load_stats()

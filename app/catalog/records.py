@@ -11,19 +11,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from app.catalog.models import READY, Chunk, Document, Variant
-from engine.variants.stats import VariantStats
+from engine.kv import ChunkId
+from engine.variant_stats import VariantStats
 
 
-def context_signature(chunk_ids: Sequence[int | str]) -> str:
+def context_signature(chunk_ids: Sequence[ChunkId]) -> str:
     """The ordered ids of the chunks before a chunk, as stored: "12,7,3" ("" = base variant)."""
-    parts = [str(i) for i in chunk_ids]
-    if any("," in p or not p for p in parts):
-        raise ValueError(f"chunk ids must be non-empty and contain no comma: {parts}")
-    return ",".join(parts)
+    return ",".join(str(int(i)) for i in chunk_ids)
 
 
-def parse_context_signature(signature: str) -> tuple[str, ...]:
-    return tuple(signature.split(",")) if signature else ()
+def parse_context_signature(signature: str) -> tuple[ChunkId, ...]:
+    return tuple(int(part) for part in signature.split(",")) if signature else ()
 
 
 @dataclass(frozen=True)
@@ -43,7 +41,7 @@ class NewVariant:
     """A variant whose KV was just written to the store under `store_key`."""
 
     chunk_id: int
-    context: tuple[str, ...]
+    context: tuple[ChunkId, ...]
     model_fingerprint: str
     prefix_digest: str
     storage_dtype: str
@@ -79,7 +77,7 @@ class ChunkRecord:
 class VariantRecord:
     id: int
     chunk_id: int
-    context: tuple[str, ...]
+    context: tuple[ChunkId, ...]
     model_fingerprint: str
     prefix_digest: str
     storage_dtype: str
@@ -188,7 +186,9 @@ def chunk_record(row: Chunk) -> ChunkRecord:
 
 
 def variant_record(row: Variant) -> VariantRecord:
-    stats = VariantStats(row.a, row.b, row.cci, row.inter_scores, row.token_scores, row.expected_savings)
+    # JSON object keys are text: the chunk ids of `inter_scores` come back as ints here
+    inter = None if row.inter_scores is None else {int(k): v for k, v in row.inter_scores.items()}
+    stats = VariantStats(row.a, row.b, row.cci, inter, row.token_scores, row.expected_savings)
     return VariantRecord(row.id, row.chunk_id, parse_context_signature(row.context_signature),
                          row.model_fingerprint, row.prefix_digest, row.storage_dtype, row.store_key,
                          row.tier, row.num_bytes, row.num_tokens, row.status, aware(row.created_at),

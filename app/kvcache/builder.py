@@ -18,6 +18,9 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 
+from app.kvcache.variants import ChunkVariants
+from engine.kv import ChunkId
+from engine.result import PrefillResult
 from engine.work import mark_background_thread
 
 log = logging.getLogger(__name__)
@@ -27,8 +30,8 @@ IDLE_POLL_S = 0.01
 
 
 class VariantBuilder:
-    def __init__(self, chunk_cache, max_pending: int = 2, idle: Callable[[], bool] | None = None):
-        self.chunk_cache = chunk_cache  # app.kvcache.cache.ChunkKVCache
+    def __init__(self, variants: ChunkVariants, max_pending: int = 2, idle: Callable[[], bool] | None = None):
+        self.variants = variants
         # Set by whoever runs requests (`Services`); None: always idle (tests, benchmarks).
         self.idle = idle
         self._jobs: queue.Queue = queue.Queue(maxsize=max_pending)
@@ -37,7 +40,7 @@ class VariantBuilder:
         self._thread = threading.Thread(target=self._work, name="variant-builder", daemon=True)
         self._thread.start()
 
-    def submit(self, result, contexts: Sequence[tuple[str, ...] | None]) -> bool:
+    def submit(self, result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] | None]) -> bool:
         """Queue a finished request's prefill result and the contexts of the KV its chunks
         started from; False (skipped) when the queue is full."""
         try:
@@ -66,7 +69,7 @@ class VariantBuilder:
                 if job is _STOP:
                     return
                 self._wait_for_idle()
-                self.built += self.chunk_cache.build_variants(*job)
+                self.built += self.variants.build(*job)
             except Exception:  # a failed build loses variants, never the server
                 self.failed += 1
                 log.exception("building Cache-Craft variants failed")

@@ -1,4 +1,4 @@
-"""The service's view of chunk KV: `app.kvcache.cache.ChunkKVCache` plus the store's admin side.
+"""The service's view of chunk KV: `ChunkKVCache`'s parts behind what the service asks, plus the admin side.
 
 What the request path needs from it: `load` (the retrieved chunks' KV, pinned, read layer
 by layer; a chunk with no stored KV is computed and stored), `store_variants` (the KV a
@@ -18,11 +18,13 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from app.catalog import Catalog, DeletedDocument, context_signature
 from app.kvcache.builder import VariantBuilder
-from app.catalog import context_signature
-from app.kvcache.cache import ChunkKVCache, LoadedChunks
+from app.kvcache.cache import ChunkKVCache
+from app.kvcache.loader import LoadedChunks
 from engine.encoder import DEFAULT_BATCH_TOKENS, batches
 from engine.planners import planner_class
+from engine.kv import ChunkId
 from engine.plan import ChunkInput
 from engine.variants.harvest import source_contexts
 from engine.errors import InvalidRequest
@@ -55,8 +57,8 @@ class RequestChunks:
         is recomputed then, and that chunk was not served from the cache."""
         if not self.reuses_cache:
             return [FULL_PREFILL] * len(self.inputs)
-        computed = set(self.loaded.computed) | {int(i.chunk_id) for i in self.inputs if _fell_back(i.kv)}
-        return [IN_CONTEXT if i.kv is None else _label(getattr(i.kv, "context", ()), int(i.chunk_id) in computed)
+        computed = set(self.loaded.computed) | {i.chunk_id for i in self.inputs if _fell_back(i.kv)}
+        return [IN_CONTEXT if i.kv is None else _label(getattr(i.kv, "context", ()), i.chunk_id in computed)
                 for i in self.inputs]
 
     def release(self) -> None:
@@ -71,7 +73,7 @@ class ServiceChunkCache:
         self.engine = cache.engine
         # None (no disk or Redis tier): the first tier, lost at exit.
         self.persistent_tier = first_persistent_tier(self.store.names)
-        self.builder = VariantBuilder(cache)
+        self.builder = VariantBuilder(cache.variants)
 
     # -- the request path ----------------------------------------------------------------------
 
@@ -82,10 +84,10 @@ class ServiceChunkCache:
         pinned, so its TTFT is the plain prefill it stands for.
         """
         if not planner_class(mode).reuses_cache:
-            inputs = [ChunkInput(str(r.chunk.id), tuple(r.token_ids)) for r in retrieved]
-            return RequestChunks(LoadedChunks(inputs, [], self.cache), reuses_cache=False)
-        refs = self.cache.choose_variants(mode, [(r.chunk.id, tuple(r.token_ids)) for r in retrieved])
-        return RequestChunks(self.cache.load(refs))
+            inputs = [ChunkInput(r.chunk.id, tuple(r.token_ids)) for r in retrieved]
+            return RequestChunks(LoadedChunks(inputs, [], None), reuses_cache=False)
+        refs = self.cache.variants.choose(mode, [(r.chunk.id, tuple(r.token_ids)) for r in retrieved])
+        return RequestChunks(self.cache.loader.load(refs))
 
     def store_variants(self, chunks: RequestChunks, result) -> bool:
         """What the finished request leaves, by its mode's policy: the savings its context
@@ -95,12 +97,12 @@ class ServiceChunkCache:
         if not planner_class(result.mode).reuses_cache:
             return False
         try:
-            self.cache.record_savings(result, inputs)
-            self.cache.harvest_variants(result, inputs)
+            self.cache.variants.record_savings(result, inputs)
+            self.cache.variants.harvest(result, inputs)
         except Exception:  # variants are an optimisation: never fail an answered request
             log.exception("keeping the request's variants failed")
         ids = [c.chunk_id for c in inputs]
-        return self.cache.policy.should_build(result.mode, ids) and self.builder.submit(result, source_contexts(inputs))
+        return self.cache.variants.policy.should_build(result.mode, ids) and self.builder.submit(result, source_contexts(inputs))
 
     def drain(self) -> None:
         """Wait until the background work queued so far (variant builds) is done (benchmarks, tests)."""
@@ -135,9 +137,9 @@ class ServiceChunkCache:
 
     def store_base(self, chunk_id: int, kv) -> str | None:
         """Store a computed base variant as `put_base` does; the tier that took it, or None."""
-        stored = self.cache.put_variant(chunk_id, kv, tier=self.persistent_tier)
+        stored = self.cache.variants.put(chunk_id, kv, tier=self.persistent_tier)
         if stored is None and self.persistent_tier is not None:
-            stored = self.cache.put_variant(chunk_id, kv)
+            stored = self.cache.variants.put(chunk_id, kv)
             if stored is not None:
                 log.warning("chunk %d: no persistent tier could take its KV; it is in %s only", chunk_id, stored.tier)
         if stored is None:
@@ -145,7 +147,7 @@ class ServiceChunkCache:
         return stored.tier if stored is not None else None
 
     def forget_document(self, document_id: int):
-        return self.cache.forget_document(document_id)
+        return self.cache.maintenance.forget_document(document_id)
 
     # -- admin ---------------------------------------------------------------------------------
 
@@ -197,9 +199,9 @@ def open_chunk_cache(settings, catalog, engine) -> ServiceChunkCache:
     store = create_store(config)
     # Base KV computed on use goes where ingest puts it, so a cleared or cold cache is
     # persistent again after one use instead of living in RAM only.
-    cache = ChunkKVCache(engine, store, catalog, storage_dtype=config.codec, prefetch_layers=config.prefetch_layers,
+    cache = ChunkKVCache.open(engine, store, catalog, storage_dtype=config.codec, prefetch_layers=config.prefetch_layers,
                          base_tier=first_persistent_tier(store.names))
-    cache.reconcile(settings.kv_orphan_grace_s)
+    cache.maintenance.reconcile(settings.kv_orphan_grace_s)
     return ServiceChunkCache(cache, settings.ingest_batch_tokens)
 
 
@@ -214,7 +216,7 @@ def _fell_back(kv) -> bool:
     return bool(getattr(stats, "fell_back", False))
 
 
-def _label(context: Sequence[str], computed: bool) -> str:
+def _label(context: Sequence[ChunkId], computed: bool) -> str:
     if computed:
         return COMPUTED_NOW
     return "base" if not context else f"after {context_signature(context)}"

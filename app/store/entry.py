@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from engine.errors import KvMosaicError
-from engine.kv import ChunkKV
+from engine.kv import ChunkId, ChunkKV
 from app.store.quant import FLOAT_CODECS, KVCodec, get_codec
 
 # Codecs that store the KV as plain floats of this dtype (the others quantize).
@@ -57,7 +57,7 @@ class EntryMeta:
     base_position: int
     dtype: str
     shape: tuple[int, int, int, int, int]
-    context: tuple[str, ...] = ()
+    context: tuple[ChunkId, ...] = ()
 
     @property
     def num_layers(self) -> int:
@@ -104,7 +104,7 @@ class EntryMeta:
             get_codec(str(data["dtype"]))
             return cls(str(data["fingerprint"]), str(data["prefix_digest"]), str(data["token_ids_hash"]),
                        int(data["base_position"]), str(data["dtype"]), shape,
-                       tuple(str(c) for c in data.get("context", ())))
+                       tuple(int(c) for c in data.get("context", ())))
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptEntry(f"bad entry metadata: {exc}") from exc
 
@@ -130,7 +130,7 @@ class EntryExpectation:
     prefix_digest: str
     token_ids_hash: str
     dtype: str | None = None
-    context: tuple[str, ...] | None = None
+    context: tuple[ChunkId, ...] | None = None
 
     def mismatch(self, meta: EntryMeta) -> str | None:
         """Why `meta` is not the entry asked for, or None if it is."""

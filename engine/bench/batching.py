@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     engine_on = Engine.load(EngineConfig(data_dir=args.data_dir, fidelity="fast", max_batch=args.max_batch))
     engine_off = Engine(replace(engine_on.config, batching=False), engine_on.loaded)
-    chunks = [ChunkInput(f"p{i}", ids, engine_on.encode_chunk(ids))
+    chunks = [ChunkInput(i, ids, engine_on.encode_chunk(ids))
               for i, ids in enumerate(engine_on.chunk_ids(text) for text in PASSAGES)]
     figures = measure(engine_on, engine_off, chunks, args.concurrency, args.max_tokens, args.mode, args.rounds)
     for label in ("off", "on"):

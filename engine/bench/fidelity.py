@@ -41,6 +41,7 @@ REFERENCE = reference_mode()  # every row is measured against it
 CRAFT = "cachecraft"  # the mode whose α `kvmosaic calibrate` fits
 WARM = "+warm"
 AT = "@"  # `mode@fidelity`: the row runs at that guard level (engine/guard.py)
+MAX_PASSAGES = 1000  # passages per record, for distinct chunk ids across records (MuSiQue has 10)
 
 
 @dataclass(frozen=True)
@@ -131,12 +132,19 @@ def _is_record(record) -> bool:
             and all(isinstance(c, dict) and "text" in c for c in record["ctxs"]))
 
 
+def record_chunk_id(record: int, position: int) -> int:
+    """A chunk id for passage `position` of record `record`, distinct across the run's records."""
+    if not 0 <= position < MAX_PASSAGES:
+        raise ValueError(f"a record has at most {MAX_PASSAGES} passages; got position {position}")
+    return record * MAX_PASSAGES + position
+
+
 def base_variant_chunks(engine, record: dict, count: int, index: int) -> list[ChunkInput]:
     """The record's first `count` passages with KV computed alone after the system prefix."""
     chunks = []
     for i, ctx in enumerate(record["ctxs"][:count]):
         ids = engine.chunk_ids(ctx["text"], ctx.get("title", ""))
-        chunks.append(ChunkInput(f"r{index}-c{i}", ids, engine.encode_chunk(ids)))
+        chunks.append(ChunkInput(record_chunk_id(index, i), ids, engine.encode_chunk(ids)))
     return chunks
 
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.cachecraft.scores import beta_prime, cfo, novelty_coverage
+from engine.kv import ChunkId
 
 
 @dataclass(frozen=True)
@@ -26,14 +27,14 @@ class Candidate:
     the fallback; `num_bytes`, its size.
     """
 
-    context: tuple[str, ...]
+    context: tuple[ChunkId, ...]
     stats: object | None = None
     uses: int = 0
     savings: float | None = None
     num_bytes: int = 1
 
 
-def variant_cfo(candidate: Candidate, new_context: Sequence[str], alpha: float,
+def variant_cfo(candidate: Candidate, new_context: Sequence[ChunkId], alpha: float,
                 novelty: bool = True) -> float | None:
     """CFO of reusing `candidate` after `new_context`; 0 for an identical context, None when
     the variant has no statistics to judge by (plan it by deviation instead). `novelty`
@@ -48,7 +49,7 @@ def variant_cfo(candidate: Candidate, new_context: Sequence[str], alpha: float,
     return cfo(alpha, stats.cci, beta_prime(inter, candidate.context, new_context), coverage)
 
 
-def choose_variant(candidates: Sequence[Candidate], new_context: Sequence[str], alpha: float,
+def choose_variant(candidates: Sequence[Candidate], new_context: Sequence[ChunkId], alpha: float,
                    novelty: bool = True, blend_cost: float = 1.0) -> tuple[int, float | None]:
     """(index of the variant to use, its CFO; None when it will be fixed by deviation).
 

@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from engine.kv import ChunkId
+
 
 def cci(a: float, b: float) -> float:
     """Cache Context Impact in [0.5, 1): how much the chunk depends on what precedes it."""
@@ -28,7 +30,7 @@ def cci(a: float, b: float) -> float:
     return 1.0 / (1.0 + math.exp(-a / b))
 
 
-def inter_intra_terms(inter: Mapping[str, float], sizes: Mapping[str, int], intra: float,
+def inter_intra_terms(inter: Mapping[ChunkId, float], sizes: Mapping[ChunkId, int], intra: float,
                       num_tokens: int) -> tuple[float, float]:
     """(a, b) from attention masses: inter per preceding chunk id, intra inside the chunk."""
     a = sum(mass / (num_tokens * sizes[j]) for j, mass in inter.items() if sizes.get(j))
@@ -36,7 +38,7 @@ def inter_intra_terms(inter: Mapping[str, float], sizes: Mapping[str, int], intr
     return a, b
 
 
-def beta(inter: Mapping[str, float], old_context: Sequence[str], new_context: Sequence[str]) -> float:
+def beta(inter: Mapping[ChunkId, float], old_context: Sequence[ChunkId], new_context: Sequence[ChunkId]) -> float:
     """Share of the variant's inter-attention that went to chunks still present before it.
 
     An empty old context (nothing was attended) gives 1 when the new context is empty too
@@ -49,7 +51,7 @@ def beta(inter: Mapping[str, float], old_context: Sequence[str], new_context: Se
     return sum(inter.get(j, 0.0) for j in old_context if j in shared) / total
 
 
-def gamma(old_context: Sequence[str], new_context: Sequence[str]) -> float:
+def gamma(old_context: Sequence[ChunkId], new_context: Sequence[ChunkId]) -> float:
     """Kendall τ distance of the shared chunks' order: discordant pairs / C(m, 2); 0 if m < 2."""
     new_rank = {j: r for r, j in enumerate(new_context)}
     shared = [j for j in old_context if j in new_rank]
@@ -61,11 +63,11 @@ def gamma(old_context: Sequence[str], new_context: Sequence[str]) -> float:
     return discordant / (m * (m - 1) / 2)
 
 
-def beta_prime(inter: Mapping[str, float], old_context: Sequence[str], new_context: Sequence[str]) -> float:
+def beta_prime(inter: Mapping[ChunkId, float], old_context: Sequence[ChunkId], new_context: Sequence[ChunkId]) -> float:
     return beta(inter, old_context, new_context) * (1.0 - gamma(old_context, new_context))
 
 
-def novelty_coverage(old_context: Sequence[str], new_context: Sequence[str]) -> float:
+def novelty_coverage(old_context: Sequence[ChunkId], new_context: Sequence[ChunkId]) -> float:
     """ν: the share of the new context's chunks that the variant was computed after (1 if none)."""
     if not new_context:
         return 1.0

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.cachecraft.scores import cci, inter_intra_terms
+from engine.kv import ChunkId
 from engine.plan import CachedSpan, Plan
 from engine.prompt import PromptLayout
 
@@ -32,8 +33,8 @@ class ChunkStats:
     intra: mass inside the chunk; token_scores: per token, mass to all preceding chunks.
     """
 
-    context: tuple[str, ...]
-    inter: dict[str, float]
+    context: tuple[ChunkId, ...]
+    inter: dict[ChunkId, float]
     intra: float
     token_scores: list[float]
     a: float
@@ -64,7 +65,7 @@ def segment_attention_mass(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor
     return torch.cat(out, dim=0)
 
 
-def chunk_stats(mass: torch.Tensor, layout: PromptLayout, chunk_ids: Sequence[str]) -> list[ChunkStats]:
+def chunk_stats(mass: torch.Tensor, layout: PromptLayout, chunk_ids: Sequence[ChunkId]) -> list[ChunkStats]:
     """Per-chunk statistics from the per-row segment masses of the whole prompt.
 
     mass: [total_len, num_chunks + 2] with segment 0 the prefix, 1 + j chunk j, last the
@@ -83,7 +84,7 @@ def chunk_stats(mass: torch.Tensor, layout: PromptLayout, chunk_ids: Sequence[st
     return stats
 
 
-def measure_context_stats(runner, layout: PromptLayout, chunk_ids: Sequence[str], prefix_kv,
+def measure_context_stats(runner, layout: PromptLayout, chunk_ids: Sequence[ChunkId], prefix_kv,
                           layers: Sequence[int], all_layers: bool = False,
                           exact_chunks: Sequence[object] = ()) -> tuple[list[ChunkStats], object]:
     """Statistics of the chunks of `layout` in their context, from the given layers.

@@ -20,6 +20,7 @@ from engine.attention import attention_mass
 from engine.cachecraft.choice import Candidate, variant_cfo
 from engine.cachecraft.scores import recompute_count, top_token_offsets
 from engine.config import EngineConfig
+from engine.kv import ChunkId
 from engine.planners import register
 from engine.plan import ChunkDecision, LayerView, Plan, PlanRequest, QueryView, positions
 from engine.planners.base import BasePlanner, VariantUse, VariantYield
@@ -51,7 +52,7 @@ class CacheCraftPlanner(BasePlanner):
         plan.configure(request, self.config, blended)
         return plan
 
-    def _decide(self, chunk, before: tuple[str, ...], num_tokens: int):
+    def _decide(self, chunk, before: tuple[ChunkId, ...], num_tokens: int):
         """(decision, offsets of the rows to recompute from layer 0, or None)."""
         if chunk.kv is None:
             return ChunkDecision("computed"), None  # pinned: every row, every layer

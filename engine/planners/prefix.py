@@ -11,6 +11,7 @@ extra compute (`VariantYield.HARVEST`), and the same prompt again reuses all of 
 
 import torch
 
+from engine.kv import ChunkId
 from engine.planners import register
 from engine.planners.base import BasePlanner, VariantUse, VariantYield
 from engine.plan import CachedSpan, Plan, PlanRequest
@@ -24,7 +25,7 @@ class PrefixPlanner(BasePlanner):
 
     def plan(self, request: PlanRequest) -> Plan:
         spans = [CachedSpan(0, request.prefix)]
-        before: list[str] = []
+        before: list[ChunkId] = []
         for chunk, (start, _) in zip(request.chunks, request.layout.chunk_spans):
             if not _is_exact(chunk.kv, start, tuple(before)):
                 break
@@ -37,5 +38,5 @@ class PrefixPlanner(BasePlanner):
         return Plan(cached_spans=spans, initial_active=torch.arange(first_computed, total), pinned=pinned)
 
 
-def _is_exact(kv, start: int, before: tuple[str, ...]) -> bool:
+def _is_exact(kv, start: int, before: tuple[ChunkId, ...]) -> bool:
     return kv is not None and kv.base_position == start and tuple(kv.context) == before

@@ -18,8 +18,8 @@ import torch
 
 from engine.cachecraft.choice import Candidate
 from engine.variants.build import build_variants
-from engine.variants.stats import VariantStats
-from engine.kv import ChunkKV
+from engine.variant_stats import VariantStats
+from engine.kv import ChunkId, ChunkKV
 from engine.plan import ChunkInput
 from engine.result import PrefillResult
 from engine.variants.harvest import harvest, source_contexts
@@ -45,12 +45,12 @@ class VariantBook:
         self._variants: dict[str, list[_Entry]] = {}
         self.build_work: list[torch.Tensor] = []  # layers_computed of every build run
 
-    def add_base(self, chunk_id: str, token_ids: Sequence[int]) -> None:
+    def add_base(self, chunk_id: ChunkId, token_ids: Sequence[int]) -> None:
         """Compute the chunk's base variant (if the book does not hold it yet)."""
         if chunk_id not in self._variants:
             self.add(chunk_id, self.engine.encode_chunk(tuple(token_ids)))
 
-    def add(self, chunk_id: str, kv: ChunkKV, stats: object | None = None) -> None:
+    def add(self, chunk_id: ChunkId, kv: ChunkKV, stats: object | None = None) -> None:
         """Add a variant computed elsewhere (e.g. a base variant computed at ingest)."""
         entries = [e for e in self._variants.get(chunk_id, []) if e.kv.context != kv.context]
         savings = getattr(stats, "expected_savings", None) if kv.context else None
@@ -58,7 +58,7 @@ class VariantBook:
         kept = self.policy.keep([e.candidate() for e in entries], self.max_variants)
         self._variants[chunk_id] = [entries[i] for i in kept]
 
-    def inputs(self, chunk_ids: Sequence[str], mode: str, policy: VariantPolicy | None = None) -> list[ChunkInput]:
+    def inputs(self, chunk_ids: Sequence[ChunkId], mode: str, policy: VariantPolicy | None = None) -> list[ChunkInput]:
         """The request's chunk inputs in this order, each with the variant `mode` uses (by the
         book's policy, or `policy`: e.g. the same variants at another α)."""
         entries = [self._variants[chunk_id] for chunk_id in chunk_ids]
@@ -102,10 +102,10 @@ class VariantBook:
             entry.savings = self.policy.updated_savings(entry.savings, entry.uses, saved)
             entry.uses += 1
 
-    def num_variants(self, chunk_id: str) -> int:
+    def num_variants(self, chunk_id: ChunkId) -> int:
         return len(self._variants.get(chunk_id, ()))
 
-    def contexts(self, chunk_id: str) -> list[tuple[str, ...]]:
+    def contexts(self, chunk_id: ChunkId) -> list[tuple[ChunkId, ...]]:
         return [e.kv.context for e in self._variants.get(chunk_id, ())]
 
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.cachecraft.stats import ChunkStats, measure_context_stats
-from engine.variants.stats import VariantStats
-from engine.kv import ChunkKV
+from engine.variant_stats import VariantStats
+from engine.kv import ChunkId, ChunkKV
 from engine.result import PrefillResult
 from engine.variants.harvest import chunk_rows, exact_chunks
 
@@ -29,7 +29,7 @@ from engine.variants.harvest import chunk_rows, exact_chunks
 class VariantDraft:
     """A variant ready to be stored: the chunk's id, its KV in the new context, its statistics."""
 
-    chunk_id: str
+    chunk_id: ChunkId
     kv: ChunkKV
     stats: VariantStats
 
@@ -51,7 +51,7 @@ def variant_stats(stats: ChunkStats | None, savings: float) -> VariantStats:
                         token_scores=list(stats.token_scores), expected_savings=savings)
 
 
-def build_variants(engine, result: PrefillResult, contexts: Sequence[tuple[str, ...] | None], policy) -> Build:
+def build_variants(engine, result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] | None], policy) -> Build:
     """Exact, measured variants of every chunk of `result` that was not exact in its context.
 
     contexts: per chunk, the context of the cached KV the request started from (None: none).

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.kv import ChunkKV
+from engine.kv import ChunkId, ChunkKV
 from engine.plan import ChunkInput
 from engine.result import PrefillResult
 
 
-def source_contexts(inputs: Sequence[ChunkInput]) -> list[tuple[str, ...] | None]:
+def source_contexts(inputs: Sequence[ChunkInput]) -> list[tuple[ChunkId, ...] | None]:
     """Per chunk input, the context its cached KV was computed after (None: not cached)."""
     return [None if c.kv is None else tuple(getattr(c.kv, "context", ()) or ()) for c in inputs]
 
 
-def exact_chunks(result: PrefillResult, contexts: Sequence[tuple[str, ...] | None], num_layers: int) -> list[bool]:
+def exact_chunks(result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] | None], num_layers: int) -> list[bool]:
     """Per chunk of `result`, whether its rows in `result.cache` are exact in this context.
 
     contexts: per chunk, the context of the cached KV the prefill started from (None: none).
@@ -38,7 +38,7 @@ def exact_chunks(result: PrefillResult, contexts: Sequence[tuple[str, ...] | Non
     return out
 
 
-def harvest(engine, result: PrefillResult, contexts: Sequence[tuple[str, ...] | None]) -> list[tuple[str, ChunkKV]]:
+def harvest(engine, result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] | None]) -> list[tuple[ChunkId, ChunkKV]]:
     """(chunk id, KV in this context) of every chunk the prefill computed exactly and that did
     not come from a variant of this very context already. Copies rows; computes nothing."""
     ids = [report.chunk_id for report in result.chunks]

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from engine.cachecraft.choice import Candidate, choose_variant
 from engine.config import EngineConfig
+from engine.kv import ChunkId
 from engine.planners import planner_class
 from engine.planners.base import VariantUse, VariantYield
 from engine.variants.traffic import RecentTraffic
@@ -55,7 +56,7 @@ class VariantPolicy:
         cls = planner_class(mode)
         return cls.reuses_cache and cls.variant_use is not VariantUse.BASE
 
-    def choose(self, mode: str, chunk_ids: Sequence[str],
+    def choose(self, mode: str, chunk_ids: Sequence[ChunkId],
                candidates: Sequence[Sequence[Candidate]]) -> list[int | None]:
         """Per chunk, in request order, the index into its candidates to load; None means the
         base variant (stored or not). Records the request in the recent traffic."""
@@ -63,7 +64,7 @@ class VariantPolicy:
         use = planner_class(mode).variant_use
         return [self._choose_one(use, tuple(chunk_ids[:i]), options) for i, options in enumerate(candidates)]
 
-    def _choose_one(self, use: VariantUse, before: tuple[str, ...], options: Sequence[Candidate]) -> int | None:
+    def _choose_one(self, use: VariantUse, before: tuple[ChunkId, ...], options: Sequence[Candidate]) -> int | None:
         index = None
         if use is VariantUse.EXACT:
             index = next((i for i, c in enumerate(options) if tuple(c.context) == before), None)
@@ -78,13 +79,13 @@ class VariantPolicy:
         """Whether the mode's requests keep the chunk rows they computed exactly."""
         return planner_class(mode).leaves is not VariantYield.NONE
 
-    def should_build(self, mode: str, chunk_ids: Sequence[str]) -> bool:
+    def should_build(self, mode: str, chunk_ids: Sequence[ChunkId]) -> bool:
         """Whether this finished request's exact variants are worth building in the background:
         the mode builds, builds run in the background (`craft_build`), and the request's chunk set
         recurs (`recurs`)."""
         return self.config.craft_build == "background" and self._builds(mode, chunk_ids)
 
-    def compute_from(self, mode: str, chunk_ids: Sequence[str], contexts: Sequence[tuple[str, ...]]) -> int | None:
+    def compute_from(self, mode: str, chunk_ids: Sequence[ChunkId], contexts: Sequence[tuple[ChunkId, ...]]) -> int | None:
         """With inline builds: the first chunk that the request itself should compute exactly,
         every chunk after it too (its harvest then keeps them), when its chunk set recurs and
         some chosen variant is not exact; None otherwise. `contexts`: the chosen variants'."""
@@ -92,7 +93,7 @@ class VariantPolicy:
             return None
         return next((i for i, context in enumerate(contexts) if tuple(context) != tuple(chunk_ids[:i])), None)
 
-    def _builds(self, mode: str, chunk_ids: Sequence[str]) -> bool:
+    def _builds(self, mode: str, chunk_ids: Sequence[ChunkId]) -> bool:
         """The mode builds, and its chunk set came up at least `craft_build_after` times before
         in the recent traffic (the request itself was observed when its variants were chosen)."""
         if planner_class(mode).leaves is not VariantYield.BUILD:

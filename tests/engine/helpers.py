@@ -20,7 +20,7 @@ def chunk_inputs(engine, passages=PASSAGES, cached: bool = True) -> list[ChunkIn
     chunks = []
     for i, (title, text) in enumerate(passages):
         ids = engine.chunk_ids(text, title)
-        chunks.append(ChunkInput(f"c{i}", ids, engine.encode_chunk(ids) if cached else None))
+        chunks.append(ChunkInput(i, ids, engine.encode_chunk(ids) if cached else None))
     return chunks
 
 

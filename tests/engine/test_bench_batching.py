@@ -11,7 +11,7 @@ from engine.plan import ChunkInput
 
 def test_measure_compares_batching_on_and_off(tiny_engine):
     off = Engine(replace(tiny_engine.config, batching=False), tiny_engine.loaded)
-    chunks = [ChunkInput(f"p{i}", ids, tiny_engine.encode_chunk(ids))
+    chunks = [ChunkInput(i, ids, tiny_engine.encode_chunk(ids))
               for i, ids in enumerate(tiny_engine.chunk_ids(text) for text in PASSAGES[:3])]
     figures = measure(tiny_engine, off, chunks, concurrency=3, max_tokens=5, mode="naive", rounds=1)
     assert figures["same_answers"] is True

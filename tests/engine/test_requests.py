@@ -36,14 +36,14 @@ def test_ratio_outside_unit_interval_is_refused(tiny_engine, ratio):
 
 
 def test_prompt_longer_than_context_is_refused(tiny_engine):
-    long_chunk = ChunkInput("long", tuple([100] * tiny_engine.loaded.spec.max_positions))
+    long_chunk = ChunkInput(0, tuple([100] * tiny_engine.loaded.spec.max_positions))
     with pytest.raises(PromptTooLong, match="exceeds the model's context"):
         tiny_engine.prefill([long_chunk], QUESTION, mode="full")
 
 
 def test_prompt_plus_new_tokens_must_fit(tiny_engine):
     room = tiny_engine.loaded.spec.max_positions - 200
-    chunk = ChunkInput("big", tuple([100] * room))
+    chunk = ChunkInput(0, tuple([100] * room))
     with pytest.raises(PromptTooLong):
         tiny_engine.prefill([chunk], QUESTION, mode="full", max_new_tokens=400)
 
@@ -53,13 +53,13 @@ def test_kv_of_another_model_is_refused(tiny_engine):
     kv = chunk.kv
     foreign = ChunkKV(kv.token_ids, kv.kv, kv.base_position, "0" * 16, kv.prefix_digest)
     with pytest.raises(InvalidRequest, match="another model"):
-        tiny_engine.prefill([ChunkInput("c0", chunk.token_ids, foreign)], QUESTION)
+        tiny_engine.prefill([ChunkInput(0, chunk.token_ids, foreign)], QUESTION)
 
 
 def test_kv_with_wrong_row_count_is_refused(tiny_engine):
     chunk = chunk_inputs(tiny_engine)[0]
     with pytest.raises(InvalidRequest, match="rows"):
-        tiny_engine.prefill([ChunkInput("c0", chunk.token_ids[:-1], chunk.kv)], QUESTION)
+        tiny_engine.prefill([ChunkInput(0, chunk.token_ids[:-1], chunk.kv)], QUESTION)
 
 
 @pytest.mark.parametrize("params", [dict(max_new_tokens=0), dict(temperature=-1.0), dict(top_p=0.0)])

@@ -49,7 +49,7 @@ def test_cacheblend_is_closer_to_full_than_naive_on_musique(smol_engine, musique
         chunks = []
         for i, ctx in enumerate(record["ctxs"][:3]):
             ids = smol_engine.chunk_ids(ctx["text"], ctx["title"])
-            chunks.append(ChunkInput(f"c{i}", ids, smol_engine.encode_chunk(ids)))
+            chunks.append(ChunkInput(i, ids, smol_engine.encode_chunk(ids)))
         full = smol_engine.prefill(chunks, record["question"], mode="full")
         naive = smol_engine.prefill(chunks, record["question"], mode="naive")
         blend = smol_engine.prefill(chunks, record["question"], mode="cacheblend", ratio=0.15)

@@ -33,12 +33,12 @@ def test_engine_meters_prefills_and_chunk_encodes(tiny_engine: Engine):
     kv = tiny_engine.encode_chunk(tiny_engine.chunk_ids("A short passage about tide mills."))
     encoded = meter.snapshot() - before
     assert (encoded.runs, encoded.layer_rows) == (1, kv.num_tokens * layers)
-    result = tiny_engine.prefill([ChunkInput("c", kv.token_ids, kv)], "When was it built?", mode="full")
+    result = tiny_engine.prefill([ChunkInput(0, kv.token_ids, kv)], "When was it built?", mode="full")
     full = meter.snapshot() - before - encoded
     assert full.runs == 1 and full.layer_rows == result.layout.total_len * layers
     assert full == work_of(result.layers_computed)
     before = meter.snapshot()
-    naive = tiny_engine.prefill([ChunkInput("c", kv.token_ids, kv)], "When was it built?", mode="naive",
+    naive = tiny_engine.prefill([ChunkInput(0, kv.token_ids, kv)], "When was it built?", mode="naive",
                                 fidelity="fast")
     assert meter.snapshot() - before == work_of(naive.layers_computed)
     assert work_of(naive.layers_computed).layer_rows < full.layer_rows

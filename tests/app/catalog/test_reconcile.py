@@ -9,14 +9,15 @@ from __future__ import annotations
 import hashlib
 
 from app.catalog import MISSING, READY, NewChunk
-from app.kvcache.cache import ChunkKVCache, ChunkRef
+from app.kvcache.cache import ChunkKVCache
+from app.kvcache.variants import ChunkRef
 from app.store import StoreConfig, create_store, entry_from_chunk
 from tests.engine.helpers import PASSAGES
 
 
 def _restartable(tiny_engine, catalog, disk_dir):
     config = StoreConfig(tiers=("cpu", "disk"), disk_dir=disk_dir, disk_fsync=False)
-    return lambda: ChunkKVCache(tiny_engine, create_store(config), catalog)
+    return lambda: ChunkKVCache.open(tiny_engine, create_store(config), catalog)
 
 
 def test_reconcile_after_crash(tiny_engine, catalog, tmp_path):
@@ -26,13 +27,13 @@ def test_reconcile_after_crash(tiny_engine, catalog, tmp_path):
     refs = [ChunkRef(c.id, i) for c, i in zip(added.chunks, ids)]
     start = _restartable(tiny_engine, catalog, tmp_path / "kv")
     cache = start()
-    keys = [cache.key(r.token_ids) for r in refs]
+    keys = [cache.keys.key(r.token_ids) for r in refs]
 
     # chunk 0: stored and recorded, then its file is lost (disk wiped by hand)
     # chunk 1: recorded in the cpu tier only (gone at restart), its KV also on disk
     # chunk 2: KV written, crash before the catalog row
     # chunk 3: recorded ready in the cpu tier, never demoted: lost at restart
-    with cache.load([refs[0], refs[1], refs[3]]):
+    with cache.loader.load([refs[0], refs[1], refs[3]]):
         pass
     cache.store.put(keys[1], cache.store.tier("cpu").get(keys[1]), tier="disk")
     entry = entry_from_chunk(tiny_engine.encode_chunk(refs[2].token_ids), "float16")
@@ -43,7 +44,7 @@ def test_reconcile_after_crash(tiny_engine, catalog, tmp_path):
     assert catalog.get_variant(keys[2]) is None
 
     restarted = start()  # the crash: the old store's RAM is gone, the disk files stay
-    report = restarted.reconcile()
+    report = restarted.maintenance.reconcile()
     assert report.orphans_removed == 1 and not restarted.store.contains(keys[2])
     found = catalog.get_variant(keys[1])
     assert (found.status, found.tier) == (READY, "disk")
@@ -56,10 +57,10 @@ def test_reconcile_after_crash(tiny_engine, catalog, tmp_path):
         assert report.marked_missing == 2
         assert catalog.get_variant(keys[0]).status == MISSING
         assert catalog.get_variant(orphan_in_stale_row).status == MISSING
-    assert restarted.reconcile() == type(report)(0, 0, 0)  # a second pass has nothing to do
+    assert restarted.maintenance.reconcile() == type(report)(0, 0, 0)  # a second pass has nothing to do
 
     # A missing variant comes back when it is computed again.
-    with restarted.load([refs[0]]) as loaded:
+    with restarted.loader.load([refs[0]]) as loaded:
         assert loaded.computed == [refs[0].chunk_id]
     assert catalog.get_variant(keys[0]).status == READY
     restarted.store.close()
@@ -69,16 +70,16 @@ def test_orphans_wait_out_the_grace_period(tiny_engine, catalog, tmp_path):
     """KV with no catalog row (a peer between its KV write and its catalog row) survives until
     it has been an orphan for the whole grace period; one that gains a row is kept."""
     config = StoreConfig(tiers=("cpu", "disk"), disk_dir=tmp_path / "kv", disk_fsync=False)
-    cache = ChunkKVCache(tiny_engine, create_store(config), catalog)
+    cache = ChunkKVCache.open(tiny_engine, create_store(config), catalog)
     ids = [tiny_engine.chunk_ids(text, title) for title, text in PASSAGES[:2]]
     added = catalog.add_document("p", "", "1" * 64, [NewChunk("t", len(i), "2" * 64) for i in ids])
-    keys = [cache.key(i) for i in ids]
+    keys = [cache.keys.key(i) for i in ids]
     for key, token_ids in zip(keys, ids):
         cache.store.put(key, entry_from_chunk(tiny_engine.encode_chunk(token_ids), "float16"), tier="disk")
-    assert cache.reconcile(orphan_grace_s=3600).orphans_removed == 0
-    assert cache.sweep_orphans(3600) == 0 and all(cache.store.contains(k) for k in keys)
+    assert cache.maintenance.reconcile(orphan_grace_s=3600).orphans_removed == 0
+    assert cache.maintenance.sweep_orphans(3600) == 0 and all(cache.store.contains(k) for k in keys)
     # the peer finishes chunk 0: its row arrives; chunk 1's writer died
-    cache.put_variant(added.chunks[0].id, tiny_engine.encode_chunk(ids[0]))
-    assert cache.sweep_orphans(0.0) == 1
+    cache.variants.put(added.chunks[0].id, tiny_engine.encode_chunk(ids[0]))
+    assert cache.maintenance.sweep_orphans(0.0) == 1
     assert cache.store.contains(keys[0]) and not cache.store.contains(keys[1])
     cache.store.close()

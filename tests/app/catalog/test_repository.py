@@ -69,12 +69,12 @@ def test_chunks_by_embedding_rows_and_assignment(catalog):
 def test_variants_put_refresh_access_and_stats(catalog):
     chunk = catalog.add_document("a.txt", "", "a" * 64, _chunks(2)).chunks[0]
     base = catalog.put_variant(_variant(chunk.id, "k" * 32))
-    other = catalog.put_variant(_variant(chunk.id, "m" * 32, context=("9", "4"), tier="cpu", num_bytes=50,
-                                         a=0.1, b=0.2, cci=0.6, inter_scores={"9": 0.3, "4": 0.1},
+    other = catalog.put_variant(_variant(chunk.id, "m" * 32, context=(9, 4), tier="cpu", num_bytes=50,
+                                         a=0.1, b=0.2, cci=0.6, inter_scores={9: 0.3, 4: 0.1},
                                          token_scores=[0.5] * 10, expected_savings=8.5))
     assert base.context == () and base.status == READY and base.access_count == 0
-    assert other.context == ("9", "4")
-    assert other.stats.inter_scores == {"9": 0.3, "4": 0.1} and other.stats.token_scores == [0.5] * 10
+    assert other.context == (9, 4)  # chunk ids come back as ints, from the signature and from JSON keys
+    assert other.stats.inter_scores == {9: 0.3, 4: 0.1} and other.stats.token_scores == [0.5] * 10
     assert [v.store_key for v in catalog.variants_of_chunk(chunk.id)] == ["k" * 32, "m" * 32]
     assert catalog.variants_of_chunk(chunk.id, model_fingerprint="other") == []
 

@@ -7,13 +7,13 @@ import threading
 from app.kvcache.builder import VariantBuilder
 
 
-class FakeCache:
+class FakeVariants:
     def __init__(self, fail: bool = False):
         self.calls: list[tuple] = []
         self.fail = fail
         self.started = threading.Event()
 
-    def build_variants(self, result, contexts) -> int:
+    def build(self, result, contexts) -> int:
         self.started.set()
         if self.fail:
             raise RuntimeError("boom")
@@ -24,19 +24,19 @@ class FakeCache:
 def test_a_job_waits_until_no_request_runs_or_waits():
     busy = threading.Event()
     busy.set()
-    cache = FakeCache()
+    cache = FakeVariants()
     builder = VariantBuilder(cache, idle=lambda: not busy.is_set())
-    assert builder.submit("result", [(), ("1",)])
+    assert builder.submit("result", [(), (1,)])
     assert not cache.started.wait(0.2)  # requests are running: nothing builds
     busy.clear()
     builder.join()
-    assert cache.calls == [("result", ((), ("1",)))] and builder.built == 2
+    assert cache.calls == [("result", ((), (1,)))] and builder.built == 2
     builder.close()
 
 
 def test_a_full_queue_skips_and_a_failed_build_is_counted():
     gate = threading.Event()
-    cache = FakeCache(fail=True)
+    cache = FakeVariants(fail=True)
     builder = VariantBuilder(cache, max_pending=1, idle=gate.is_set)
     assert builder.submit("a", [])
     while builder._jobs.qsize():  # the thread holds "a", waiting for idle
@@ -50,7 +50,7 @@ def test_a_full_queue_skips_and_a_failed_build_is_counted():
 
 
 def test_close_finishes_queued_jobs_without_waiting_for_idle():
-    cache = FakeCache()
+    cache = FakeVariants()
     builder = VariantBuilder(cache, idle=lambda: False)
     builder.submit("a", [])
     builder.close()

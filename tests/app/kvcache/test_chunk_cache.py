@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from app.catalog import MISSING, READY, Catalog, CatalogConfig, NewChunk, VariantStats
-from app.kvcache.cache import ChunkKVCache, ChunkRef
+from app.kvcache.cache import ChunkKVCache
+from app.kvcache.variants import ChunkRef
 from app.store import LazyChunkKV, StoreConfig, create_store
 from app.store.entry import EntryMeta, KVEntry
 from tests.engine.helpers import PASSAGES, QUESTION
@@ -33,11 +34,11 @@ def refs(tiny_engine, catalog) -> list[ChunkRef]:
 def make_cache(engine, catalog, tmp_path, **config) -> ChunkKVCache:
     settings = dict(tiers=("cpu", "disk"), disk_dir=tmp_path / "kv", disk_fsync=False)
     settings.update(config)
-    return ChunkKVCache(engine, create_store(StoreConfig(**settings)), catalog)
+    return ChunkKVCache.open(engine, create_store(StoreConfig(**settings)), catalog)
 
 
 def prefill_logits(engine, cache, refs, mode="cacheblend"):
-    with cache.load(refs) as loaded:
+    with cache.loader.load(refs) as loaded:
         result = engine.prefill(loaded.inputs, QUESTION, mode=mode)
         return result.logits, loaded
 
@@ -60,7 +61,7 @@ def test_cold_then_warm_is_identical(tiny_engine, catalog, refs, tmp_path):
 
 
 def _damage(cache: ChunkKVCache, ref: ChunkRef, kind: str) -> None:
-    key = cache.key(ref.token_ids)
+    key = cache.keys.key(ref.token_ids)
     disk = cache.store.tier("disk")
     path = disk.path(key)
     data = bytearray(path.read_bytes())
@@ -91,9 +92,9 @@ def test_damaged_entry_is_recomputed_with_the_same_answer(tiny_engine, catalog, 
         assert counters.corrupt == 1
     assert loaded.load_stats().fell_back == (kind == "flip_last_layer")
     # The entry was written again and is good now.
-    fresh = cache.store.get(cache.key(refs[1].token_ids), cache._expectation(refs[1]))
+    fresh = cache.store.get(cache.keys.key(refs[1].token_ids), cache.keys.expectation(refs[1].token_ids))
     assert fresh is not None and fresh.meta.fingerprint == tiny_engine.fingerprint
-    assert catalog.get_variant(cache.key(refs[1].token_ids)).status == READY
+    assert catalog.get_variant(cache.keys.key(refs[1].token_ids)).status == READY
     again, loaded = prefill_logits(tiny_engine, cache, refs)
     assert torch.equal(again, reference) and loaded.computed == []
     cache.store.close()
@@ -101,20 +102,20 @@ def test_damaged_entry_is_recomputed_with_the_same_answer(tiny_engine, catalog, 
 
 def test_put_variant_and_load_it_by_context(tiny_engine, catalog, refs, tmp_path):
     cache = make_cache(tiny_engine, catalog, tmp_path)
-    target, before = refs[2], (str(refs[0].chunk_id), str(refs[1].chunk_id))
+    target, before = refs[2], (refs[0].chunk_id, refs[1].chunk_id)
     base = tiny_engine.encode_chunk(target.token_ids)
     base.kv = base.kv * 1.5  # stands for KV recomputed in a new context
     base.context = before
     stats = VariantStats(a=0.1, b=0.3, cci=0.58, inter_scores={before[0]: 0.2}, token_scores=[0.1] * base.num_tokens,
                          expected_savings=12.0)
-    record = cache.put_variant(target.chunk_id, base, stats)
+    record = cache.variants.put(target.chunk_id, base, stats)
     assert record.context == before and record.stats.cci == 0.58
     assert cache.store.usage(record.store_key).savings == 12.0
-    with cache.load([ChunkRef(target.chunk_id, target.token_ids, before)]) as loaded:
+    with cache.loader.load([ChunkRef(target.chunk_id, target.token_ids, before)]) as loaded:
         source = loaded.inputs[0].kv
         assert source.context == before and loaded.computed == []
         assert torch.equal(source.layer(2), base.kv[2].half().float())
-    with cache.load([ChunkRef(target.chunk_id, target.token_ids, ("999",))]) as loaded:
+    with cache.loader.load([ChunkRef(target.chunk_id, target.token_ids, (999,))]) as loaded:
         assert loaded.inputs[0].kv.context == ()  # no such variant: the base one
         assert loaded.computed == [target.chunk_id]
     cache.store.close()
@@ -124,10 +125,10 @@ def test_evictions_and_drops_reach_the_catalog(tiny_engine, catalog, refs, tmp_p
     size = tiny_engine.encode_chunk(refs[0].token_ids).kv.numel() * 2  # fp16 bytes
     big = max(size, *(tiny_engine.encode_chunk(r.token_ids).kv.numel() * 2 for r in refs))
     cache = make_cache(tiny_engine, catalog, tmp_path, cpu_bytes=big, disk_bytes=big)
-    with cache.load(refs[:3]):
+    with cache.loader.load(refs[:3]):
         pass
     statuses = [catalog.variants_of_chunk(r.chunk_id, status=None)[0] for r in refs[:3]]
     assert [(v.status, v.tier) for v in statuses] == [(MISSING, "disk"), (READY, "disk"), (READY, "cpu")]
-    deleted = cache.forget_document(catalog.get_chunk(refs[0].chunk_id).document_id)
+    deleted = cache.maintenance.forget_document(catalog.get_chunk(refs[0].chunk_id).document_id)
     assert len(deleted.store_keys) == 3 and cache.store.locations() == {}
     cache.store.close()

@@ -7,14 +7,14 @@ import dataclasses
 import pytest
 import torch
 
-from app.kvcache.cache import ChunkRef
+from app.kvcache.variants import ChunkRef
 from tests.engine.helpers import QUESTION
 from tests.app.kvcache.test_chunk_cache import catalog, make_cache, refs  # noqa: F401 (fixtures)
 
 
 def craft_request(engine, cache, refs_in_order, mode="cachecraft"):
-    chosen = cache.choose_variants(mode, [(r.chunk_id, r.token_ids) for r in refs_in_order])
-    with cache.load(chosen) as loaded:
+    chosen = cache.variants.choose(mode, [(r.chunk_id, r.token_ids) for r in refs_in_order])
+    with cache.loader.load(chosen) as loaded:
         result = engine.prefill(loaded.inputs, QUESTION, mode=mode)
     return result, chosen, loaded.inputs
 
@@ -28,17 +28,17 @@ def test_a_request_leaves_variants_that_the_same_order_then_reuses(tiny_engine, 
     cache = make_cache(engine, catalog, tmp_path)
     first, chosen, _ = craft_request(engine, cache, refs)
     assert all(ref.context == () for ref in chosen)  # only base variants exist yet
-    assert cache.build_variants(first, contexts_of(chosen)) == len(refs) - 1
+    assert cache.variants.build(first, contexts_of(chosen)) == len(refs) - 1
     for i, ref in enumerate(refs):
         contexts = {v.context for v in catalog.variants_of_chunk(ref.chunk_id)}
-        assert contexts == ({(), tuple(str(r.chunk_id) for r in refs[:i])} if i else {()})
+        assert contexts == ({(), tuple(r.chunk_id for r in refs[:i])} if i else {()})
     second, chosen, _ = craft_request(engine, cache, refs)
     assert [c.strategy for c in second.chunks] == ["reuse"] * len(refs)
     assert all(ref.stats is not None for ref in chosen[1:])
     full = engine.prefill([dataclasses.replace(i, kv=None) for i in []] or _plain(engine, refs), QUESTION, mode="full")
     # exact variants in fp16 storage: close to full prefill, and far closer than the base variants
     torch.testing.assert_close(second.logits, full.logits, rtol=0, atol=5e-2)
-    assert cache.build_variants(second, contexts_of(chosen)) == 0  # nothing new in this context
+    assert cache.variants.build(second, contexts_of(chosen)) == 0  # nothing new in this context
     cache.store.close()
 
 
@@ -49,7 +49,7 @@ def test_variants_per_chunk_are_capped_and_the_base_survives(tiny_engine, catalo
         cache = make_cache(engine, catalog, tmp_path)
         for order in (refs, refs[::-1], refs[1:] + refs[:1]):
             result, chosen, _ = craft_request(engine, cache, order)
-            cache.build_variants(result, contexts_of(chosen))
+            cache.variants.build(result, contexts_of(chosen))
         for ref in refs:
             variants = catalog.variants_of_chunk(ref.chunk_id)
             assert len(variants) <= 2 and any(v.context == () for v in variants)
@@ -62,7 +62,7 @@ def test_variants_per_chunk_are_capped_and_the_base_survives(tiny_engine, catalo
 def _plain(engine, refs):
     from engine.plan import ChunkInput
 
-    return [ChunkInput(str(r.chunk_id), r.token_ids) for r in refs]
+    return [ChunkInput(r.chunk_id, r.token_ids) for r in refs]
 
 
 def test_prefix_keeps_what_it_computed_and_a_repeated_prompt_reuses_all_of_it(tiny_engine, catalog, refs, tmp_path,  # noqa: F811
@@ -73,22 +73,22 @@ def test_prefix_keeps_what_it_computed_and_a_repeated_prompt_reuses_all_of_it(ti
     assert first.recomputed_tokens == first.context_tokens - len(refs[0].token_ids)  # only the first chunk was exact
     runs = []
     monkeypatch.setattr(engine.runner, "run", lambda *a, **k: runs.append(1))
-    assert cache.harvest_variants(first, inputs) == len(refs) - 1
+    assert cache.variants.harvest(first, inputs) == len(refs) - 1
     assert not runs  # keeping them cost no model work
     monkeypatch.undo()
     second, chosen, inputs = craft_request(engine, cache, refs, mode="prefix")
-    assert [tuple(ref.context) for ref in chosen] == [tuple(str(r.chunk_id) for r in refs[:i]) for i in range(len(refs))]
+    assert [tuple(ref.context) for ref in chosen] == [tuple(r.chunk_id for r in refs[:i]) for i in range(len(refs))]
     assert second.recomputed_tokens == 0
     torch.testing.assert_close(second.logits, first.logits, rtol=0, atol=5e-2)
-    assert cache.harvest_variants(second, inputs) == 0
+    assert cache.variants.harvest(second, inputs) == 0
     cache.store.close()
 
 
 def test_base_only_modes_leave_nothing(tiny_engine, catalog, refs, tmp_path):  # noqa: F811
     cache = make_cache(tiny_engine, catalog, tmp_path)
     result, _, inputs = craft_request(tiny_engine, cache, refs, mode="cacheblend")
-    assert cache.harvest_variants(result, inputs) == 0
-    assert not cache.policy.should_build("cacheblend", [str(r.chunk_id) for r in refs])
+    assert cache.variants.harvest(result, inputs) == 0
+    assert not cache.variants.policy.should_build("cacheblend", [r.chunk_id for r in refs])
     assert all(len(catalog.variants_of_chunk(r.chunk_id)) == 1 for r in refs)
     cache.store.close()
 
@@ -97,15 +97,15 @@ def test_savings_follow_what_a_variant_actually_saved(tiny_engine, catalog, refs
     engine = tiny_engine
     cache = make_cache(engine, catalog, tmp_path)
     first, chosen, _ = craft_request(engine, cache, refs)
-    cache.build_variants(first, contexts_of(chosen))
+    cache.variants.build(first, contexts_of(chosen))
     last = refs[-1]
     [variant] = [v for v in catalog.variants_of_chunk(last.chunk_id) if v.context]
-    assert variant.stats.expected_savings == pytest.approx(cache.policy.prior_savings(len(last.token_ids)))
+    assert variant.stats.expected_savings == pytest.approx(cache.variants.policy.prior_savings(len(last.token_ids)))
     again, chosen, inputs = craft_request(engine, cache, refs)  # exact reuse: nothing recomputed
-    cache.record_savings(again, inputs)
+    cache.variants.record_savings(again, inputs)
     used = catalog.get_variant(variant.store_key)
     assert used.access_count == 1
-    assert used.stats.expected_savings == pytest.approx(len(last.token_ids) * cache.policy.blend_cost)
+    assert used.stats.expected_savings == pytest.approx(len(last.token_ids) * cache.variants.policy.blend_cost)
     assert cache.store.usage(variant.store_key).savings == pytest.approx(used.stats.expected_savings)
     cache.store.close()
 
@@ -121,7 +121,7 @@ def test_inline_builds_through_the_store(tiny_engine, catalog, refs, tmp_path): 
         second, chosen, inputs = craft_request(engine, cache, refs)
         assert [ref.compute for ref in chosen] == [False] + [True] * (len(refs) - 1)
         assert all(i.kv is None for i in inputs[1:])
-        assert cache.harvest_variants(second, inputs) == len(refs) - 1
+        assert cache.variants.harvest(second, inputs) == len(refs) - 1
         third, chosen, _ = craft_request(engine, cache, refs)
         assert third.recomputed_tokens == 0 and not any(ref.compute for ref in chosen)
         torch.testing.assert_close(third.logits, second.logits, rtol=0, atol=5e-2)

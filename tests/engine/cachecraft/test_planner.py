@@ -11,7 +11,7 @@ from engine.variants.book import VariantBook
 from engine.cachecraft.choice import Candidate, choose_variant
 from engine.variants.build import build_variants
 from engine.variants.harvest import source_contexts
-from engine.variants.stats import VariantStats
+from engine.variant_stats import VariantStats
 from engine.engine import Engine
 from engine.plan import ChunkInput
 from engine.variants.policy import VariantPolicy
@@ -25,7 +25,7 @@ def engine(tiny_loaded, tmp_path):
     return Engine(EngineConfig(data_dir=tmp_path, focus_layer=None, fidelity="fast"), tiny_loaded)
 
 
-def with_stats(chunks, context=("elsewhere",), cci=0.8) -> list[ChunkInput]:
+def with_stats(chunks, context=(999,), cci=0.8) -> list[ChunkInput]:
     """Chunks whose variant claims statistics measured after `context`."""
     out = []
     for chunk in chunks:

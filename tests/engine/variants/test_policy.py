@@ -10,7 +10,7 @@ import torch
 
 from engine.variants.book import VariantBook
 from engine.cachecraft.choice import Candidate
-from engine.variants.stats import VariantStats
+from engine.variant_stats import VariantStats
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import UnknownMode

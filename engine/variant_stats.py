@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.kv import ChunkId
+
 
 @dataclass(frozen=True)
 class VariantStats:
@@ -16,6 +18,6 @@ class VariantStats:
     a: float | None = None
     b: float | None = None
     cci: float | None = None
-    inter_scores: dict[str, float] | None = None
+    inter_scores: dict[ChunkId, float] | None = None
     token_scores: list[float] | None = None
     expected_savings: float | None = None

@@ -1,0 +1,41 @@
+"""Where a chunk variant's KV lives in the store, and what a reader must find there.
+
+A key hashes everything that makes KV reusable: the model fingerprint, the system prefix,
+the storage dtype, the chunk's token ids and its context (the ordered ids of the chunks it
+was computed after). Two replicas of one model compute the same key for the same variant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from app.catalog import context_signature
+from app.store import EntryExpectation, token_ids_hash
+from engine.engine import Engine
+from engine.kv import ChunkId
+
+
+class VariantKeys:
+    """Keys and read expectations of chunk variants for one engine and storage dtype."""
+
+    def __init__(self, engine: Engine, storage_dtype: str):
+        self.engine = engine
+        self.storage_dtype = storage_dtype
+
+    def key(self, token_ids: Sequence[int], context: Sequence[ChunkId] = ()) -> str:
+        """Hash of model fingerprint, prefix digest, dtype, context and token ids (32 hex digits)."""
+        h = hashlib.sha256()
+        for part in (self.engine.fingerprint, self.engine.prompts.prefix_digest, self.storage_dtype,
+                     context_signature(context)):
+            h.update(part.encode())
+            h.update(b"\0")
+        h.update(np.asarray(token_ids, dtype="<i8").tobytes())
+        return h.hexdigest()[:32]
+
+    def expectation(self, token_ids: Sequence[int], context: Sequence[ChunkId] = ()) -> EntryExpectation:
+        """What an entry read under `key(token_ids, context)` must say about itself."""
+        return EntryExpectation(self.engine.fingerprint, self.engine.prompts.prefix_digest,
+                                token_ids_hash(token_ids), self.storage_dtype, tuple(context))
