@@ -9,7 +9,6 @@ from engine.errors import (
     InvalidRequest,
     KvMosaicError,
     PromptTooLong,
-    ReuseUnavailable,
     UnknownMode,
 )
 
@@ -18,6 +17,5 @@ __all__ = [
     "InvalidRequest",
     "KvMosaicError",
     "PromptTooLong",
-    "ReuseUnavailable",
     "UnknownMode",
 ]

@@ -17,7 +17,7 @@ by their log-sum-exp, which the CPU flash kernel returns.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -31,8 +31,9 @@ QUERY_BLOCK = 192
 # second kernel call and the merge cost more than the mask does).
 MIN_UNMASKED_HEAD = 128
 # The CPU flash kernel that also returns the log-sum-exp (a private ATen op: without it,
-# blocks are not split and run masked as a whole).
-_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+# blocks are not split and run masked as a whole). Returns (output, log-sum-exp).
+_CPU_FLASH: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = getattr(
+    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 class QueryLayout:
@@ -78,6 +79,7 @@ class _Block:
     def mask_for(self, group: int) -> torch.Tensor:
         """The mask repeated for `group` query heads per key head: [group * rows, end - split]."""
         if group not in self._tiled:
+            assert self.mask is not None  # only split blocks tile, and a split block has > 1 row
             self._tiled[group] = self.mask.repeat(group, 1)
         return self._tiled[group]
 
@@ -124,7 +126,8 @@ def attend_each(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[
     return out.reshape(rows, heads * head_dim)
 
 
-def _block_attention(q, k, v, block: _Block, scale: float, gqa: bool) -> torch.Tensor:
+def _block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: _Block, scale: float,
+                     gqa: bool) -> torch.Tensor:
     """One block's output [heads, rows, head_dim]."""
     if block.split:
         return _split_block_attention(q, k, v, block, scale)
@@ -133,13 +136,15 @@ def _block_attention(q, k, v, block: _Block, scale: float, gqa: bool) -> torch.T
                                           enable_gqa=gqa)[0]
 
 
-def _split_block_attention(q, k, v, block: _Block, scale: float) -> torch.Tensor:
+def _split_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: _Block,
+                           scale: float) -> torch.Tensor:
     """Keys [0, split) unmasked plus keys [split, end) masked, merged by log-sum-exp.
 
     Grouped-query heads are folded into the rows ([kv_heads, group * rows, head_dim]; query
     head h uses key head h // group) so neither call needs K/V repeated. Every row sees key
     `split` (its own position or an earlier one), so no row of the tail is fully masked.
     """
+    assert _CPU_FLASH is not None  # blocks split only where the kernel exists
     heads, kv_heads, head_dim = q.shape[0], k.shape[0], q.shape[2]
     group, rows = heads // kv_heads, block.stop - block.start
     folded = q[:, block.start:block.stop].reshape(kv_heads, group * rows, head_dim)[None]
@@ -152,7 +157,8 @@ def _split_block_attention(q, k, v, block: _Block, scale: float) -> torch.Tensor
     return merged.to(q.dtype).reshape(heads, rows, head_dim)
 
 
-def _padded_causal(q, k, v, pad: int, scale: float, gqa: bool) -> torch.Tensor:
+def _padded_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: int, scale: float,
+                   gqa: bool) -> torch.Tensor:
     if pad:
         q = torch.cat([q.new_zeros(q.shape[0], pad, q.shape[2]), q], dim=1)
     out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scale, enable_gqa=gqa)[0]

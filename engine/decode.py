@@ -6,8 +6,9 @@ its query attends to all earlier rows. Generation stops at an EOS token or the t
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 
@@ -15,6 +16,9 @@ from engine.errors import InvalidRequest
 from engine.attention import QueryLayout, attend_each
 from engine.kv import KVCache
 from engine.layers import DecoderStack
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,7 @@ class SamplingParams:
 
 
 def generate_ids(stack: DecoderStack, cache: KVCache, first_logits: torch.Tensor,
-                 params: SamplingParams, eos_ids: tuple[int, ...]) -> Iterator[int]:
+                 params: SamplingParams, eos_ids: tuple[int, ...]) -> Generator[int, None, None]:
     """Yield generated token ids; the EOS token that ends generation is not yielded.
 
     Appends to `cache` in place; stops early if the cache is full.
@@ -136,7 +140,7 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return kept / kept.sum()
 
 
-def new_generator(seed: int | None, device) -> torch.Generator | None:
+def new_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
     """The request's own random generator (None: torch's global one, for unseeded requests)."""
     if seed is None:
         return None
@@ -145,11 +149,22 @@ def new_generator(seed: int | None, device) -> torch.Generator | None:
     return generator
 
 
+class TokenIds(Protocol):
+    """A stream of token ids that its consumer may close early: `generate_ids`'s generator, or
+    the scheduler's `TokenStream` (closing it cancels the request's decoding)."""
+
+    def __iter__(self) -> Iterator[int]: ...
+
+    def __next__(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
 class TextStream:
     """Text pieces of a stream of token ids (see `stream_text`); `close` also closes the ids'
     source, which for a batched request cancels its decoding."""
 
-    def __init__(self, tokenizer, ids: Iterator[int], collected: list[int] | None = None):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, ids: TokenIds, collected: list[int] | None = None):
         self._ids = ids
         self._pieces = stream_text(tokenizer, ids, collected)
 
@@ -164,7 +179,8 @@ class TextStream:
         self._ids.close()
 
 
-def stream_text(tokenizer, ids: Iterator[int], collected: list[int] | None = None) -> Iterator[str]:
+def stream_text(tokenizer: PreTrainedTokenizerBase, ids: Iterator[int],
+                collected: list[int] | None = None) -> Generator[str, None, None]:
     """Turn a stream of ids into text pieces; pieces concatenate to decode(all ids).
 
     Holds a piece back while it ends in an incomplete UTF-8 sequence. Every id is appended
@@ -174,12 +190,17 @@ def stream_text(tokenizer, ids: Iterator[int], collected: list[int] | None = Non
     emitted = ""
     for token in ids:
         tokens.append(token)
-        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        text = _decode(tokenizer, tokens)
         if text.endswith("\ufffd"):
             continue
         if text.startswith(emitted) and len(text) > len(emitted):
             yield text[len(emitted):]
             emitted = text
-    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    text = _decode(tokenizer, tokens)
     if len(text) > len(emitted) and text.startswith(emitted):
         yield text[len(emitted):]
+
+
+def _decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
+    """Text of a list of ids (`decode` is typed for batches too; one list gives one str)."""
+    return cast(str, tokenizer.decode(ids, skip_special_tokens=True))

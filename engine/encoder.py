@@ -68,7 +68,8 @@ class ChunkEncoder:
         return [ChunkKV(chunk, kv[:, :, :, start:end].contiguous(), p, self.fingerprint, self.prefix_digest)
                 for chunk, start, end in zip(chunks, bounds[:-1], bounds[1:])]
 
-    def _attend(self, q, k, v, prefix, start: int, end: int, layout: QueryLayout) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: torch.Tensor, start: int, end: int,
+                layout: QueryLayout) -> torch.Tensor:
         """Chunk rows [start, end) over the prefix's keys and their own: [n, heads * head_dim]."""
         keys = torch.cat([prefix[0], k[:, start:end]], dim=1)  # [kv_heads, P + n, head_dim]
         values = torch.cat([prefix[1], v[:, start:end]], dim=1)

@@ -21,9 +21,5 @@ class UnknownMode(InvalidRequest):
     """No planner is registered under the requested mode name."""
 
 
-class ReuseUnavailable(KvMosaicError):
-    """KV reuse is disabled for this model (the RoPE shift self-check failed)."""
-
-
 class EngineClosed(KvMosaicError):
     """The engine is shutting down and takes no more decoding work."""

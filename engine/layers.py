@@ -8,22 +8,76 @@ except the glue, which mirrors `LlamaDecoderLayer.forward`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol, cast
+
 import torch
 
 from engine.attention import QueryLayout, causal_attention
 from engine.model import LoadedModel
+
+# The modules of a Llama-family causal LM that the stack uses. To mypy every submodule of a
+# torch Module is a `Tensor | Module` attribute; these protocols state the layout that
+# LlamaForCausalLM, MistralForCausalLM and Qwen2/Qwen3ForCausalLM share.
+
+
+class RowModule(Protocol):
+    """A row-wise module (Linear, RMSNorm, MLP): [m, in] -> [m, out]."""
+
+    def __call__(self, x: torch.Tensor, /) -> torch.Tensor: ...
+
+
+class TokenEmbedding(Protocol):
+    weight: torch.Tensor  # [vocab, hidden]
+
+    def __call__(self, ids: torch.Tensor, /) -> torch.Tensor: ...
+
+
+class RotaryEmbedding(Protocol):
+    inv_freq: torch.Tensor  # [head_dim / 2]
+
+    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor, /) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class SelfAttention(Protocol):
+    """q/k/v/o projections; Qwen3 adds per-head q_norm and k_norm (looked up with hasattr)."""
+
+    q_proj: RowModule
+    k_proj: RowModule
+    v_proj: RowModule
+    o_proj: RowModule
+
+
+class DecoderLayer(Protocol):
+    self_attn: SelfAttention
+    input_layernorm: RowModule
+    post_attention_layernorm: RowModule
+    mlp: RowModule
+
+
+class DecoderBody(Protocol):
+    embed_tokens: TokenEmbedding
+    layers: Sequence[DecoderLayer]
+    norm: RowModule
+    rotary_emb: RotaryEmbedding
+
+
+class CausalLM(Protocol):
+    model: DecoderBody
+    lm_head: RowModule
 
 
 class DecoderStack:
     """Per-row building blocks of the decoder. Hidden rows are [m, hidden]."""
 
     def __init__(self, loaded: LoadedModel):
-        body = loaded.model.model
+        causal_lm = cast(CausalLM, loaded.model)
+        body = causal_lm.model
         self.spec = loaded.spec
         self.embed_tokens = body.embed_tokens
         self.layers = body.layers
         self.final_norm = body.norm
-        self.lm_head = loaded.model.lm_head
+        self.lm_head = causal_lm.lm_head
         self.rotary = body.rotary_emb
         attn = self.layers[0].self_attn
         self.scale = float(getattr(attn, "scaling", self.spec.head_dim ** -0.5))
@@ -43,7 +97,8 @@ class DecoderStack:
     def input_norm(self, index: int, h: torch.Tensor) -> torch.Tensor:
         return self.layers[index].input_layernorm(h)
 
-    def project_kv(self, index: int, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+    def project_kv(self, index: int, x: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K (after RoPE) and V of normed rows x: each [kv_heads, m, head_dim]."""
         attn = self.layers[index].self_attn
         k = self._heads(attn.k_proj(x), self.spec.num_kv_heads)
@@ -52,7 +107,7 @@ class DecoderStack:
         v = self._heads(attn.v_proj(x), self.spec.num_kv_heads)
         return _rope(k, cos, sin), v
 
-    def project_q(self, index: int, x: torch.Tensor, cos, sin) -> torch.Tensor:
+    def project_q(self, index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Q (after RoPE) of normed rows x: [heads, m, head_dim]."""
         attn = self.layers[index].self_attn
         q = self._heads(attn.q_proj(x), self.spec.num_heads)

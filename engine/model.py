@@ -18,10 +18,14 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.errors import KvMosaicError
+
+if TYPE_CHECKING:  # transformers is imported only when a model is loaded
+    from transformers import PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +50,8 @@ class ModelSpec:
 class LoadedModel:
     """A causal LM, its tokenizer, its spec and a fingerprint that goes into every cache key."""
 
-    model: torch.nn.Module
-    tokenizer: object
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
     spec: ModelSpec
     fingerprint: str
     eos_token_ids: tuple[int, ...]
@@ -82,13 +86,14 @@ def load_model(data_dir: Path, model_path: str | None, device: str, dtype: str) 
     torch_dtype = resolve_dtype(dtype, device)
     started = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, local_files_only=True)
-    model = model.to(device).eval().requires_grad_(False)
+    # PreTrainedModel.to is wrapped with functools.wraps, which typeshed types as unbound (self first)
+    model = model.to(device).eval().requires_grad_(False)  # type: ignore[arg-type]
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     log.info("loaded model from %s in %.2fs", source, time.perf_counter() - started)
     return wrap_model(model, tokenizer)
 
 
-def wrap_model(model: torch.nn.Module, tokenizer) -> LoadedModel:
+def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> LoadedModel:
     """Check that `model` is a supported decoder and build its spec, EOS ids and fingerprint."""
     config = model.config
     if config.model_type not in SUPPORTED_MODEL_TYPES:
@@ -117,14 +122,14 @@ def wrap_model(model: torch.nn.Module, tokenizer) -> LoadedModel:
     )
 
 
-def _has_active_sliding_window(config) -> bool:
+def _has_active_sliding_window(config: PreTrainedConfig) -> bool:
     window = getattr(config, "sliding_window", None)
     if config.model_type == "qwen2" or config.model_type == "qwen3":
         return False  # Qwen2/3 only slide when use_sliding_window is set
     return bool(window) and window < config.max_position_embeddings
 
 
-def _eos_token_ids(model, tokenizer) -> tuple[int, ...]:
+def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
     ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), model.config, tokenizer):
         value = getattr(source, "eos_token_id", None) if source is not None else None
@@ -141,7 +146,7 @@ def _eos_token_ids(model, tokenizer) -> tuple[int, ...]:
 # fingerprint
 
 
-def model_fingerprint(model: torch.nn.Module, tokenizer, dtype: torch.dtype) -> str:
+def model_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype) -> str:
     """sha256 over config, tokenizer, dtype and a weights digest; 16 hex digits.
 
     The weights digest hashes every parameter's name and shape and an evenly strided sample
@@ -159,7 +164,7 @@ def model_fingerprint(model: torch.nn.Module, tokenizer, dtype: torch.dtype) -> 
     return h.hexdigest()[:16]
 
 
-def tokenizer_digest(tokenizer) -> str:
+def tokenizer_digest(tokenizer: PreTrainedTokenizerBase) -> str:
     """Digest of the vocabulary, merges and chat template."""
     h = hashlib.sha256()
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -225,7 +230,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The dequantized weights are plain float32; without this, save_pretrained refuses.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # set by from_pretrained; PreTrainedModel does not declare it
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)

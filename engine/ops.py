@@ -51,7 +51,8 @@ def rope_shift_twin_(k: torch.Tensor, delta: int | torch.Tensor, inv_freq: torch
     return k
 
 
-def _shift_cos_sin(delta, inv_freq: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _shift_cos_sin(delta: int | torch.Tensor, inv_freq: torch.Tensor,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     freqs = inv_freq.to(device=device, dtype=torch.float64)
     if isinstance(delta, int):
         angles = freqs * float(delta)  # [half]

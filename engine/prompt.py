@@ -10,10 +10,14 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from engine.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _CONTEXT_MARK = "\u2063KVMOSAIC_CONTEXT\u2063"
 _QUESTION_MARK = "\u2063KVMOSAIC_QUESTION\u2063"
@@ -53,7 +57,7 @@ class PromptLayout:
     def num_context_tokens(self) -> int:
         return sum(len(ids) for ids in self.chunk_ids)
 
-    def token_tensor(self, device=None) -> torch.Tensor:
+    def token_tensor(self, device: torch.device | str | None = None) -> torch.Tensor:
         """All ids as one LongTensor [total_len]."""
         flat = list(self.prefix_ids)
         for ids in self.chunk_ids:
@@ -61,7 +65,7 @@ class PromptLayout:
         flat.extend(self.question_ids)
         return torch.tensor(flat, dtype=torch.long, device=device)
 
-    def segment_ids(self, device=None) -> torch.Tensor:
+    def segment_ids(self, device: torch.device | str | None = None) -> torch.Tensor:
         """Per position: -1 prefix, i for chunk i, len(chunks) for the question. [total_len]"""
         seg = torch.full((self.total_len,), -1, dtype=torch.long, device=device)
         for i, (start, end) in enumerate(self.chunk_spans):
@@ -74,7 +78,7 @@ class PromptLayout:
 class PromptBuilder:
     """Turns (chunk texts, question) into a PromptLayout with the model's chat format."""
 
-    def __init__(self, tokenizer, system_prompt: str, instruction: str):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, system_prompt: str, instruction: str):
         self.tokenizer = tokenizer
         prefix_text, suffix_text = _split_template(tokenizer, system_prompt, instruction)
         self.prefix_ids = tuple(self._encode(prefix_text))
@@ -104,10 +108,11 @@ class PromptBuilder:
         return PromptLayout(self.prefix_ids, tuple(tuple(c) for c in chunk_ids), self.question_ids(question))
 
     def _encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
+        return ids
 
 
-def _split_template(tokenizer, system_prompt: str, instruction: str) -> tuple[str, str]:
+def _split_template(tokenizer: PreTrainedTokenizerBase, system_prompt: str, instruction: str) -> tuple[str, str]:
     """Render the chat template around markers; return (prefix text, suffix text with question mark)."""
     user = f"{instruction}\n\n{_CONTEXT_MARK}Question: {_QUESTION_MARK}"
     if not getattr(tokenizer, "chat_template", None):  # base models: a plain-text format
@@ -115,12 +120,17 @@ def _split_template(tokenizer, system_prompt: str, instruction: str) -> tuple[st
         return f"{bos}{system_prompt}\n\n{instruction}\n\n", f"Question: {_QUESTION_MARK}\nAnswer:"
     messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": user}]
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = _render_chat(tokenizer, messages)
     except Exception:  # templates without a system role (some Mistral ones)
         merged = [{"role": "user", "content": f"{system_prompt}\n\n{user}"}]
-        text = tokenizer.apply_chat_template(merged, tokenize=False, add_generation_prompt=True)
+        text = _render_chat(tokenizer, merged)
     prefix, suffix = text.split(_CONTEXT_MARK)
     bos = getattr(tokenizer, "bos_token", None)
     if bos and not prefix.startswith(bos) and getattr(tokenizer, "add_bos_token", False):
         prefix = bos + prefix
     return prefix, suffix
+
+
+def _render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> str:
+    """The chat template rendered as text (typed as any of its tokenized forms; tokenize=False gives a str)."""
+    return cast(str, tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))

@@ -18,11 +18,12 @@ turns them into text on the consumer's thread).
 
 from __future__ import annotations
 
+import enum
 import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -34,7 +35,15 @@ from engine.layers import DecoderStack
 
 log = logging.getLogger(__name__)
 
-_END = object()  # a sequence's last item: it stopped, normally or cancelled
+
+class _End(enum.Enum):
+    """The type of `_END` (an enum member, so `item is _END` narrows a queue item's type)."""
+
+    END = enum.auto()
+
+
+_END = _End.END  # a sequence's last item: it stopped, normally or cancelled
+
 # The scheduler thread ends after this long without work (and starts again on demand), so an
 # engine that is dropped without `close` leaves no thread behind.
 IDLE_EXIT_S = 5.0
@@ -49,7 +58,7 @@ class _Sequence:
         self.generator = new_generator(params.seed, first_logits.device)
         self.num_picked = 0
         self.token = -1  # the last token picked, whose K/V the next step computes
-        self.out: queue.SimpleQueue = queue.SimpleQueue()  # token ids, then _END or an exception
+        self.out: queue.SimpleQueue[int | _End | BaseException] = queue.SimpleQueue()  # ids, then _END or an error
         self.cancelled = False
 
     @property
@@ -152,7 +161,7 @@ class DecodeScheduler:
             self._cond.notify_all()
 
     @contextmanager
-    def prefill_turn(self):
+    def prefill_turn(self) -> Iterator[None]:
         """Hold a prefill slot; no decode step starts while any request waits for or holds one."""
         with self._cond:
             self._prefills += 1

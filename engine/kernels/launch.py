@@ -27,7 +27,7 @@ TOP_ROWS_MAX = 16384
 # -- checks: which calls the kernels take ---------------------------------------------------
 
 
-def supports_rope_shift(k: torch.Tensor, delta, inv_freq: torch.Tensor) -> bool:
+def supports_rope_shift(k: torch.Tensor, delta: int | torch.Tensor, inv_freq: torch.Tensor) -> bool:
     return (_writable_rows(k) and k.shape[-1] % 2 == 0 and inv_freq.dtype in FREQ_DTYPE_CODES
             and inv_freq.numel() == k.shape[-1] // 2
             and (isinstance(delta, int) or (delta.dim() == 1 and delta.numel() == k.shape[-2])))
@@ -66,7 +66,8 @@ def _writable_rows(x: torch.Tensor) -> bool:
 # -- calls ----------------------------------------------------------------------------------
 
 
-def rope_shift_(library: Library, k: torch.Tensor, delta, inv_freq: torch.Tensor) -> torch.Tensor:
+def rope_shift_(library: Library, k: torch.Tensor, delta: int | torch.Tensor,
+                inv_freq: torch.Tensor) -> torch.Tensor:
     if k.numel() == 0:
         return k
     freq = inv_freq.to(k.device).contiguous()
@@ -128,7 +129,7 @@ def scatter_rows_(library: Library, dst: torch.Tensor, index: torch.Tensor, src:
 # -- plumbing -------------------------------------------------------------------------------
 
 
-def _call(library: Library, name: str, like: torch.Tensor, *args) -> None:
+def _call(library: Library, name: str, like: torch.Tensor, *args: object) -> None:
     """The device entry point on `like`'s current stream, or the host twin for CPU tensors."""
     if like.device.type == "cuda":
         with torch.cuda.device(like.device):
@@ -150,7 +151,8 @@ def _ptr(x: torch.Tensor | None) -> ctypes.c_void_p | None:
     return None if x is None else ctypes.c_void_p(x.data_ptr())
 
 
-def _output(out: torch.Tensor | None, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+def _output(out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype,
+            device: torch.device) -> torch.Tensor:
     if out is None:
         return torch.empty(shape, dtype=dtype, device=device)
     if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != torch.device(device):

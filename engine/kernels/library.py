@@ -19,9 +19,13 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.errors import KvMosaicError
 from engine.kernels import build
+
+if TYPE_CHECKING:  # typeshed's names for any ctypes data type and a foreign function
+    from _ctypes import CFuncPtr, _CDataType
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +48,7 @@ class Layout(ctypes.Structure):
 
 _p, _i64, _int, _layout = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.POINTER(Layout)
 # name -> argument types, device entry points first; each has a kvm_host_* twin without the stream.
-SIGNATURES = {
+SIGNATURES: dict[str, list[type[_CDataType]]] = {
     "kvm_rope_shift": [_p, _int, _layout, _i64, _p, _p, _int],
     "kvm_kv_deviation": [_p, _layout, _p, _layout, _int, _p],
     "kvm_top_rows": [_p, _i64, _p, _i64, _p, _p],
@@ -69,14 +73,14 @@ class Library:
             _declare(getattr(self._dll, name), argtypes + [_p])  # + the stream
             _declare(getattr(self._dll, name.replace("kvm_", "kvm_host_", 1)), argtypes)
 
-    def call(self, name: str, *args) -> None:
+    def call(self, name: str, *args: object) -> None:
         status = getattr(self._dll, name)(*args)
         if status != 0:
             message = self._dll.kvm_error_string(status).decode()
             raise KernelError(f"{name} failed with status {status}: {message}")
 
 
-def _declare(function, argtypes) -> None:
+def _declare(function: CFuncPtr, argtypes: list[type[_CDataType]]) -> None:
     function.argtypes = argtypes
     function.restype = ctypes.c_int
 
