@@ -21,17 +21,44 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from app.store.base import BaseTier, EntryReader, TierUnavailable, check_key
-from app.store.entry import CorruptEntry, EntryExpectation, KVEntry
+from app.store.entry import CorruptEntry, EntryExpectation, EntryMeta, KVEntry
 from app.store.policy import BaseEvictionPolicy, Candidate, LruPolicy, Usage, UsageBook, create_policy
 from app.store.events import EventQueue, StoreListener
 from app.store.stats import CountedReader, CounterBook, TierReport
 
 log = logging.getLogger(__name__)
+
+
+class _Described(Protocol):
+    """What a tier read returns: a whole `KVEntry` or an `EntryReader`, both with a `meta`."""
+
+    @property
+    def meta(self) -> EntryMeta: ...
+
+
+_Item = TypeVar("_Item", bound=_Described)
+
+
+@dataclass(frozen=True)
+class _Found(Generic[_Item]):
+    """A valid copy of a key found by a lookup: what was read, from which tier, and that
+    tier's position among the tiers searched (0: the first, nothing to promote)."""
+
+    item: _Item
+    tier: BaseTier
+    position: int
+
+
+def _release(item: object) -> None:
+    """Let go of a refused read: a reader holds a handle; a whole entry holds nothing."""
+    if isinstance(item, EntryReader):
+        item.close()
 
 
 class Opened(NamedTuple):
@@ -104,28 +131,15 @@ class TieredStore:
     def get(self, key: str, expect: EntryExpectation | None = None) -> KVEntry | None:
         """The whole entry from the fastest tier that has a valid one (promoted); None: miss."""
         check_key(key)
-        for position, tier in enumerate(self._live()):
-            try:
-                entry = tier.get(key)
-            except TierUnavailable as exc:
-                self._mark_down(tier, exc)
-                continue
-            except CorruptEntry as exc:
-                self._refuse(key, tier, str(exc))
-                continue
-            if entry is None:
-                self.counters.add(tier.name, misses=1)
-                continue
-            reason = expect.mismatch(entry.meta) if expect else None
-            if reason:
-                self._refuse(key, tier, reason)
-                continue
-            self.counters.add(tier.name, hits=1, bytes_read=entry.num_bytes)
-            self._usage.used(key, entry.meta.num_tokens, hit=True)
-            if position > 0:
-                self._promote(key, entry)
-            return entry
-        return None
+        found = self._find(key, self._live(), lambda tier: tier.get(key), expect)
+        if found is None:
+            return None
+        entry = found.item
+        # The whole entry was read: the layer-wise path (open) counts its bytes per layer instead.
+        self.counters.add(found.tier.name, bytes_read=entry.num_bytes)
+        if found.position > 0:
+            self._promote(key, entry)
+        return entry
 
     def open(self, key: str, expect: EntryExpectation | None = None) -> Opened | None:
         """Open the entry for layer-wise reads from the fastest tier with a valid header.
@@ -134,45 +148,20 @@ class TieredStore:
         reading so it is not evicted underneath.
         """
         check_key(key)
-        for tier in self._live():
-            try:
-                reader = tier.open(key)
-            except TierUnavailable as exc:
-                self._mark_down(tier, exc)
-                continue
-            except CorruptEntry as exc:
-                self._refuse(key, tier, str(exc))
-                continue
-            if reader is None:
-                self.counters.add(tier.name, misses=1)
-                continue
-            reason = expect.mismatch(reader.meta) if expect else None
-            if reason:
-                reader.close()
-                self._refuse(key, tier, reason)
-                continue
-            self.counters.add(tier.name, hits=1)
-            self._usage.used(key, reader.meta.num_tokens, hit=True)
-            return Opened(CountedReader(reader, self.counters, tier.name), tier.name)
-        return None
+        found = self._find(key, self._live(), lambda tier: tier.open(key), expect)
+        if found is None:
+            return None
+        name = found.tier.name
+        return Opened(CountedReader(found.item, self.counters, name), name)
 
     def promote(self, key: str) -> bool:
         """Copy `key` into the first tier if a lower one holds it; True if it was copied."""
         live = self._live()
         if not live or self._guard(live[0], live[0].contains, key):
             return False
-        for tier in live[1:]:
-            try:
-                entry = tier.get(key)
-            except TierUnavailable as exc:
-                self._mark_down(tier, exc)
-                continue
-            except CorruptEntry as exc:
-                self._refuse(key, tier, str(exc))
-                continue
-            if entry is not None:
-                return self._promote(key, entry)
-        return False
+        # Not a lookup on a caller's behalf: no hit, miss or use is recorded.
+        found = self._find(key, live[1:], lambda tier: tier.get(key), counted=False)
+        return found is not None and self._promote(key, found.item)
 
     def promote_later(self, key: str) -> None:
         """`promote(key)` on a background thread; does nothing once the store is closed."""
@@ -306,6 +295,41 @@ class TieredStore:
                 log.exception("closing tier %s failed", tier.name)
 
     # -- internals (callers of _x_locked hold self._lock) --------------------------------------
+
+    def _find(self, key: str, tiers: Sequence[BaseTier], read: Callable[[BaseTier], _Item | None],
+              expect: EntryExpectation | None = None, counted: bool = True) -> _Found[_Item] | None:
+        """The first valid copy of `key` that `read(tier)` returns, walking `tiers` in order.
+
+        The lookup ladder, the same for every read: a tier that raises TierUnavailable is
+        marked down and skipped; a copy that raises CorruptEntry or is not what `expect` asks
+        for is refused (counted `corrupt`, removed from that tier) and skipped; a tier without
+        the key is passed. When `counted` (a lookup on a caller's behalf), each tier passed
+        counts a miss, and the tier found counts a hit and the key a use. A refused reader is
+        closed here; the one returned is the caller's to close. None when no tier had one.
+        """
+        for position, tier in enumerate(tiers):
+            try:
+                item = read(tier)
+            except TierUnavailable as exc:
+                self._mark_down(tier, exc)
+                continue
+            except CorruptEntry as exc:
+                self._refuse(key, tier, str(exc))
+                continue
+            if item is None:
+                if counted:
+                    self.counters.add(tier.name, misses=1)
+                continue
+            reason = expect.mismatch(item.meta) if expect else None
+            if reason:
+                _release(item)
+                self._refuse(key, tier, reason)
+                continue
+            if counted:
+                self.counters.add(tier.name, hits=1)
+                self._usage.used(key, item.meta.num_tokens, hit=True)
+            return _Found(item, tier, position)
+        return None
 
     def _store_in(self, tier: BaseTier, key: str, entry: KVEntry) -> bool:
         """Make room in `tier` and put the entry there; False if it cannot take it."""
