@@ -85,6 +85,7 @@ class BaseTier(ABC):
       validation raise CorruptEntry (the caller decides to remove it). They never return
       unverified bytes.
     - remove(key) of an absent key returns False; of a pinned key raises EntryPinned.
+      discard(key) is remove without the pin check (for the TieredStore only).
     - pin / unpin count references per key and may be called for an absent key (the pin
       protects the key if it appears later); unpin below zero raises ValueError.
     - close() is idempotent; afterwards the tier must not be used.
@@ -124,8 +125,15 @@ class BaseTier(ABC):
     def open(self, key: str) -> EntryReader | None: ...
 
     @abstractmethod
-    def _discard(self, key: str) -> bool:
-        """Delete the entry; True if it existed. Pins are already checked."""
+    def discard(self, key: str) -> bool:
+        """Delete the entry whether pinned or not; True if it existed, False if absent.
+
+        For the `TieredStore`, which keeps pins across all tiers itself and must drop a
+        corrupt entry even while a request holds it; everyone else calls `remove`, which
+        refuses a pinned key. `key` must be valid (`check_key`): not every tier checks it
+        again. Readers already open keep their view (see `EntryReader`). Raises
+        TierUnavailable if the backend is down.
+        """
 
     @abstractmethod
     def keys(self) -> dict[str, int]:
@@ -150,10 +158,11 @@ class BaseTier(ABC):
             return reader.layer(index).clone()
 
     def remove(self, key: str) -> bool:
+        """Delete the entry unless pinned (EntryPinned); True if it existed."""
         check_key(key)
         if self.is_pinned(key):
             raise EntryPinned(f"entry {key} is pinned in tier {self.name}")
-        return self._discard(key)
+        return self.discard(key)
 
     def pin(self, key: str) -> None:
         with self._pin_lock:

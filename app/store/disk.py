@@ -119,7 +119,7 @@ class DiskTier(BaseTier):
             os.close(fd)
             raise
 
-    def _discard(self, key: str) -> bool:
+    def discard(self, key: str) -> bool:
         with self._lock:
             try:
                 os.unlink(self.path(key))

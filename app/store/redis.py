@@ -116,7 +116,7 @@ class RedisTier(BaseTier):
             head = self._call(lambda c: c.getrange(data_key, 0, 8 + length - 1))
         return _RedisReader(self, key, codec.parse_header(head, size))
 
-    def _discard(self, key: str) -> bool:
+    def discard(self, key: str) -> bool:
         data_key = self.data_key(key)
 
         def delete(client: redis_lib.Redis) -> bool:

@@ -374,7 +374,7 @@ class TieredStore:
         demoted = False
         if entry is not None and lower is not None:
             demoted = bool(self._guard(lower, lower.contains, key)) or self._store_in(lower, key, entry)
-        self._guard(tier, tier._discard, key)
+        self._guard(tier, tier.discard, key)
         self.counters.add(tier.name, evictions=1)
         if demoted:
             self.counters.add(lower.name, demotions=1)
@@ -394,14 +394,14 @@ class TieredStore:
         log.warning("KV entry %s in tier %s refused (treated as a miss): %s", key, tier.name, reason)
         self.counters.add(tier.name, corrupt=1)
         with self._lock:
-            self._guard(tier, tier._discard, key)
+            self._guard(tier, tier.discard, key)
             self._after_removal(key)
         self._deliver()
 
     def _discard_everywhere(self, key: str) -> None:
         for tier in self.tiers:
             if self._available(tier):
-                self._guard(tier, tier._discard, key)
+                self._guard(tier, tier.discard, key)
         self._usage.forget(key)
 
     def _after_removal(self, key: str) -> None:

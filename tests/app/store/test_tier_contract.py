@@ -89,6 +89,16 @@ def test_pins(tier):
     tier.unpin(B)
 
 
+def test_discard_ignores_pins(tier):
+    """discard is remove without the pin check: the TieredStore keeps pins across tiers itself."""
+    tier.put(A, make_entry(7))
+    tier.pin(A)
+    assert tier.discard(A) is True
+    assert not tier.contains(A) and tier.get(A) is None and tier.used_bytes() == 0
+    assert tier.discard(A) is False
+    tier.unpin(A)
+
+
 def test_stats(tier):
     tier.put(A, make_entry(1))
     tier.put(B, make_entry(2, tokens=3))
