@@ -9,7 +9,7 @@ layer's payload ([2, kv_heads, tokens, head_dim] floats, or the uint8 bytes of a
 layer, see `quant.py`), and `__metadata__` holds strings: `format`, `meta` (the
 `EntryMeta` as JSON), `checksums` (crc32 of every layer's bytes, JSON list) and
 `header_crc` (crc32 of format + meta + checksums). One tensor per layer lets a reader fetch
-and verify layer i alone (`read_layer`), so loading can start before the whole entry is read.
+and verify layer i alone (`decode_layer`), so loading can start before the whole entry is read.
 
 Every validation failure raises `CorruptEntry`; nothing here returns unverified bytes.
 """

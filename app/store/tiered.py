@@ -294,7 +294,9 @@ class TieredStore:
             except Exception:  # closing must not stop closing the others
                 log.exception("closing tier %s failed", tier.name)
 
-    # -- internals (callers of _x_locked hold self._lock) --------------------------------------
+    # -- internals -----------------------------------------------------------------------------
+    # Callers of _store_in, _make_room, _evict, _discard_everywhere and _after_removal hold
+    # self._lock; _promote and _refuse take it themselves; _find takes none (reads are not serialized).
 
     def _find(self, key: str, tiers: Sequence[BaseTier], read: Callable[[BaseTier], _Item | None],
               expect: EntryExpectation | None = None, counted: bool = True) -> _Found[_Item] | None:
