@@ -42,7 +42,12 @@ def check_key(key: str) -> str:
 
 
 @dataclass(frozen=True)
-class TierStats:
+class TierOccupancy:
+    """How full one tier is, a snapshot (`BaseTier.stats()`); bytes are payload bytes.
+
+    Not the API's `app.schemas.admin.TierStats`: that one is what `/admin/stats` serves of
+    the store's `TierReport` (this snapshot plus the tier's counters)."""
+
     name: str
     capacity_bytes: int
     used_bytes: int
@@ -180,8 +185,9 @@ class BaseTier(ABC):
         with self._pin_lock:
             return self._pins.get(key, 0) > 0
 
-    def stats(self) -> TierStats:
+    def stats(self) -> TierOccupancy:
+        """Capacity, bytes used, entries held and how many of them are pinned, now."""
         keys = self.keys()
         with self._pin_lock:
             pinned = sum(1 for k in self._pins if k in keys)
-        return TierStats(self.name, self.capacity_bytes, self.used_bytes(), len(keys), pinned)
+        return TierOccupancy(self.name, self.capacity_bytes, self.used_bytes(), len(keys), pinned)

@@ -29,7 +29,9 @@ class Usage:
 
 
 @dataclass(frozen=True)
-class Candidate:
+class EvictionCandidate:
+    """An unpinned entry of a full tier that may be evicted: its key, payload bytes and usage."""
+
     key: str
     size: int
     usage: Usage
@@ -39,10 +41,10 @@ class BaseEvictionPolicy(ABC):
     name: ClassVar[str]
 
     @abstractmethod
-    def rank(self, candidate: Candidate) -> tuple:
+    def rank(self, candidate: EvictionCandidate) -> tuple:
         """Sort key; the candidate with the smallest rank is evicted first."""
 
-    def victim(self, candidates: list[Candidate]) -> Candidate | None:
+    def victim(self, candidates: list[EvictionCandidate]) -> EvictionCandidate | None:
         """The candidate to evict first; None if there are none (evicting nothing is safe)."""
         return min(candidates, key=self.rank, default=None)
 
@@ -50,25 +52,25 @@ class BaseEvictionPolicy(ABC):
 class LruPolicy(BaseEvictionPolicy):
     name = "lru"
 
-    def rank(self, candidate: Candidate) -> tuple:
+    def rank(self, candidate: EvictionCandidate) -> tuple:
         return (candidate.usage.last_access, candidate.key)
 
 
 class LfuPolicy(BaseEvictionPolicy):
     name = "lfu"
 
-    def rank(self, candidate: Candidate) -> tuple:
+    def rank(self, candidate: EvictionCandidate) -> tuple:
         return (candidate.usage.access_count, candidate.usage.last_access, candidate.key)
 
 
 class ValuePolicy(BaseEvictionPolicy):
     name = "value"
 
-    def rank(self, candidate: Candidate) -> tuple:
+    def rank(self, candidate: EvictionCandidate) -> tuple:
         return (value_density(candidate), candidate.usage.last_access, candidate.key)
 
 
-def value_density(candidate: Candidate) -> float:
+def value_density(candidate: EvictionCandidate) -> float:
     """Expected savings x (uses + 1) / bytes."""
     usage = candidate.usage
     savings = usage.savings if usage.savings is not None else float(usage.num_tokens or 1)

@@ -28,7 +28,14 @@ from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from app.store.base import BaseTier, EntryReader, TierUnavailable, check_key
 from app.store.entry import CorruptEntry, EntryExpectation, EntryMeta, KVEntry
-from app.store.policy import BaseEvictionPolicy, Candidate, LruPolicy, Usage, UsageBook, create_policy
+from app.store.policy import (
+    BaseEvictionPolicy,
+    EvictionCandidate,
+    LruPolicy,
+    Usage,
+    UsageBook,
+    create_policy,
+)
 from app.store.events import EventQueue, StoreListener
 from app.store.stats import CountedReader, CounterBook, TierReport
 
@@ -238,8 +245,7 @@ class TieredStore:
         with self._lock:
             sizes = self._guard(target, target.keys) or {}
             while sizes and (num_bytes is None or freed < num_bytes):
-                candidates = [Candidate(k, s, self.usage(k)) for k, s in sizes.items() if not target.is_pinned(k)]
-                victim = chooser.victim(candidates)
+                victim = chooser.victim(self._eviction_candidates(target, sizes))
                 if victim is None:
                     break
                 self._evict(target, victim.key)
@@ -357,13 +363,17 @@ class TieredStore:
             return False
         used = sum(sizes.values()) - sizes.pop(key, 0)
         while used + num_bytes > tier.capacity_bytes:
-            candidates = [Candidate(k, s, self.usage(k)) for k, s in sizes.items() if not tier.is_pinned(k)]
-            victim = self.policy.victim(candidates)
+            victim = self.policy.victim(self._eviction_candidates(tier, sizes))
             if victim is None:
                 return False
             self._evict(tier, victim.key)
             used -= sizes.pop(victim.key)
         return True
+
+    def _eviction_candidates(self, tier: BaseTier, sizes: dict[str, int]) -> list[EvictionCandidate]:
+        """The unpinned entries of `tier` among `sizes` ({key: payload bytes}), with their usage."""
+        return [EvictionCandidate(key, size, self.usage(key)) for key, size in sizes.items()
+                if not tier.is_pinned(key)]
 
     def _evict(self, tier: BaseTier, key: str) -> None:
         """Move `key` from `tier` to the next live tier (if it is valid and fits), else drop it."""
