@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Generic, NamedTuple, Protocol, TypeVar
+from typing import Generic, NamedTuple, ParamSpec, Protocol, TypeVar
 
 from app.store.base import BaseTier, EntryReader, TierUnavailable, check_key
 from app.store.entry import CorruptEntry, EntryExpectation, EntryMeta, KVEntry
@@ -50,6 +50,8 @@ class _Described(Protocol):
 
 
 _Item = TypeVar("_Item", bound=_Described)
+_Args = ParamSpec("_Args")
+_Result = TypeVar("_Result")
 
 
 @dataclass(frozen=True)
@@ -382,15 +384,21 @@ class TieredStore:
         except (CorruptEntry, TierUnavailable) as exc:
             log.warning("evicting %s from tier %s without demotion: %s", key, tier.name, exc)
             entry = None
-        lower = self._next_live(tier)
-        demoted = False
-        if entry is not None and lower is not None:
-            demoted = bool(self._guard(lower, lower.contains, key)) or self._store_in(lower, key, entry)
+        demoted_to = self._demote(key, entry, tier)
         self._guard(tier, tier.discard, key)
         self.counters.add(tier.name, evictions=1)
-        if demoted:
-            self.counters.add(lower.name, demotions=1)
+        if demoted_to is not None:
+            self.counters.add(demoted_to.name, demotions=1)
         self._after_removal(key)
+
+    def _demote(self, key: str, entry: KVEntry | None, tier: BaseTier) -> BaseTier | None:
+        """The next live tier below `tier` once it holds `entry` (it had it already, or took
+        it now); None if there is no entry to move, no tier below, or it could not take it."""
+        lower = self._next_live(tier)
+        if entry is None or lower is None:
+            return None
+        held = bool(self._guard(lower, lower.contains, key)) or self._store_in(lower, key, entry)
+        return lower if held else None
 
     def _promote(self, key: str, entry: KVEntry) -> bool:
         with self._lock:
@@ -444,10 +452,11 @@ class TieredStore:
                         tier.name, self.retry_s, exc)
         self._down_until[tier.name] = time.monotonic() + self.retry_s
 
-    def _guard(self, tier: BaseTier, operation, *args):
+    def _guard(self, tier: BaseTier, operation: Callable[_Args, _Result], *args: _Args.args,
+               **kwargs: _Args.kwargs) -> _Result | None:
         """Run a tier operation; None (and the tier marked down) if its backend is unreachable."""
         try:
-            return operation(*args)
+            return operation(*args, **kwargs)
         except TierUnavailable as exc:
             self._mark_down(tier, exc)
             return None
