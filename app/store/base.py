@@ -22,6 +22,7 @@ from typing import ClassVar
 import torch
 
 from engine.errors import KvMosaicError
+from app.store.config import StoreConfig
 from app.store.entry import EntryMeta, KVEntry
 
 _KEY = re.compile(r"^[0-9a-f]{16,64}$")
@@ -76,7 +77,7 @@ class EntryReader(ABC):
     def __enter__(self) -> EntryReader:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -109,7 +110,7 @@ class BaseTier(ABC):
         self._pin_lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, config, check: bool = True) -> BaseTier:
+    def from_config(cls, config: StoreConfig, check: bool = True) -> BaseTier:
         """Build the tier from a StoreConfig; raise TierUnavailable if it cannot run here.
 
         `check` False skips probing a remote backend (its first operation fails instead)."""

@@ -82,7 +82,7 @@ class LazyChunkKV:
         self._prefetch = prefetch
         self._fallback, self._on_corrupt = fallback, on_corrupt
         self._fallback_kv: ChunkKV | None = None
-        self._futures: dict[int, Future] = {}
+        self._futures: dict[int, Future[tuple[torch.Tensor, float]]] = {}
         self._closed = False
         self._schedule(0)
 
