@@ -18,6 +18,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 
+# A policy's sort key for one candidate; tuples compare element by element.
+Rank = tuple[float | str, ...]
+
+
 @dataclass
 class Usage:
     """What the store knows of a key's use. `last_access` is a logical clock (higher = later)."""
@@ -41,7 +45,7 @@ class BaseEvictionPolicy(ABC):
     name: ClassVar[str]
 
     @abstractmethod
-    def rank(self, candidate: EvictionCandidate) -> tuple:
+    def rank(self, candidate: EvictionCandidate) -> Rank:
         """Sort key; the candidate with the smallest rank is evicted first."""
 
     def victim(self, candidates: list[EvictionCandidate]) -> EvictionCandidate | None:
@@ -52,21 +56,21 @@ class BaseEvictionPolicy(ABC):
 class LruPolicy(BaseEvictionPolicy):
     name = "lru"
 
-    def rank(self, candidate: EvictionCandidate) -> tuple:
+    def rank(self, candidate: EvictionCandidate) -> Rank:
         return (candidate.usage.last_access, candidate.key)
 
 
 class LfuPolicy(BaseEvictionPolicy):
     name = "lfu"
 
-    def rank(self, candidate: EvictionCandidate) -> tuple:
+    def rank(self, candidate: EvictionCandidate) -> Rank:
         return (candidate.usage.access_count, candidate.usage.last_access, candidate.key)
 
 
 class ValuePolicy(BaseEvictionPolicy):
     name = "value"
 
-    def rank(self, candidate: EvictionCandidate) -> tuple:
+    def rank(self, candidate: EvictionCandidate) -> Rank:
         return (value_density(candidate), candidate.usage.last_access, candidate.key)
 
 
