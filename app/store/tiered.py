@@ -303,8 +303,9 @@ class TieredStore:
                 log.exception("closing tier %s failed", tier.name)
 
     # -- internals -----------------------------------------------------------------------------
-    # Callers of _store_in, _make_room, _evict, _discard_everywhere and _after_removal hold
-    # self._lock; _promote and _refuse take it themselves; _find takes none (reads are not serialized).
+    # Callers of _store_in, _make_room, _evict, _demote, _discard_everywhere and _after_removal
+    # hold self._lock; _promote and _refuse take it themselves; _find takes none (reads are not
+    # serialized).
 
     def _find(self, key: str, tiers: Sequence[BaseTier], read: Callable[[BaseTier], _Item | None],
               expect: EntryExpectation | None = None, counted: bool = True) -> _Found[_Item] | None:
@@ -313,9 +314,10 @@ class TieredStore:
         The lookup ladder, the same for every read: a tier that raises TierUnavailable is
         marked down and skipped; a copy that raises CorruptEntry or is not what `expect` asks
         for is refused (counted `corrupt`, removed from that tier) and skipped; a tier without
-        the key is passed. When `counted` (a lookup on a caller's behalf), each tier passed
-        counts a miss, and the tier found counts a hit and the key a use. A refused reader is
-        closed here; the one returned is the caller's to close. None when no tier had one.
+        the key is skipped too. When `counted` (a lookup on a caller's behalf), each tier
+        without the key counts a miss, and the tier found counts a hit and the key a use. A
+        refused reader is closed here; the one returned is the caller's to close. None when
+        no tier had a valid copy.
         """
         for position, tier in enumerate(tiers):
             try:
