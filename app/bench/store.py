@@ -8,8 +8,9 @@ in the same run, in the same directory.
 
 Part 2 — a blended request (`cacheblend`) over `chunks` chunks whose KV is on the disk tier
 only and cold (evicted from the page cache): the share of KV load time hidden behind the
-compute, 1 - (time the runner waited for layers) / (time spent reading them). It also
-reports TTFT against the same request with every chunk's KV already in memory.
+compute, 1 - (time the runner waited for layers) / (time spent reading them), clamped to
+[0, 1] (`app.store.lazy.hidden_share` says why). It also reports TTFT against the same
+request with every chunk's KV already in memory.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 
 from app.store import EntryMeta, KVEntry, StoreConfig, TierUnavailable, create_tier
+from app.store.lazy import hidden_share
 from app.store.quant import get_codec
 
 SHAPES = {"chunk-512": (30, 2, 3, 512, 64), "10MiB": (20, 2, 2, 1024, 64)}
@@ -256,7 +258,7 @@ def run_overlap(engine, options: StoreBenchOptions, work_dir: Path) -> OverlapRe
         cache.store.close()
         catalog.close()
     load_s, wait_s = sum(s["load_s"] for s in samples), sum(s["wait_s"] for s in samples)
-    return OverlapResult(options.chunks, options.chunk_tokens, load_s, wait_s, 1 - wait_s / max(load_s, 1e-9),
+    return OverlapResult(options.chunks, options.chunk_tokens, load_s, wait_s, hidden_share(load_s, wait_s),
                          median([s["ttft_cold_disk_s"] for s in samples]),
                          median([s["ttft_in_memory_s"] for s in samples]), samples)
 
@@ -273,7 +275,7 @@ def _overlap_sample(engine, cache, refs, in_memory, disk_dir: Path) -> dict:
     ttft_memory = engine.prefill(in_memory, QUESTION, mode="cacheblend").ttft_s
     return {"load_s": stats.load_s, "wait_s": stats.wait_s, "layers_read": stats.layers_read,
             "layers_wasted": stats.layers_wasted,
-            "hidden_share": 1 - stats.wait_s / max(stats.load_s, 1e-9),
+            "hidden_share": hidden_share(stats.load_s, stats.wait_s),
             "ttft_cold_disk_s": ttft_cold, "ttft_in_memory_s": ttft_memory}
 
 

@@ -18,7 +18,7 @@ Public API:
 The store knows nothing of the catalog; `app.kvcache.cache` joins the two.
 """
 
-from app.store.base import BaseTier, EntryPinned, EntryReader, TierStats, TierUnavailable
+from app.store.base import BaseTier, EntryPinned, EntryReader, TierOccupancy, TierUnavailable
 from app.store.config import StoreConfig
 from app.store.entry import (
     CorruptEntry,
@@ -52,7 +52,7 @@ __all__ = [
     "StoreListener",
     "TierCounters",
     "TierReport",
-    "TierStats",
+    "TierOccupancy",
     "TierUnavailable",
     "TieredStore",
     "chunk_from_entry",

@@ -22,6 +22,7 @@ from typing import ClassVar
 import torch
 
 from engine.errors import KvMosaicError
+from app.store.config import StoreConfig
 from app.store.entry import EntryMeta, KVEntry
 
 _KEY = re.compile(r"^[0-9a-f]{16,64}$")
@@ -42,7 +43,12 @@ def check_key(key: str) -> str:
 
 
 @dataclass(frozen=True)
-class TierStats:
+class TierOccupancy:
+    """How full one tier is, a snapshot (`BaseTier.stats()`); bytes are payload bytes.
+
+    Not the API's `app.schemas.admin.TierStats`: that one is what `/admin/stats` serves of
+    the store's `TierReport` (this snapshot plus the tier's counters)."""
+
     name: str
     capacity_bytes: int
     used_bytes: int
@@ -71,7 +77,7 @@ class EntryReader(ABC):
     def __enter__(self) -> EntryReader:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -85,6 +91,7 @@ class BaseTier(ABC):
       validation raise CorruptEntry (the caller decides to remove it). They never return
       unverified bytes.
     - remove(key) of an absent key returns False; of a pinned key raises EntryPinned.
+      discard(key) is remove without the pin check (for the TieredStore only).
     - pin / unpin count references per key and may be called for an absent key (the pin
       protects the key if it appears later); unpin below zero raises ValueError.
     - close() is idempotent; afterwards the tier must not be used.
@@ -103,7 +110,7 @@ class BaseTier(ABC):
         self._pin_lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, config, check: bool = True) -> BaseTier:
+    def from_config(cls, config: StoreConfig, check: bool = True) -> BaseTier:
         """Build the tier from a StoreConfig; raise TierUnavailable if it cannot run here.
 
         `check` False skips probing a remote backend (its first operation fails instead)."""
@@ -124,8 +131,15 @@ class BaseTier(ABC):
     def open(self, key: str) -> EntryReader | None: ...
 
     @abstractmethod
-    def _discard(self, key: str) -> bool:
-        """Delete the entry; True if it existed. Pins are already checked."""
+    def discard(self, key: str) -> bool:
+        """Delete the entry whether pinned or not; True if it existed, False if absent.
+
+        For the `TieredStore`, which keeps pins across all tiers itself and must drop a
+        corrupt entry even while a request holds it; everyone else calls `remove`, which
+        refuses a pinned key. `key` must be valid (`check_key`): not every tier checks it
+        again. Readers already open keep their view (see `EntryReader`). Raises
+        TierUnavailable if the backend is down.
+        """
 
     @abstractmethod
     def keys(self) -> dict[str, int]:
@@ -150,10 +164,11 @@ class BaseTier(ABC):
             return reader.layer(index).clone()
 
     def remove(self, key: str) -> bool:
+        """Delete the entry unless pinned (EntryPinned); True if it existed."""
         check_key(key)
         if self.is_pinned(key):
             raise EntryPinned(f"entry {key} is pinned in tier {self.name}")
-        return self._discard(key)
+        return self.discard(key)
 
     def pin(self, key: str) -> None:
         with self._pin_lock:
@@ -171,8 +186,9 @@ class BaseTier(ABC):
         with self._pin_lock:
             return self._pins.get(key, 0) > 0
 
-    def stats(self) -> TierStats:
+    def stats(self) -> TierOccupancy:
+        """Capacity, bytes used, entries held and how many of them are pinned, now."""
         keys = self.keys()
         with self._pin_lock:
             pinned = sum(1 for k in self._pins if k in keys)
-        return TierStats(self.name, self.capacity_bytes, self.used_bytes(), len(keys), pinned)
+        return TierOccupancy(self.name, self.capacity_bytes, self.used_bytes(), len(keys), pinned)

@@ -9,7 +9,7 @@ layer's payload ([2, kv_heads, tokens, head_dim] floats, or the uint8 bytes of a
 layer, see `quant.py`), and `__metadata__` holds strings: `format`, `meta` (the
 `EntryMeta` as JSON), `checksums` (crc32 of every layer's bytes, JSON list) and
 `header_crc` (crc32 of format + meta + checksums). One tensor per layer lets a reader fetch
-and verify layer i alone (`read_layer`), so loading can start before the whole entry is read.
+and verify layer i alone (`decode_layer`), so loading can start before the whole entry is read.
 
 Every validation failure raises `CorruptEntry`; nothing here returns unverified bytes.
 """
@@ -20,6 +20,7 @@ import json
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -49,7 +50,7 @@ def _layer_name(index: int) -> str:
 
 def layer_bytes(layer: torch.Tensor) -> memoryview:
     """The raw bytes of a contiguous CPU tensor, without copying."""
-    return memoryview(layer.contiguous().view(torch.uint8).numpy()).cast("B")
+    return layer.contiguous().view(torch.uint8).numpy().data.cast("B")
 
 
 def encode_parts(entry: KVEntry) -> tuple[bytes, list[memoryview]]:
@@ -61,8 +62,10 @@ def encode_parts(entry: KVEntry) -> tuple[bytes, list[memoryview]]:
     checksums = [zlib.crc32(b) for b in layers]
     meta_json = json.dumps(meta.to_json(), sort_keys=True)
     checksums_json = json.dumps(checksums)
-    header = {"__metadata__": {"format": FORMAT, "meta": meta_json, "checksums": checksums_json,
-                               "header_crc": str(_header_crc(meta_json, checksums_json))}}
+    # header: {"__metadata__": {str: str}, "layer.0000": {dtype, shape, data_offsets}, ...}
+    metadata: dict[str, str | list[int]] = {"format": FORMAT, "meta": meta_json, "checksums": checksums_json,
+                                            "header_crc": str(_header_crc(meta_json, checksums_json))}
+    header = {"__metadata__": metadata}
     start = 0
     for i, buf in enumerate(layers):
         header[_layer_name(i)] = {"dtype": _ST_DTYPES[meta.torch_dtype], "shape": list(meta.payload_shape),
@@ -85,7 +88,7 @@ def header_length(prefix: bytes) -> int:
     (length,) = struct.unpack("<Q", prefix[:8])
     if not 0 < length <= MAX_HEADER_BYTES:
         raise CorruptEntry(f"implausible header length {length}")
-    return length
+    return int(length)
 
 
 def parse_header(header: bytes, total_size: int | None) -> EntryLayout:
@@ -113,7 +116,9 @@ def parse_header(header: bytes, total_size: int | None) -> EntryLayout:
     return EntryLayout(meta, offsets, checksums, end)
 
 
-def _layer_offsets(table: dict, meta: EntryMeta, data_start: int) -> tuple[tuple[int, int], ...]:
+def _layer_offsets(table: dict[str, Any], meta: EntryMeta, data_start: int) -> tuple[tuple[int, int], ...]:
+    """Absolute (start, end) of each layer; `table` is the parsed JSON header (hence Any),
+    every field of which is checked against `meta` here."""
     layer_size = meta.num_bytes // meta.num_layers
     offsets, expected = [], 0
     for i in range(meta.num_layers):

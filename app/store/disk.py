@@ -9,6 +9,7 @@ replaced or removed while being read stays readable to them.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import threading
@@ -119,7 +120,7 @@ class DiskTier(BaseTier):
             os.close(fd)
             raise
 
-    def _discard(self, key: str) -> bool:
+    def discard(self, key: str) -> bool:
         with self._lock:
             try:
                 os.unlink(self.path(key))
@@ -214,7 +215,7 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-def _read_fully(f, data: bytearray) -> None:
+def _read_fully(f: io.RawIOBase, data: bytearray) -> None:
     view, done = memoryview(data), 0
     while done < len(data):
         got = f.readinto(view[done:])

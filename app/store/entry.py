@@ -10,15 +10,16 @@ and move the encoded payload; only `decode_layer` / `chunk_from_entry` turn it b
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from engine.errors import KvMosaicError
 from engine.kv import ChunkId, ChunkKV
-from app.store.quant import FLOAT_CODECS, KVCodec, get_codec
+from app.store.quant import FLOAT_CODECS, KVCodec, LayerShape, get_codec
 
 # Codecs that store the KV as plain floats of this dtype (the others quantize).
 STORAGE_DTYPES = FLOAT_CODECS
@@ -41,6 +42,15 @@ def dtype_name(dtype: torch.dtype) -> str:
     raise ValueError(f"dtype {dtype} cannot be stored; use one of {', '.join(STORAGE_DTYPES)}")
 
 
+KVShape = tuple[int, int, int, int, int]  # [layers, 2, kv_heads, tokens, head_dim]
+
+
+def kv_shape(shape: Sequence[int]) -> KVShape:
+    """`shape` (a torch.Size, a parsed list) as a KVShape; ValueError unless it has 5 dims."""
+    layers, kv, heads, tokens, dim = (int(n) for n in shape)
+    return layers, kv, heads, tokens, dim
+
+
 def token_ids_hash(token_ids: Sequence[int]) -> str:
     """sha256 hex of the token ids as little-endian int64."""
     return hashlib.sha256(np.asarray(token_ids, dtype="<i8").tobytes()).hexdigest()
@@ -56,7 +66,7 @@ class EntryMeta:
     token_ids_hash: str
     base_position: int
     dtype: str
-    shape: tuple[int, int, int, int, int]
+    shape: KVShape
     context: tuple[ChunkId, ...] = ()
 
     @property
@@ -68,8 +78,9 @@ class EntryMeta:
         return self.shape[3]
 
     @property
-    def layer_shape(self) -> tuple[int, int, int, int]:
-        return tuple(self.shape[1:])
+    def layer_shape(self) -> LayerShape:
+        _, kv, heads, tokens, dim = self.shape
+        return kv, heads, tokens, dim
 
     @property
     def codec(self) -> KVCodec:
@@ -90,20 +101,21 @@ class EntryMeta:
         """Payload bytes of the KV (what tier capacities count)."""
         return self.num_layers * self.codec.layer_bytes(self.layer_shape)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {"fingerprint": self.fingerprint, "prefix_digest": self.prefix_digest,
                 "token_ids_hash": self.token_ids_hash, "base_position": self.base_position,
                 "dtype": self.dtype, "shape": list(self.shape), "context": list(self.context)}
 
     @classmethod
-    def from_json(cls, data: dict) -> EntryMeta:
+    def from_json(cls, data: Mapping[str, Any]) -> EntryMeta:
+        """The meta of `to_json`, parsed back from JSON (hence Any); CorruptEntry if malformed."""
         try:
             shape = tuple(int(x) for x in data["shape"])
             if len(shape) != 5 or shape[1] != 2 or min(shape) <= 0:
                 raise ValueError(f"bad shape {shape}")
             get_codec(str(data["dtype"]))
             return cls(str(data["fingerprint"]), str(data["prefix_digest"]), str(data["token_ids_hash"]),
-                       int(data["base_position"]), str(data["dtype"]), shape,
+                       int(data["base_position"]), str(data["dtype"]), kv_shape(shape),
                        tuple(int(c) for c in data.get("context", ())))
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptEntry(f"bad entry metadata: {exc}") from exc
@@ -145,7 +157,7 @@ def entry_from_chunk(chunk: ChunkKV, codec: str) -> KVEntry:
     """Encode a computed chunk KV into a storable entry by `codec` (on the CPU)."""
     payload = get_codec(codec).encode(chunk.kv)  # [layers, *payload_shape]
     meta = EntryMeta(chunk.fingerprint, chunk.prefix_digest, token_ids_hash(chunk.token_ids),
-                     chunk.base_position, codec, tuple(chunk.kv.shape), tuple(chunk.context))
+                     chunk.base_position, codec, kv_shape(chunk.kv.shape), tuple(chunk.context))
     return KVEntry(meta, payload)
 
 

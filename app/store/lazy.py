@@ -35,8 +35,8 @@ log = logging.getLogger(__name__)
 class LoadStats:
     """Reading time of the layers the caller used, and how long it waited for them.
 
-    The share of load time hidden behind compute is 1 - wait_s / load_s. Layers read
-    ahead but then skipped by the runner count in `layers_wasted` only.
+    `hidden_share(load_s, wait_s)` is the share of load time hidden behind compute. Layers
+    read ahead but then skipped by the runner count in `layers_wasted` only.
     """
 
     load_s: float = 0.0
@@ -44,6 +44,21 @@ class LoadStats:
     layers_read: int = 0
     layers_wasted: int = 0
     fell_back: bool = False
+
+
+def hidden_share(load_s: float, wait_s: float) -> float:
+    """The share of `load_s` (time spent reading layers) hidden behind compute: 1 - wait_s /
+    load_s, clamped to [0, 1]; 0 when nothing was read.
+
+    It is a fraction of the load time, so it is kept one. The raw difference can go below
+    0: `wait_s` is timed on the caller's thread and also covers the time a read sits queued
+    for a loader thread and the hand-off back, which `load_s` does not, so on a busy machine
+    the waiting can exceed the reading itself — none of the load was hidden then: 0. (Timed
+    waits are never negative, so only the lower clamp ever acts on measured values.)
+    """
+    if load_s <= 0.0:
+        return 0.0
+    return min(max(1.0 - wait_s / load_s, 0.0), 1.0)
 
 
 class LazyChunkKV:
@@ -67,7 +82,7 @@ class LazyChunkKV:
         self._prefetch = prefetch
         self._fallback, self._on_corrupt = fallback, on_corrupt
         self._fallback_kv: ChunkKV | None = None
-        self._futures: dict[int, Future] = {}
+        self._futures: dict[int, Future[tuple[torch.Tensor, float]]] = {}
         self._closed = False
         self._schedule(0)
 

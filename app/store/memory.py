@@ -61,7 +61,7 @@ class MemoryTier(BaseTier):
         entry = self.get(key)
         return _MemoryReader(entry) if entry is not None else None
 
-    def _discard(self, key: str) -> bool:
+    def discard(self, key: str) -> bool:
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:

@@ -18,6 +18,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 
+# A policy's sort key for one candidate; tuples compare element by element.
+Rank = tuple[float | str, ...]
+
+
 @dataclass
 class Usage:
     """What the store knows of a key's use. `last_access` is a logical clock (higher = later)."""
@@ -29,7 +33,9 @@ class Usage:
 
 
 @dataclass(frozen=True)
-class Candidate:
+class EvictionCandidate:
+    """An unpinned entry of a full tier that may be evicted: its key, payload bytes and usage."""
+
     key: str
     size: int
     usage: Usage
@@ -39,10 +45,10 @@ class BaseEvictionPolicy(ABC):
     name: ClassVar[str]
 
     @abstractmethod
-    def rank(self, candidate: Candidate) -> tuple:
+    def rank(self, candidate: EvictionCandidate) -> Rank:
         """Sort key; the candidate with the smallest rank is evicted first."""
 
-    def victim(self, candidates: list[Candidate]) -> Candidate | None:
+    def victim(self, candidates: list[EvictionCandidate]) -> EvictionCandidate | None:
         """The candidate to evict first; None if there are none (evicting nothing is safe)."""
         return min(candidates, key=self.rank, default=None)
 
@@ -50,25 +56,25 @@ class BaseEvictionPolicy(ABC):
 class LruPolicy(BaseEvictionPolicy):
     name = "lru"
 
-    def rank(self, candidate: Candidate) -> tuple:
+    def rank(self, candidate: EvictionCandidate) -> Rank:
         return (candidate.usage.last_access, candidate.key)
 
 
 class LfuPolicy(BaseEvictionPolicy):
     name = "lfu"
 
-    def rank(self, candidate: Candidate) -> tuple:
+    def rank(self, candidate: EvictionCandidate) -> Rank:
         return (candidate.usage.access_count, candidate.usage.last_access, candidate.key)
 
 
 class ValuePolicy(BaseEvictionPolicy):
     name = "value"
 
-    def rank(self, candidate: Candidate) -> tuple:
+    def rank(self, candidate: EvictionCandidate) -> Rank:
         return (value_density(candidate), candidate.usage.last_access, candidate.key)
 
 
-def value_density(candidate: Candidate) -> float:
+def value_density(candidate: EvictionCandidate) -> float:
     """Expected savings x (uses + 1) / bytes."""
     usage = candidate.usage
     savings = usage.savings if usage.savings is not None else float(usage.num_tokens or 1)

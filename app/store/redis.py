@@ -40,7 +40,7 @@ class _RedisReader(EntryReader):
 
     def layer(self, index: int) -> torch.Tensor:
         start, end = self._layout.offsets[index]
-        raw = self._tier._call(lambda c: c.getrange(self._tier.data_key(self._key), start, end - 1))
+        raw = _reply_bytes(self._tier._call(lambda c: c.getrange(self._tier.data_key(self._key), start, end - 1)))
         if len(raw) != end - start:
             raise CorruptEntry(f"layer {index} vanished or was truncated in redis")
         return codec.decode_layer(self._layout, index, bytearray(raw))
@@ -88,7 +88,9 @@ class RedisTier(BaseTier):
 
         def write(client: redis_lib.Redis) -> None:
             with client.pipeline(transaction=True) as pipe:  # value and index change together
-                pipe.set(data_key, data).hset(self._index_key, key, entry.num_bytes).execute()
+                pipe.set(data_key, data)
+                pipe.hset(self._index_key, key, entry.num_bytes)
+                pipe.execute()
 
         self._call(write)
 
@@ -97,15 +99,18 @@ class RedisTier(BaseTier):
         if data is None:
             self._drop_stale_index(key)
             return None
-        return codec.decode(data)
+        return codec.decode(_reply_bytes(data))
 
     def open(self, key: str) -> EntryReader | None:
         data_key = self.data_key(key)
 
-        def head_and_size(client: redis_lib.Redis) -> list:
+        def head_and_size(client: redis_lib.Redis) -> tuple[bytes, int]:
             # One transaction, so the header and the size describe the same value.
             with client.pipeline(transaction=True) as pipe:
-                return pipe.getrange(data_key, 0, _HEAD_READ - 1).strlen(data_key).execute()
+                pipe.getrange(data_key, 0, _HEAD_READ - 1)
+                pipe.strlen(data_key)
+                head, size = pipe.execute()
+                return _reply_bytes(head), int(size)
 
         head, size = self._call(head_and_size)
         if not head:
@@ -113,22 +118,24 @@ class RedisTier(BaseTier):
             return None
         length = codec.header_length(head)
         if 8 + length > len(head):  # unusually long header: fetch the rest
-            head = self._call(lambda c: c.getrange(data_key, 0, 8 + length - 1))
+            head = _reply_bytes(self._call(lambda c: c.getrange(data_key, 0, 8 + length - 1)))
         return _RedisReader(self, key, codec.parse_header(head, size))
 
-    def _discard(self, key: str) -> bool:
+    def discard(self, key: str) -> bool:
         data_key = self.data_key(key)
 
         def delete(client: redis_lib.Redis) -> bool:
             with client.pipeline(transaction=True) as pipe:
-                existed, _ = pipe.delete(data_key).hdel(self._index_key, key).execute()
+                pipe.delete(data_key)
+                pipe.hdel(self._index_key, key)
+                existed, _ = pipe.execute()
                 return bool(existed)
 
         return self._call(delete)
 
     def keys(self) -> dict[str, int]:
         raw = self._call(lambda c: c.hgetall(self._index_key))
-        return {k.decode(): int(v) for k, v in raw.items()}
+        return {_reply_bytes(k).decode(): int(v) for k, v in raw.items()}
 
     def used_bytes(self) -> int:
         return sum(int(v) for v in self._call(lambda c: c.hvals(self._index_key)))
@@ -143,7 +150,8 @@ class RedisTier(BaseTier):
         def drop(client: redis_lib.Redis) -> bool:
             with client.pipeline(transaction=True) as pipe:
                 try:
-                    pipe.watch(data_key)  # a put of the key in between aborts the clean-up
+                    # a put of the key in between aborts the clean-up
+                    pipe.watch(data_key)  # type: ignore[no-untyped-call]  # redis-py leaves Pipeline.watch unannotated
                     if pipe.exists(data_key) or not pipe.hexists(self._index_key, key):
                         return False
                     pipe.multi()
@@ -154,3 +162,11 @@ class RedisTier(BaseTier):
 
         if self._call(drop):
             log.warning("redis value of %s vanished; dropped it from the index", key)
+
+
+def _reply_bytes(reply: bytes | str) -> bytes:
+    """A reply of our client as the bytes it is: redis-py types replies `bytes | str` because a
+    client made with decode_responses gets str, and ours is made without it."""
+    if isinstance(reply, str):
+        raise TypeError("the redis tier's client must not decode responses")
+    return reply

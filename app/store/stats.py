@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from dataclasses import asdict, dataclass, fields
 
+import torch
+
 from app.store.base import EntryReader
 
 
@@ -34,7 +36,7 @@ class TierReport:
     num_pinned: int
     counters: TierCounters
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -63,7 +65,7 @@ class CountedReader(EntryReader):
     def __init__(self, inner: EntryReader, book: CounterBook, tier: str):
         self.meta, self._inner, self._book, self._tier = inner.meta, inner, book, tier
 
-    def layer(self, index: int):
+    def layer(self, index: int) -> torch.Tensor:
         tensor = self._inner.layer(index)
         self._book.add(self._tier, bytes_read=tensor.numel() * tensor.element_size())
         return tensor

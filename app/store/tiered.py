@@ -21,17 +21,53 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Generic, NamedTuple, ParamSpec, Protocol, TypeVar
 
 from app.store.base import BaseTier, EntryReader, TierUnavailable, check_key
-from app.store.entry import CorruptEntry, EntryExpectation, KVEntry
-from app.store.policy import BaseEvictionPolicy, Candidate, LruPolicy, Usage, UsageBook, create_policy
+from app.store.entry import CorruptEntry, EntryExpectation, EntryMeta, KVEntry
+from app.store.policy import (
+    BaseEvictionPolicy,
+    EvictionCandidate,
+    LruPolicy,
+    Usage,
+    UsageBook,
+    create_policy,
+)
 from app.store.events import EventQueue, StoreListener
 from app.store.stats import CountedReader, CounterBook, TierReport
 
 log = logging.getLogger(__name__)
+
+
+class _Described(Protocol):
+    """What a tier read returns: a whole `KVEntry` or an `EntryReader`, both with a `meta`."""
+
+    @property
+    def meta(self) -> EntryMeta: ...
+
+
+_Item = TypeVar("_Item", bound=_Described)
+_Args = ParamSpec("_Args")
+_Result = TypeVar("_Result")
+
+
+@dataclass(frozen=True)
+class _Found(Generic[_Item]):
+    """A valid copy of a key found by a lookup: what was read, from which tier, and that
+    tier's position among the tiers searched (0: the first, nothing to promote)."""
+
+    item: _Item
+    tier: BaseTier
+    position: int
+
+
+def _release(item: object) -> None:
+    """Let go of a refused read: a reader holds a handle; a whole entry holds nothing."""
+    if isinstance(item, EntryReader):
+        item.close()
 
 
 class Opened(NamedTuple):
@@ -104,28 +140,15 @@ class TieredStore:
     def get(self, key: str, expect: EntryExpectation | None = None) -> KVEntry | None:
         """The whole entry from the fastest tier that has a valid one (promoted); None: miss."""
         check_key(key)
-        for position, tier in enumerate(self._live()):
-            try:
-                entry = tier.get(key)
-            except TierUnavailable as exc:
-                self._mark_down(tier, exc)
-                continue
-            except CorruptEntry as exc:
-                self._refuse(key, tier, str(exc))
-                continue
-            if entry is None:
-                self.counters.add(tier.name, misses=1)
-                continue
-            reason = expect.mismatch(entry.meta) if expect else None
-            if reason:
-                self._refuse(key, tier, reason)
-                continue
-            self.counters.add(tier.name, hits=1, bytes_read=entry.num_bytes)
-            self._usage.used(key, entry.meta.num_tokens, hit=True)
-            if position > 0:
-                self._promote(key, entry)
-            return entry
-        return None
+        found = self._find(key, self._live(), lambda tier: tier.get(key), expect)
+        if found is None:
+            return None
+        entry = found.item
+        # The whole entry was read: the layer-wise path (open) counts its bytes per layer instead.
+        self.counters.add(found.tier.name, bytes_read=entry.num_bytes)
+        if found.position > 0:
+            self._promote(key, entry)
+        return entry
 
     def open(self, key: str, expect: EntryExpectation | None = None) -> Opened | None:
         """Open the entry for layer-wise reads from the fastest tier with a valid header.
@@ -134,45 +157,20 @@ class TieredStore:
         reading so it is not evicted underneath.
         """
         check_key(key)
-        for tier in self._live():
-            try:
-                reader = tier.open(key)
-            except TierUnavailable as exc:
-                self._mark_down(tier, exc)
-                continue
-            except CorruptEntry as exc:
-                self._refuse(key, tier, str(exc))
-                continue
-            if reader is None:
-                self.counters.add(tier.name, misses=1)
-                continue
-            reason = expect.mismatch(reader.meta) if expect else None
-            if reason:
-                reader.close()
-                self._refuse(key, tier, reason)
-                continue
-            self.counters.add(tier.name, hits=1)
-            self._usage.used(key, reader.meta.num_tokens, hit=True)
-            return Opened(CountedReader(reader, self.counters, tier.name), tier.name)
-        return None
+        found = self._find(key, self._live(), lambda tier: tier.open(key), expect)
+        if found is None:
+            return None
+        name = found.tier.name
+        return Opened(CountedReader(found.item, self.counters, name), name)
 
     def promote(self, key: str) -> bool:
         """Copy `key` into the first tier if a lower one holds it; True if it was copied."""
         live = self._live()
         if not live or self._guard(live[0], live[0].contains, key):
             return False
-        for tier in live[1:]:
-            try:
-                entry = tier.get(key)
-            except TierUnavailable as exc:
-                self._mark_down(tier, exc)
-                continue
-            except CorruptEntry as exc:
-                self._refuse(key, tier, str(exc))
-                continue
-            if entry is not None:
-                return self._promote(key, entry)
-        return False
+        # Not a lookup on a caller's behalf: no hit, miss or use is recorded.
+        found = self._find(key, live[1:], lambda tier: tier.get(key), counted=False)
+        return found is not None and self._promote(key, found.item)
 
     def promote_later(self, key: str) -> None:
         """`promote(key)` on a background thread; does nothing once the store is closed."""
@@ -249,8 +247,7 @@ class TieredStore:
         with self._lock:
             sizes = self._guard(target, target.keys) or {}
             while sizes and (num_bytes is None or freed < num_bytes):
-                candidates = [Candidate(k, s, self.usage(k)) for k, s in sizes.items() if not target.is_pinned(k)]
-                victim = chooser.victim(candidates)
+                victim = chooser.victim(self._eviction_candidates(target, sizes))
                 if victim is None:
                     break
                 self._evict(target, victim.key)
@@ -305,7 +302,46 @@ class TieredStore:
             except Exception:  # closing must not stop closing the others
                 log.exception("closing tier %s failed", tier.name)
 
-    # -- internals (callers of _x_locked hold self._lock) --------------------------------------
+    # -- internals -----------------------------------------------------------------------------
+    # Callers of _store_in, _make_room, _evict, _demote, _discard_everywhere and _after_removal
+    # hold self._lock; _promote and _refuse take it themselves; _find takes none (reads are not
+    # serialized).
+
+    def _find(self, key: str, tiers: Sequence[BaseTier], read: Callable[[BaseTier], _Item | None],
+              expect: EntryExpectation | None = None, counted: bool = True) -> _Found[_Item] | None:
+        """The first valid copy of `key` that `read(tier)` returns, walking `tiers` in order.
+
+        The lookup ladder, the same for every read: a tier that raises TierUnavailable is
+        marked down and skipped; a copy that raises CorruptEntry or is not what `expect` asks
+        for is refused (counted `corrupt`, removed from that tier) and skipped; a tier without
+        the key is skipped too. When `counted` (a lookup on a caller's behalf), each tier
+        without the key counts a miss, and the tier found counts a hit and the key a use. A
+        refused reader is closed here; the one returned is the caller's to close. None when
+        no tier had a valid copy.
+        """
+        for position, tier in enumerate(tiers):
+            try:
+                item = read(tier)
+            except TierUnavailable as exc:
+                self._mark_down(tier, exc)
+                continue
+            except CorruptEntry as exc:
+                self._refuse(key, tier, str(exc))
+                continue
+            if item is None:
+                if counted:
+                    self.counters.add(tier.name, misses=1)
+                continue
+            reason = expect.mismatch(item.meta) if expect else None
+            if reason:
+                _release(item)
+                self._refuse(key, tier, reason)
+                continue
+            if counted:
+                self.counters.add(tier.name, hits=1)
+                self._usage.used(key, item.meta.num_tokens, hit=True)
+            return _Found(item, tier, position)
+        return None
 
     def _store_in(self, tier: BaseTier, key: str, entry: KVEntry) -> bool:
         """Make room in `tier` and put the entry there; False if it cannot take it."""
@@ -331,13 +367,17 @@ class TieredStore:
             return False
         used = sum(sizes.values()) - sizes.pop(key, 0)
         while used + num_bytes > tier.capacity_bytes:
-            candidates = [Candidate(k, s, self.usage(k)) for k, s in sizes.items() if not tier.is_pinned(k)]
-            victim = self.policy.victim(candidates)
+            victim = self.policy.victim(self._eviction_candidates(tier, sizes))
             if victim is None:
                 return False
             self._evict(tier, victim.key)
             used -= sizes.pop(victim.key)
         return True
+
+    def _eviction_candidates(self, tier: BaseTier, sizes: dict[str, int]) -> list[EvictionCandidate]:
+        """The unpinned entries of `tier` among `sizes` ({key: payload bytes}), with their usage."""
+        return [EvictionCandidate(key, size, self.usage(key)) for key, size in sizes.items()
+                if not tier.is_pinned(key)]
 
     def _evict(self, tier: BaseTier, key: str) -> None:
         """Move `key` from `tier` to the next live tier (if it is valid and fits), else drop it."""
@@ -346,15 +386,21 @@ class TieredStore:
         except (CorruptEntry, TierUnavailable) as exc:
             log.warning("evicting %s from tier %s without demotion: %s", key, tier.name, exc)
             entry = None
-        lower = self._next_live(tier)
-        demoted = False
-        if entry is not None and lower is not None:
-            demoted = bool(self._guard(lower, lower.contains, key)) or self._store_in(lower, key, entry)
-        self._guard(tier, tier._discard, key)
+        demoted_to = self._demote(key, entry, tier)
+        self._guard(tier, tier.discard, key)
         self.counters.add(tier.name, evictions=1)
-        if demoted:
-            self.counters.add(lower.name, demotions=1)
+        if demoted_to is not None:
+            self.counters.add(demoted_to.name, demotions=1)
         self._after_removal(key)
+
+    def _demote(self, key: str, entry: KVEntry | None, tier: BaseTier) -> BaseTier | None:
+        """The next live tier below `tier` once it holds `entry` (it had it already, or took
+        it now); None if there is no entry to move, no tier below, or it could not take it."""
+        lower = self._next_live(tier)
+        if entry is None or lower is None:
+            return None
+        held = bool(self._guard(lower, lower.contains, key)) or self._store_in(lower, key, entry)
+        return lower if held else None
 
     def _promote(self, key: str, entry: KVEntry) -> bool:
         with self._lock:
@@ -370,14 +416,14 @@ class TieredStore:
         log.warning("KV entry %s in tier %s refused (treated as a miss): %s", key, tier.name, reason)
         self.counters.add(tier.name, corrupt=1)
         with self._lock:
-            self._guard(tier, tier._discard, key)
+            self._guard(tier, tier.discard, key)
             self._after_removal(key)
         self._deliver()
 
     def _discard_everywhere(self, key: str) -> None:
         for tier in self.tiers:
             if self._available(tier):
-                self._guard(tier, tier._discard, key)
+                self._guard(tier, tier.discard, key)
         self._usage.forget(key)
 
     def _after_removal(self, key: str) -> None:
@@ -408,10 +454,11 @@ class TieredStore:
                         tier.name, self.retry_s, exc)
         self._down_until[tier.name] = time.monotonic() + self.retry_s
 
-    def _guard(self, tier: BaseTier, operation, *args):
+    def _guard(self, tier: BaseTier, operation: Callable[_Args, _Result], *args: _Args.args,
+               **kwargs: _Args.kwargs) -> _Result | None:
         """Run a tier operation; None (and the tier marked down) if its backend is unreachable."""
         try:
-            return operation(*args)
+            return operation(*args, **kwargs)
         except TierUnavailable as exc:
             self._mark_down(tier, exc)
             return None

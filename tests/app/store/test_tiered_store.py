@@ -124,6 +124,26 @@ def test_open_counts_and_promote_later(store):
     assert report.counters.hits == 1 and report.counters.bytes_read == SIZE // 3
 
 
+def test_lookups_count_each_tier_passed_and_promotion_counts_nothing(store):
+    """get and open: a miss in every tier passed, a hit in the one found; promote: neither."""
+    store.put(key_of("a"), make_entry(1), tier="disk")
+    before = store.usage(key_of("a")).access_count
+    assert store.promote(key_of("a")) is True
+    assert _hits_and_misses(store) == {"cpu": (0, 0), "disk": (0, 0)}
+    assert store.usage(key_of("a")).access_count == before
+    store.open(key_of("a")).reader.close()
+    store.get(key_of("a"))
+    assert store.open(key_of("zz")) is None
+    assert _hits_and_misses(store) == {"cpu": (2, 1), "disk": (0, 1)}
+    # get counts the whole entry read; open counts only the layers read (none here)
+    assert {r.name: r.counters for r in store.stats()}["cpu"].bytes_read == SIZE
+    assert store.usage(key_of("a")).access_count == before + 2
+
+
+def _hits_and_misses(store):
+    return {r.name: (r.counters.hits, r.counters.misses) for r in store.stats()}
+
+
 def test_wrong_model_is_a_miss_and_is_removed(store):
     store.put(key_of("a"), make_entry(1, fingerprint="other-model"), tier="disk")
     expect = EntryExpectation("fp-test", "prefix-test", f"{1:064x}")
