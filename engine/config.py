@@ -1,9 +1,17 @@
-"""The engine's configuration: one frozen dataclass, built by the app from its settings."""
+"""The engine's configuration: one frozen dataclass, built by the app from its settings.
+
+Every default and every numeric bound lives here, once: `app/settings.py` derives its
+`KVMOSAIC_*` fields from `EngineConfig` (defaults from the fields, bounds from `Bounds` in
+their metadata) instead of restating them.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from types import MappingProxyType
+from typing import Literal, TypeVar, get_args
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant. Answer the question using only the passages the user gives."
@@ -14,12 +22,45 @@ DEFAULT_INSTRUCTION = (
 )
 
 
+# Which cached tensor the deviation of check layers compares.
+DEVIATIONS = ("value", "key")
 # How check layers may rank rows (engine/planners/selection.py).
 SELECTIONS = ("deviation", "question_weighted")
 # How Cache-Craft's exact variants of a recurring chunk set are made (engine/variants/policy.py).
 CRAFT_BUILDS = ("background", "inline")
 # The fidelity guard's per-request levels (engine/guard.py).
-FIDELITIES = ("fast", "balanced", "exact")
+Fidelity = Literal["fast", "balanced", "exact"]
+FIDELITIES: tuple[str, ...] = get_args(Fidelity)
+
+Value = TypeVar("Value")
+# Key of a field's `Bounds` in its dataclass metadata.
+BOUNDS = "bounds"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The values a numeric field accepts: at least `ge` and, if `le` is set, at most `le`.
+
+    None always passes: a field that may be None (e.g. `focus_layer`) says so in its type.
+    NaN never does: every comparison with it is false (pydantic's own bounds refuse it too).
+    """
+
+    ge: float
+    le: float | None = None
+
+    def check(self, name: str, value: float | None) -> None:
+        """Raise ValueError, naming the field, unless `value` is None or within the bounds."""
+        if value is None:
+            return
+        if self.le is None and not value >= self.ge:
+            raise ValueError(f"{name} must be >= {self.ge:g}")
+        if self.le is not None and not self.ge <= value <= self.le:
+            raise ValueError(f"{name} must lie in [{self.ge:g}, {self.le:g}]")
+
+
+def bounded(default: Value, *, ge: float, le: float | None = None) -> Value:
+    """A dataclass field with `default` whose values `Bounds(ge, le)` limits (see `FIELD_BOUNDS`)."""
+    return field(default=default, metadata={BOUNDS: Bounds(ge, le)})
 
 
 def gradual_multipliers(num_check_layers: int) -> tuple[float, ...]:
@@ -40,7 +81,7 @@ class EngineConfig:
     device: str = "cpu"
     # "auto" = float32 on CPU, float16 on CUDA.
     dtype: str = "auto"
-    num_threads: int | None = None
+    num_threads: int | None = bounded(None, ge=1)  # None: torch's default
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     instruction: str = DEFAULT_INSTRUCTION
     # cacheblend: layers below the first check layer run fully; at each check layer the
@@ -50,48 +91,48 @@ class EngineConfig:
     # vs 0.925, compute floor 4.63x vs 4.84x.
     check_layers: tuple[int, ...] = (1, 2)
     check_ratio_multipliers: tuple[float, ...] = (2.0, 1.0)
-    recompute_ratio: float = 0.15
+    recompute_ratio: float = bounded(0.15, ge=0.0, le=1.0)
     # Which cached tensor the deviation compares: "value" or "key".
     deviation: str = "value"
     # How check layers rank rows: "deviation" (CacheBlend) or "question_weighted"
     # (deviation times the question's attention to the row; see planners/selection.py).
     selection: str = "question_weighted"
     # epic: recompute the first k tokens of every chunk in every layer.
-    epic_tokens: int = 16
+    epic_tokens: int = bounded(16, ge=0)
     # cachecraft: CFO = clamp(alpha * CCI * (1 - beta'), 0, 1); below `craft_reuse_below` the
     # chunk is reused as is, above `craft_full_above` it is recomputed fully. With CCI in
     # [0.5, 1), alpha = 1 spans the whole range: a variant from an unrelated context costs
     # CFO = CCI > the blend fix's cost (~0.18 of a chunk's layer-rows), so it loses to the base
     # variant; one from a close context (a mild reorder, gamma below ~0.2) wins. At 0.1 every
     # variant, however stale, cost at most 0.1 and beat blending. Fit it with `kvmosaic calibrate`.
-    craft_alpha: float = 1.0
+    craft_alpha: float = bounded(1.0, ge=0.0)
     # Scale β′ by the share of the new preceding chunks the variant has seen (scores.py).
     craft_novelty: bool = True
-    craft_reuse_below: float = 0.02
-    craft_full_above: float = 0.7
+    craft_reuse_below: float = bounded(0.02, ge=0.0, le=1.0)  # at most craft_full_above
+    craft_full_above: float = bounded(0.7, ge=0.0, le=1.0)
     # Layers whose attention the statistics of a new variant average over (measured after
     # the answer, with every row of the first layers recomputed in the new context).
     craft_stats_layers: tuple[int, ...] = (0, 1)
     # A cachecraft request's exact variants are built (one more prefill of its prompt from the
     # first inexact chunk on, in the background) only when the same chunk set came up at least
     # this many times before in the last `craft_traffic_window` requests (0: always).
-    craft_build_after: int = 1
-    craft_traffic_window: int = 256
+    craft_build_after: int = bounded(1, ge=0)
+    craft_traffic_window: int = bounded(256, ge=1)
     # How those exact variants come about: "background" (after the answer, a builder thread
     # prefills the prompt again on idle capacity) or "inline" (the recurring request itself
     # computes its chunks exactly from the first inexact one on, like `prefix`, and keeps them).
     craft_build: str = "background"
     # Variants kept per chunk (the least valuable goes first).
-    craft_max_variants: int = 5
+    craft_max_variants: int = bounded(5, ge=1)
     # Early termination: from this layer on (None: never), chunks whose share of the
     # question's attention is below `focus_threshold` times an even share stop recomputing.
-    focus_layer: int | None = 10
-    focus_threshold: float = 0.5
+    focus_layer: int | None = bounded(10, ge=0)
+    focus_threshold: float = bounded(0.5, ge=0.0)
     # Fidelity guard (engine/guard.py): the level of requests that name none ("fast",
     # "balanced" or "exact"); under "balanced" a first token whose log-probability margin over
     # the runner-up is below `guard_margin` nats sends the prompt to full prefill.
     fidelity: str = "balanced"
-    guard_margin: float = 1.0
+    guard_margin: float = bounded(1.0, ge=0.0)
     # Run the RoPE-shift self-check at start-up; a failure disables reuse modes.
     selfcheck: bool = True
     # Continuous batching of decode (engine/scheduler.py): concurrent requests share each
@@ -99,42 +140,40 @@ class EngineConfig:
     # (prompt + token budget each; a lone request always fits); the others wait their turn.
     # False: every request decodes alone on its caller's thread, as one-row steps.
     batching: bool = True
-    max_batch: int = 8
-    max_batch_tokens: int = 65536
+    max_batch: int = bounded(8, ge=1)
+    max_batch_tokens: int = bounded(65536, ge=1)
     # Prefills computing at once while batching (more wait; decode steps pause for them all).
-    prefill_slots: int = 1
+    prefill_slots: int = bounded(1, ge=1)
     # Pad a lone request's decode step like a batch's, so its tokens are bit-identical
     # whatever it is batched with (costs ~1.7x per lone token on CPU; see engine/decode.py).
     batch_invariant: bool = False
 
     def __post_init__(self) -> None:
+        """Refuse values out of their field's `Bounds`, unknown choices and inconsistent fields."""
+        for name, bounds in FIELD_BOUNDS.items():
+            bounds.check(name, getattr(self, name))
+        self._check_layers()
+        self._check_choices()
+        if self.craft_reuse_below > self.craft_full_above:
+            raise ValueError("craft_reuse_below must not exceed craft_full_above")
+
+    def _check_layers(self) -> None:
         if len(self.check_layers) != len(self.check_ratio_multipliers):
             raise ValueError("check_layers and check_ratio_multipliers must have the same length")
         if list(self.check_layers) != sorted(set(self.check_layers)) or not self.check_layers:
             raise ValueError("check_layers must be strictly increasing and non-empty")
         if self.check_layers[0] < 0:
             raise ValueError("check_layers must be >= 0")
-        if not 0.0 <= self.recompute_ratio <= 1.0:
-            raise ValueError("recompute_ratio must lie in [0, 1]")
-        if self.deviation not in ("value", "key"):
-            raise ValueError("deviation must be 'value' or 'key'")
-        if self.selection not in SELECTIONS:
-            raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}")
-        if self.craft_alpha < 0 or not 0 <= self.craft_reuse_below <= self.craft_full_above <= 1:
-            raise ValueError("need craft_alpha >= 0 and 0 <= craft_reuse_below <= craft_full_above <= 1")
-        if not self.craft_stats_layers or min(self.craft_stats_layers) < 0 or self.craft_max_variants < 1:
-            raise ValueError("craft_stats_layers must be non-empty layers >= 0; craft_max_variants >= 1")
-        if self.craft_build_after < 0 or self.craft_traffic_window < 1:
-            raise ValueError("need craft_build_after >= 0 and craft_traffic_window >= 1")
-        if self.craft_build not in CRAFT_BUILDS:
-            raise ValueError(f"craft_build must be one of {', '.join(CRAFT_BUILDS)}")
-        if self.focus_layer is not None and self.focus_layer < 0 or self.focus_threshold < 0:
-            raise ValueError("focus_layer must be >= 0 (or None) and focus_threshold >= 0")
-        if self.fidelity not in FIDELITIES:
-            raise ValueError(f"fidelity must be one of {', '.join(FIDELITIES)}")
-        if self.guard_margin < 0:
-            raise ValueError("guard_margin must be >= 0")
-        if self.epic_tokens < 0:
-            raise ValueError("epic_tokens must be >= 0")
-        if min(self.max_batch, self.max_batch_tokens, self.prefill_slots) < 1:
-            raise ValueError("max_batch, max_batch_tokens and prefill_slots must be >= 1")
+        if not self.craft_stats_layers or min(self.craft_stats_layers) < 0:
+            raise ValueError("craft_stats_layers must be non-empty layers >= 0")
+
+    def _check_choices(self) -> None:
+        for name, choices in (("deviation", DEVIATIONS), ("selection", SELECTIONS),
+                              ("craft_build", CRAFT_BUILDS), ("fidelity", FIDELITIES)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}")
+
+
+# {field name: its Bounds} of every bounded EngineConfig field (the settings check these too).
+FIELD_BOUNDS: Mapping[str, Bounds] = MappingProxyType(
+    {f.name: f.metadata[BOUNDS] for f in fields(EngineConfig) if BOUNDS in f.metadata})

@@ -116,7 +116,8 @@ class Engine:
     # -- requests ------------------------------------------------------------------------------
 
     def prefill(self, chunks: Sequence[ChunkInput], question: str, mode: str = "cacheblend",
-                ratio: float | None = None, max_new_tokens: int = 64, fidelity: str | None = None) -> PrefillResult:
+                ratio: float | None = None, max_new_tokens: int = 64, fidelity: str | None = None,
+                config: EngineConfig | None = None) -> PrefillResult:
         """Prefill [prefix][chunks...][question] by `mode`; TTFT ends at the first logits.
 
         `fidelity` ("fast", "balanced", "exact"; None: the config's) is the fidelity guard's
@@ -124,24 +125,27 @@ class Engine:
         whose first token is uncertain in full (inside TTFT); `result.guard` says what it
         estimated and spent. Raises InvalidRequest (or a subclass) for bad input. If the
         RoPE self-check failed, reuse modes fall back to `full` and the result says why.
+        `config` (None: `self.config`) plans this call only, e.g. a calibration's candidate
+        parameters; the engine's own config, shared with other threads, is never replaced.
         """
         started = time.perf_counter()
-        ratio = self.config.recompute_ratio if ratio is None else float(ratio)
+        config = self.config if config is None else config
+        ratio = config.recompute_ratio if ratio is None else float(ratio)
         if not 0.0 <= ratio <= 1.0:
             raise InvalidRequest(f"ratio must lie in [0, 1], got {ratio}")
-        fidelity = check_fidelity(fidelity, self.config)
-        planner = create_planner(mode, self.config)
+        fidelity = check_fidelity(fidelity, config)
+        planner = create_planner(mode, config)
         fallback = None
         if planner.reuses_cache and not self.reuse_available:
-            planner, fallback = reference_planner(self.config), self.selfcheck.message
+            planner, fallback = reference_planner(config), self.selfcheck.message
         layout = self.prompts.layout([tuple(c.token_ids) for c in chunks], question)
         self._check_fits(layout.total_len, max_new_tokens)
         self._check_sources(chunks)
-        request = PlanRequest(layout, tuple(chunks), self.prefix_kv, ratio, self.config,
+        request = PlanRequest(layout, tuple(chunks), self.prefix_kv, ratio, config,
                               self.loaded.spec.num_layers)
         with torch.inference_mode(), self._prefill_turn():
-            kept = run_guarded(fidelity, self.config, partial(self._run, request, layout.total_len + max_new_tokens),
-                               planner, reference_planner(self.config))
+            kept = run_guarded(fidelity, config, partial(self._run, request, layout.total_len + max_new_tokens),
+                               planner, reference_planner(config))
         ttft = time.perf_counter() - started
         out = kept.out
         reports = chunk_reports(chunks, layout, out, self.loaded.spec.num_layers, kept.planner_name, kept.plan.decisions)

@@ -43,11 +43,11 @@ from app.catalog.records import (
     NewVariant,
     VariantLocation,
     VariantRecord,
-    VariantStats,
     context_signature,
     parse_context_signature,
 )
 from app.catalog.repository import Catalog, CatalogError
+from engine.variants.stats import VariantStats
 
 __all__ = [
     "ADD",

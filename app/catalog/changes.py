@@ -13,13 +13,13 @@ KV is computed.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-
 from datetime import datetime
 
-from sqlalchemy import delete, func, insert, select, text
+from sqlalchemy import Row, Select, delete, func, insert, select, text
 from sqlalchemy.orm import Session
 
 from app.catalog import records as rec
+from app.catalog.db import BaseCatalog, rows_changed
 from app.catalog.models import ADD, Chunk, Document, IndexChange, utcnow
 
 # pg_advisory_xact_lock key of the change log ("kvmchg" in ASCII).
@@ -36,7 +36,7 @@ def append_changes(s: Session, op: str, chunk_ids: Sequence[int]) -> None:
     s.execute(insert(IndexChange), [{"chunk_id": int(c), "op": op, "created_at": now} for c in chunk_ids])
 
 
-class ChangeLog:
+class ChangeLog(BaseCatalog):
     """Catalog methods of the change log and of the index rebuild (mixed into `Catalog`)."""
 
     def last_change_seq(self) -> int:
@@ -62,8 +62,8 @@ class ChangeLog:
             newest = s.scalar(select(func.max(IndexChange.seq)))
             if newest is None:
                 return 0
-            return s.execute(delete(IndexChange).where(IndexChange.created_at < older_than,
-                                                       IndexChange.seq < newest)).rowcount
+            return rows_changed(s, delete(IndexChange).where(IndexChange.created_at < older_than,
+                                                             IndexChange.seq < newest))
 
     def indexed_chunks_by_id(self, chunk_ids: Sequence[int]) -> list[rec.IndexedChunk]:
         """The retrievable chunks among `chunk_ids`, with their embeddings (any order)."""
@@ -93,12 +93,13 @@ class ChangeLog:
             after = batch[-1].chunk_id
 
 
-def _indexed_query():
+def _indexed_query() -> Select[int, str, str, str | None, bytes | None]:
+    """(chunk id, document title, chunk text, embedder, embedding) of chunks, to filter."""
     return select(Chunk.id, Document.title, Chunk.text, Chunk.embedder, Chunk.embedding) \
         .join(Document, Document.id == Chunk.document_id)
 
 
-def _indexed_record(row) -> rec.IndexedChunk:
+def _indexed_record(row: Row[int, str, str, str | None, bytes | None]) -> rec.IndexedChunk:
     chunk_id, title, chunk_text, embedder, embedding = row
     return rec.IndexedChunk(chunk_id, title, chunk_text, embedder, bytes(embedding) if embedding is not None else None)
 

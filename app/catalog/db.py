@@ -9,12 +9,16 @@ schema comes from the Alembic migrations (`app.catalog.migrate.upgrade_to_head`)
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import CursorResult, Delete, Engine, Update, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry
 
 URL_ENV = "KVMOSAIC_DATABASE_URL"
 DATA_DIR_ENV = "KVMOSAIC_DATA_DIR"
@@ -74,7 +78,7 @@ def create_db_engine(url: str, echo: bool = False) -> Engine:
     return engine
 
 
-def _sqlite_pragmas(dbapi_connection, _record) -> None:
+def _sqlite_pragmas(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute("PRAGMA journal_mode=WAL")
@@ -87,3 +91,21 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
 def create_session_factory(engine: Engine) -> sessionmaker[Session]:
     """Sessions whose loaded objects stay readable after commit (no lazy reload)."""
     return sessionmaker(engine, expire_on_commit=False, future=True)
+
+
+class BaseCatalog(ABC):
+    """What the catalog's method groups (`ingests.py`, `changes.py`) build on: transactions."""
+
+    @abstractmethod
+    def session(self) -> AbstractContextManager[Session]:
+        """One transaction: committed when the block ends, rolled back (and re-raised) if it
+        raises; an integrity error comes out as `CatalogError`."""
+
+
+def rows_changed(s: Session, statement: Update | Delete) -> int:
+    """Run an UPDATE or DELETE in `s`; the number of rows it matched."""
+    result = s.execute(statement)
+    # Session.execute is typed to return a plain Result, since an ORM statement need not run
+    # on a cursor; an UPDATE or DELETE without RETURNING always does.
+    assert isinstance(result, CursorResult)
+    return result.rowcount

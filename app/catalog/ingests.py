@@ -22,6 +22,7 @@ from sqlalchemy import delete, select, update
 
 from app.catalog import records as rec
 from app.catalog.changes import append_changes
+from app.catalog.db import BaseCatalog, rows_changed
 from app.catalog.models import ADD, INGEST_STATES, RECLAIMING, RUNNING, Chunk, Document, Ingest, utcnow
 from engine.errors import KvMosaicError
 
@@ -30,7 +31,7 @@ class LeaseLost(KvMosaicError):
     """The ingest's row is gone or owned by someone else: it was reclaimed or deleted."""
 
 
-class IngestLeases:
+class IngestLeases(BaseCatalog):
     """Catalog methods of ingest leases (mixed into `Catalog`)."""
 
     def begin_ingest(self, source: str, title: str, content_hash: str, chunks: Sequence[rec.NewChunk],
@@ -69,8 +70,8 @@ class IngestLeases:
         with self.session() as s:
             # The conditional delete is the decision: it takes the row's write lock first, so a
             # concurrent claim either already changed the row (we delete nothing) or waits.
-            won = s.execute(delete(Ingest).where(Ingest.document_id == document_id, Ingest.owner == owner,
-                                                 Ingest.state == RUNNING)).rowcount == 1
+            won = rows_changed(s, delete(Ingest).where(Ingest.document_id == document_id, Ingest.owner == owner,
+                                                       Ingest.state == RUNNING)) == 1
             if not won:
                 row = s.scalar(select(Ingest).where(Ingest.document_id == document_id))
                 raise LeaseLost(f"document {document_id}: the ingest lease was lost "
@@ -102,10 +103,11 @@ class IngestLeases:
         """Take over an expired ingest to delete it; False if its lease is live or it is gone."""
         now = now or utcnow()
         with self.session() as s:
-            result = s.execute(update(Ingest).where(Ingest.document_id == document_id, Ingest.lease_expires_at < now)
-                               .values(state=RECLAIMING, owner=owner,
-                                       lease_expires_at=now + timedelta(seconds=lease_s)))
-            return result.rowcount == 1
+            claimed = rows_changed(s, update(Ingest)
+                                   .where(Ingest.document_id == document_id, Ingest.lease_expires_at < now)
+                                   .values(state=RECLAIMING, owner=owner,
+                                           lease_expires_at=now + timedelta(seconds=lease_s)))
+            return claimed == 1
 
 
 def _record(row: Ingest) -> rec.IngestRecord:

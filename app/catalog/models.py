@@ -146,8 +146,8 @@ class Variant(Base):
     a: Mapped[float | None] = mapped_column(Float, nullable=True)
     b: Mapped[float | None] = mapped_column(Float, nullable=True)
     cci: Mapped[float | None] = mapped_column(Float, nullable=True)
-    inter_scores: Mapped[dict | None] = mapped_column(JSON, nullable=True)
-    token_scores: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    inter_scores: Mapped[dict[str, float] | None] = mapped_column(JSON, nullable=True)
+    token_scores: Mapped[list[float] | None] = mapped_column(JSON, nullable=True)
     expected_savings: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     chunk: Mapped[Chunk] = relationship(back_populates="variants")

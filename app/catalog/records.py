@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import overload
 
 from app.catalog.models import READY, Chunk, Document, Variant
 from engine.kv import ChunkId
@@ -167,6 +168,14 @@ class IngestRecord:
     state: str
     started_at: datetime
     lease_expires_at: datetime
+
+
+@overload
+def aware(moment: datetime) -> datetime: ...
+
+
+@overload
+def aware(moment: None) -> None: ...
 
 
 def aware(moment: datetime | None) -> datetime | None:

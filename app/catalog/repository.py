@@ -12,23 +12,29 @@ variant for a deleted chunk) raise `CatalogError` after the transaction is rolle
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
+from typing import TypeVar
 
-from sqlalchemy import Engine, delete, func, select, update
+from sqlalchemy import Engine, Select, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from app.catalog import records as rec
 from app.catalog.changes import ChangeLog, append_changes
-from app.catalog.db import CatalogConfig, create_db_engine, create_session_factory
+from app.catalog.db import CatalogConfig, create_db_engine, create_session_factory, rows_changed
 from app.catalog.ingests import IngestLeases
-from app.catalog.models import MISSING, READY, REMOVE, Chunk, Document, Ingest, Variant, utcnow
+from app.catalog.models import MISSING, READY, REMOVE, Base, Chunk, Document, Ingest, Variant, utcnow
 from engine.errors import KvMosaicError
+from engine.variants.stats import VariantStats
 
 # Bound parameters per IN (...) clause; SQLite allows 32766, PostgreSQL 65535.
 _IN_BATCH = 500
+
+Item = TypeVar("Item")
+Model = TypeVar("Model", bound=Base)
+Key = TypeVar("Key", bound=Hashable)
 
 
 class CatalogError(KvMosaicError):
@@ -135,7 +141,7 @@ class Catalog(IngestLeases, ChangeLog):
             s.execute(delete(Document).where(Document.id == document_id))
             return rec.DeletedDocument(document_id, int(num_chunks or 0), tuple(keys))
 
-    def _documents_with_counts(self, s: Session, query) -> list[rec.DocumentRecord]:
+    def _documents_with_counts(self, s: Session, query: Select[Document]) -> list[rec.DocumentRecord]:
         documents = s.scalars(query).all()
         if not documents:
             return []
@@ -231,12 +237,11 @@ class Catalog(IngestLeases, ChangeLog):
         with self.session() as s:
             total = 0
             for batch in _batches(list(store_keys)):
-                result = s.execute(update(Variant).where(Variant.store_key.in_(batch))
-                                   .values(access_count=Variant.access_count + 1, last_access_at=when))
-                total += result.rowcount
+                total += rows_changed(s, update(Variant).where(Variant.store_key.in_(batch))
+                                      .values(access_count=Variant.access_count + 1, last_access_at=when))
             return total
 
-    def update_variant_stats(self, store_key: str, stats: rec.VariantStats) -> bool:
+    def update_variant_stats(self, store_key: str, stats: VariantStats) -> bool:
         """Replace the given (non-None) statistics; False if no such variant."""
         with self.session() as s:
             row = s.scalar(select(Variant).where(Variant.store_key == store_key))
@@ -247,8 +252,7 @@ class Catalog(IngestLeases, ChangeLog):
 
     def set_variant_tier(self, store_key: str, tier: str) -> bool:
         with self.session() as s:
-            result = s.execute(update(Variant).where(Variant.store_key == store_key).values(tier=tier))
-            return result.rowcount > 0
+            return rows_changed(s, update(Variant).where(Variant.store_key == store_key).values(tier=tier)) > 0
 
     def mark_missing(self, store_keys: Iterable[str]) -> int:
         """Mark variants whose KV is gone; returns how many rows changed."""
@@ -258,16 +262,16 @@ class Catalog(IngestLeases, ChangeLog):
         with self.session() as s:
             total = 0
             for batch in _batches(list(store_keys)):
-                result = s.execute(update(Variant).where(Variant.store_key.in_(batch), Variant.status != status)
-                                   .values(status=status))
-                total += result.rowcount
+                total += rows_changed(s, update(Variant)
+                                      .where(Variant.store_key.in_(batch), Variant.status != status)
+                                      .values(status=status))
             return total
 
     def delete_variants(self, store_keys: Iterable[str]) -> int:
         with self.session() as s:
             total = 0
             for batch in _batches(list(store_keys)):
-                total += s.execute(delete(Variant).where(Variant.store_key.in_(batch))).rowcount
+                total += rows_changed(s, delete(Variant).where(Variant.store_key.in_(batch)))
             return total
 
     def mark_ready(self, tiers_by_key: dict[str, str]) -> int:
@@ -275,9 +279,8 @@ class Catalog(IngestLeases, ChangeLog):
         with self.session() as s:
             total = 0
             for key, tier in tiers_by_key.items():
-                result = s.execute(update(Variant).where(Variant.store_key == key)
-                                   .values(status=READY, tier=tier))
-                total += result.rowcount
+                total += rows_changed(s, update(Variant).where(Variant.store_key == key)
+                                      .values(status=READY, tier=tier))
             return total
 
     def variant_locations(self) -> dict[str, rec.VariantLocation]:
@@ -297,30 +300,35 @@ class Catalog(IngestLeases, ChangeLog):
 
     def stats(self) -> rec.CatalogStats:
         with self.session() as s:
-            count = lambda model: int(s.scalar(select(func.count()).select_from(model)) or 0)  # noqa: E731
             by_status = dict(s.execute(select(Variant.status, func.count()).group_by(Variant.status)).all())
             by_tier = s.execute(select(Variant.tier, func.sum(Variant.num_bytes))
                                 .where(Variant.status == READY).group_by(Variant.tier)).all()
             accesses = s.scalar(select(func.sum(Variant.access_count))) or 0
-            return rec.CatalogStats(count(Document), count(Chunk), int(by_status.get(READY, 0)),
+            return rec.CatalogStats(_count(s, Document), _count(s, Chunk), int(by_status.get(READY, 0)),
                                     int(by_status.get(MISSING, 0)), {t: int(b) for t, b in by_tier},
                                     int(accesses))
 
 
-def _apply_stats(row: Variant, stats: rec.VariantStats) -> None:
+def _count(s: Session, model: type[Base]) -> int:
+    return int(s.scalar(select(func.count()).select_from(model)) or 0)
+
+
+def _apply_stats(row: Variant, stats: VariantStats) -> None:
     for name in ("a", "b", "cci", "inter_scores", "token_scores", "expected_savings"):
         value = getattr(stats, name)
         if value is not None:
             setattr(row, name, value)
 
 
-def _batches(items: list, size: int = _IN_BATCH) -> Iterator[list]:
+def _batches(items: list[Item], size: int = _IN_BATCH) -> Iterator[list[Item]]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
 
 
-def _select_in(s: Session, model, column, values: Sequence) -> list:
-    out = []
+def _select_in(s: Session, model: type[Model], column: InstrumentedAttribute[Key | None],
+               values: Sequence[Key]) -> list[Model]:
+    """Rows of `model` whose `column` is one of `values` (distinct; any order), IN batch by batch."""
+    out: list[Model] = []
     for batch in _batches(list(dict.fromkeys(values))):
         out.extend(s.scalars(select(model).where(column.in_(batch))))
     return out

@@ -61,14 +61,10 @@ def run_calibration(engine, options: CalibrateOptions, progress: bool = True) ->
         raise InvalidRequest(f"swap must lie in [0, chunks); got {options.swap} of {options.chunks}")
     records = options.records()
     rows: dict[float, list[tuple]] = {a: [] for a in (*options.alphas, -1.0)}
-    configured = engine.config
-    try:
-        for offset, record in enumerate(tqdm(records, desc="calibrate", unit="record", file=sys.stderr,
-                                             disable=not progress)):
-            other = records[(offset + 1) % len(records)]
-            _measure_record(engine, configured, record, other, options, options.start + offset, rows)
-    finally:
-        engine.config = configured
+    for offset, record in enumerate(tqdm(records, desc="calibrate", unit="record", file=sys.stderr,
+                                         disable=not progress)):
+        other = records[(offset + 1) % len(records)]
+        _measure_record(engine, record, other, options, options.start + offset, rows)
     curve = [_point(a, rows[a]) for a in options.alphas]
     return curve, _point(0.0, rows[-1.0])
 
@@ -79,9 +75,11 @@ def _point(alpha: float, rows: list[tuple]) -> CurvePoint:
                       statistics.median(r[3] for r in rows), mean(r[4] for r in rows))
 
 
-def _measure_record(engine, configured, record, other, options: CalibrateOptions, index: int, rows) -> None:
-    """Full, cacheblend, the workload-like warm-up and one cachecraft prefill per α."""
-    engine.config = configured
+def _measure_record(engine, record, other, options: CalibrateOptions, index: int, rows) -> None:
+    """Full, cacheblend, the workload-like warm-up and one cachecraft prefill per α.
+
+    Each α is a per-call config (`Engine.prefill(config=...)`): the engine's own config, which
+    other threads may be reading, is never swapped."""
     base = base_variant_chunks(engine, record, options.chunks, index)
     foreign = base_variant_chunks(engine, other, options.swap, 10_000 + index)
     question = record["question"]
@@ -91,9 +89,10 @@ def _measure_record(engine, configured, record, other, options: CalibrateOptions
     book = related_book(engine, question, base, foreign, options.warmup_orders, options.seed + index)
     ids = [c.chunk_id for c in base]
     for alpha in options.alphas:
-        engine.config = dataclasses.replace(configured, craft_alpha=alpha)
-        policy = VariantPolicy(engine.config, engine.loaded.spec.num_layers)
-        result = engine.prefill(book.inputs(ids, CRAFT, policy), question, mode=CRAFT, max_new_tokens=1)
+        config = dataclasses.replace(engine.config, craft_alpha=alpha)
+        policy = VariantPolicy(config, engine.loaded.spec.num_layers)
+        result = engine.prefill(book.inputs(ids, CRAFT, policy), question, mode=CRAFT, max_new_tokens=1,
+                                config=config)
         rows[alpha].append(_row(full, result))
 
 

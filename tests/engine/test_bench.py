@@ -90,6 +90,21 @@ def test_calibration_curve_recomputes_more_at_larger_alpha(tiny_engine, dataset)
     assert tiny_engine.config is configured  # the engine's own α is back
 
 
+def test_calibration_passes_each_alpha_per_call_and_never_swaps_the_engine_config(tiny_engine, dataset,
+                                                                                  monkeypatch):
+    configured, prefill, alphas = tiny_engine.config, tiny_engine.prefill, []
+
+    def watched(*args, config=None, **kwargs):
+        assert tiny_engine.config is configured  # what another thread would read meanwhile
+        alphas.append(None if config is None else config.craft_alpha)
+        return prefill(*args, config=config, **kwargs)
+
+    monkeypatch.setattr(tiny_engine, "prefill", watched)
+    options = CalibrateOptions(dataset=dataset, n=1, chunks=3, alphas=(0.25, 2.0), warmup_orders=1, swap=1)
+    run_calibration(tiny_engine, options, progress=False)
+    assert [a for a in alphas if a is not None] == [0.25, 2.0]
+
+
 def test_calibration_refuses_a_swap_that_leaves_no_shared_chunk(tiny_engine, dataset):
     with pytest.raises(InvalidRequest, match="swap"):
         run_calibration(tiny_engine, CalibrateOptions(dataset=dataset, n=1, chunks=2, swap=2), progress=False)
