@@ -47,7 +47,7 @@ from app.catalog.records import (
     parse_context_signature,
 )
 from app.catalog.repository import Catalog, CatalogError
-from engine.variants.stats import VariantStats
+from engine.variant_stats import VariantStats
 
 __all__ = [
     "ADD",

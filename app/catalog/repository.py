@@ -27,7 +27,7 @@ from app.catalog.db import CatalogConfig, create_db_engine, create_session_facto
 from app.catalog.ingests import IngestLeases
 from app.catalog.models import MISSING, READY, REMOVE, Base, Chunk, Document, Ingest, Variant, utcnow
 from engine.errors import KvMosaicError
-from engine.variants.stats import VariantStats
+from engine.variant_stats import VariantStats
 
 # Bound parameters per IN (...) clause; SQLite allows 32766, PostgreSQL 65535.
 _IN_BATCH = 500
