@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.queue import WorkQueue
 
 
 class Counters:
@@ -24,7 +28,7 @@ class Counters:
             total = sum(self._by_mode.values())
             return round(self._share_sum / total, 4) if total else None
 
-    def snapshot(self, queue) -> dict:
+    def snapshot(self, queue: WorkQueue) -> dict[str, object]:
         with self._lock:
             by_mode = dict(self._by_mode)
         return {"answered": sum(by_mode.values()), "by_mode": by_mode, "rejected": queue.num_rejected,

@@ -23,16 +23,24 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
 
 from app.replica import LeaseKeeper, reclaim_expired
 from app.retrieve import chunk_token_ids
-from app.catalog import DocumentRecord, NewChunk
+from app.catalog import AddedDocument, Catalog, ChunkRecord, DocumentRecord, NewChunk
 from engine.errors import InvalidRequest
 from app.store.entry import token_ids_hash
-from retrieval import Chunker, SourceDocument
+from retrieval import Chunker, Retriever, SourceDocument, TextChunk
+
+if TYPE_CHECKING:
+    from app.kvcache.chunk_cache import ServiceChunkCache
+    from engine.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +66,8 @@ def content_hash(text: str) -> str:
 
 
 class Ingestor:
-    def __init__(self, engine, chunker: Chunker, retriever, catalog, chunk_cache, leases: LeaseKeeper,
-                 kv: str = "eager"):
+    def __init__(self, engine: Engine, chunker: Chunker, retriever: Retriever, catalog: Catalog,
+                 chunk_cache: ServiceChunkCache, leases: LeaseKeeper, kv: str = "eager"):
         """`kv`: what `ingest` does with base KV when the caller names nothing (`KV_MODES`)."""
         self.kv = _check_kv(kv)
         self.engine = engine
@@ -116,7 +124,8 @@ class Ingestor:
         return reclaim_expired(self.catalog, self.chunk_cache.forget_document, self.leases.owner,
                                self.leases.lease_s)
 
-    def _begin(self, doc: SourceDocument, digest: str, pieces, ids, vectors):
+    def _begin(self, doc: SourceDocument, digest: str, pieces: Sequence[TextChunk], ids: Sequence[Sequence[int]],
+               vectors: npt.NDArray[np.float32]) -> AddedDocument:
         """Catalog rows of the document (not retrievable yet) under a lease this replica holds."""
         chunks = [NewChunk(p.text, len(t), token_ids_hash(t), embedding=v.astype("<f4").tobytes())
                   for p, t, v in zip(pieces, ids, vectors)]
@@ -125,7 +134,8 @@ class Ingestor:
         self.leases.hold(added.document.id)
         return added
 
-    def _compute_kv(self, chunks, ids, on_progress: OnProgress | None) -> Counter[str]:
+    def _compute_kv(self, chunks: Sequence[ChunkRecord], ids: Sequence[Sequence[int]],
+                    on_progress: OnProgress | None) -> Counter[str]:
         """Base KV of every chunk into the store, packed; how many chunks each tier took."""
         stored = self.chunk_cache.put_bases([(chunk.id, token_ids) for chunk, token_ids in zip(chunks, ids)],
                                             on_progress)
@@ -145,7 +155,7 @@ def _check_kv(kv: str) -> str:
     return kv
 
 
-def iter_documents(catalog, page: int = 500):
+def iter_documents(catalog: Catalog, page: int = 500) -> Iterator[DocumentRecord]:
     """Every document, oldest first, read page by page."""
     offset = 0
     while True:
@@ -156,7 +166,7 @@ def iter_documents(catalog, page: int = 500):
         offset += page
 
 
-def iter_chunk_texts(catalog):
+def iter_chunk_texts(catalog: Catalog) -> Iterator[tuple[int, str]]:
     """(chunk id, embedding text) of every indexed chunk."""
     for chunk in catalog.iter_indexed_chunks():
         yield chunk.chunk_id, chunk.embedding_text

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 M_ARENA_MAX = -8  # from glibc's malloc.h
 
 
-def _libc():
+def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     if name is None:
         return None

@@ -7,11 +7,18 @@ read from the store and the queue at scrape time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from app.queue import WorkQueue
+
+# {tier: {"hits": 3, "capacity_bytes": None, ...}}: counts, sizes and flags per store tier
+TierStats = Mapping[str, Mapping[str, int | None]]
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -60,11 +67,11 @@ class LiveCollector(Collector):
     "corrupt", "evictions"}}.
     """
 
-    def __init__(self, queue, tier_stats: Callable[[], dict[str, dict]]):
+    def __init__(self, queue: WorkQueue, tier_stats: Callable[[], TierStats]):
         self.queue = queue
         self.tier_stats = tier_stats
 
-    def collect(self) -> Iterable:
+    def collect(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily("kvmosaic_queue_requests", "Requests in the work queue", labels=["state"])
         depth.add_metric(["running"], self.queue.running)
         depth.add_metric(["waiting"], self.queue.waiting)
@@ -82,10 +89,16 @@ class LiveCollector(Collector):
                                labels=["tier"])
         for tier, s in stats.items():
             up.add_metric([tier], 1 if s.get("available", True) else 0)
-            lookups.add_metric([tier, "hit"], s.get("hits", 0))
-            lookups.add_metric([tier, "miss"], s.get("misses", 0))
-            size.add_metric([tier], s.get("bytes", 0))
-            entries.add_metric([tier], s.get("entries", 0))
-            corrupt.add_metric([tier], s.get("corrupt", 0))
-            evictions.add_metric([tier], s.get("evictions", 0))
+            lookups.add_metric([tier, "hit"], _figure(s, "hits"))
+            lookups.add_metric([tier, "miss"], _figure(s, "misses"))
+            size.add_metric([tier], _figure(s, "bytes"))
+            entries.add_metric([tier], _figure(s, "entries"))
+            corrupt.add_metric([tier], _figure(s, "corrupt"))
+            evictions.add_metric([tier], _figure(s, "evictions"))
         yield from (lookups, size, entries, corrupt, evictions, up)
+
+
+def _figure(stats: Mapping[str, int | None], name: str) -> int:
+    """A tier's count; 0 where the tier does not keep it."""
+    value = stats.get(name)
+    return 0 if value is None else value

@@ -11,9 +11,11 @@ import asyncio
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from functools import partial
+from typing import TypeVar, TypeVarTuple
 
 T = TypeVar("T")
+Args = TypeVarTuple("Args")
 
 
 class QueueFull(Exception):
@@ -51,7 +53,7 @@ class WorkQueue:
     def can_submit(self) -> bool:
         return self._pending < self.capacity
 
-    def submit(self, fn: Callable[..., T], *args) -> Future:
+    def submit(self, fn: Callable[[*Args], T], *args: *Args) -> Future[T]:
         """Start `fn(*args)` on a worker, or raise QueueFull at once."""
         with self._lock:
             if self._pending >= self.capacity:
@@ -59,23 +61,23 @@ class WorkQueue:
                 raise QueueFull(self.retry_after_s)
             self._pending += 1
         try:
-            return self._executor.submit(self._run, fn, *args)
+            return self._executor.submit(self._run, partial(fn, *args))
         except RuntimeError:  # shut down
             self._finish(started=False)
             raise QueueFull(self.retry_after_s) from None
 
-    async def run(self, fn: Callable[..., T], *args) -> T:
+    async def run(self, fn: Callable[[*Args], T], *args: *Args) -> T:
         """Submit and await the result from the event loop."""
         return await asyncio.wrap_future(self.submit(fn, *args))
 
     def shutdown(self, wait: bool = True) -> None:
         self._executor.shutdown(wait=wait, cancel_futures=True)
 
-    def _run(self, fn: Callable[..., T], *args) -> T:
+    def _run(self, job: Callable[[], T]) -> T:
         with self._lock:
             self._running += 1
         try:
-            return fn(*args)
+            return job()
         finally:
             self._finish(started=True)
 

@@ -22,13 +22,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
 import numpy as np
+import numpy.typing as npt
 
-from app.catalog import ADD, Catalog, IndexedChunk
+from app.catalog import ADD, Catalog, IndexChangeRecord, IndexedChunk
 from app.catalog.models import utcnow
 from retrieval.embedder import Embedder
 from retrieval.retriever import IndexUpdate, Retriever
@@ -44,14 +45,14 @@ def new_replica_id() -> str:
     return f"{socket.gethostname()[:64]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def stored_vector(chunk: IndexedChunk, embedder: Embedder) -> np.ndarray | None:
+def stored_vector(chunk: IndexedChunk, embedder: Embedder) -> npt.NDArray[np.float32] | None:
     """The chunk's stored embedding if this replica's embedder made it; None: embed the text."""
     if chunk.embedding is None or chunk.embedder != embedder.name or len(chunk.embedding) != 4 * embedder.dim:
         return None
     return np.frombuffer(chunk.embedding, dtype="<f4").astype(np.float32)
 
 
-def index_rows(catalog: Catalog, embedder: Embedder) -> Iterator[tuple[int, str, np.ndarray | None]]:
+def index_rows(catalog: Catalog, embedder: Embedder) -> Iterator[tuple[int, str, npt.NDArray[np.float32] | None]]:
     """(chunk id, embedding text, stored vector or None) of every retrievable chunk."""
     for chunk in catalog.iter_indexed_chunks():
         yield chunk.chunk_id, chunk.embedding_text, stored_vector(chunk, embedder)
@@ -128,10 +129,10 @@ class IndexFollower:
         self.retriever.remove(sorted(held - wanted))
         added = self.catalog.indexed_chunks_by_id(sorted(wanted - held))
         if added:
-            vectors = [stored_vector(c, self.retriever.embedder) for c in added]
-            missing = [i for i, v in enumerate(vectors) if v is None]
-            for i, v in zip(missing, self.retriever.embed([added[i].embedding_text for i in missing])):
-                vectors[i] = v
+            stored = [stored_vector(c, self.retriever.embedder) for c in added]
+            missing = [i for i, v in enumerate(stored) if v is None]
+            fresh = iter(self.retriever.embed([added[i].embedding_text for i in missing]))
+            vectors = [v if v is not None else next(fresh) for v in stored]
             self.retriever.add([c.chunk_id for c in added], np.stack(vectors))
         self.retriever.cursor = max(self.retriever.cursor, cursor)
         log.warning("vector index resynced with the catalog: %d rows removed, %d added",
@@ -152,12 +153,12 @@ class IndexFollower:
             if len(changes) < self.page:
                 return applied
 
-    def _updates(self, changes) -> list[IndexUpdate]:
-        adds = [c for c in changes if c.op == ADD and c.chunk is not None]
-        vectors = {c.chunk_id: stored_vector(c.chunk, self.retriever.embedder) for c in adds}
+    def _updates(self, changes: Sequence[IndexChangeRecord]) -> list[IndexUpdate]:
+        adds = [c.chunk for c in changes if c.op == ADD and c.chunk is not None]
+        vectors = {c.chunk_id: stored_vector(c, self.retriever.embedder) for c in adds}
         unembedded = [c for c in adds if vectors[c.chunk_id] is None]
         if unembedded:  # made by another embedder: embed the text with ours
-            fresh = self.retriever.embed([c.chunk.embedding_text for c in unembedded])
+            fresh = self.retriever.embed([c.embedding_text for c in unembedded])
             vectors.update({c.chunk_id: v for c, v in zip(unembedded, fresh)})
         # an add whose chunk is gone is applied as a removal (a later `remove` follows anyway)
         return [IndexUpdate(c.seq, c.chunk_id, vectors.get(c.chunk_id) if c.op == ADD else None) for c in changes]

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import faiss
 import numpy as np
+import numpy.typing as npt
 
 from retrieval import ivf
 
@@ -54,7 +56,7 @@ class RetrievalRow:
     build_s: float  # IVF training + adding every row
 
 
-def synthetic(n: int, options: RetrievalBenchOptions, rng: np.random.Generator) -> np.ndarray:
+def synthetic(n: int, options: RetrievalBenchOptions, rng: np.random.Generator) -> npt.NDArray[np.float32]:
     """[n, dim] float32 unit vectors near the latent subspace (its map drawn once per seed)."""
     mapping = np.random.default_rng(options.seed).normal(size=(options.latent, options.dim)).astype(np.float32)
     scale = options.noise * np.sqrt(options.latent)  # noise relative to the signal's per-dim spread
@@ -67,7 +69,7 @@ def synthetic(n: int, options: RetrievalBenchOptions, rng: np.random.Generator) 
     return out
 
 
-def run_retrieval_bench(options: RetrievalBenchOptions, log=print) -> list[RetrievalRow]:
+def run_retrieval_bench(options: RetrievalBenchOptions, log: Callable[[str], object] = print) -> list[RetrievalRow]:
     faiss.omp_set_num_threads(1)  # one query at a time on one thread, as a request runs it
     rows = []
     for size in options.sizes:
@@ -79,7 +81,8 @@ def run_retrieval_bench(options: RetrievalBenchOptions, log=print) -> list[Retri
     return rows
 
 
-def _measure(size: int, vectors: np.ndarray, queries: np.ndarray, options: RetrievalBenchOptions) -> RetrievalRow:
+def _measure(size: int, vectors: npt.NDArray[np.float32], queries: npt.NDArray[np.float32],
+             options: RetrievalBenchOptions) -> RetrievalRow:
     ids = np.arange(size, dtype=np.int64)
     flat = faiss.IndexIDMap2(faiss.IndexFlatIP(options.dim))
     flat.add_with_ids(vectors, ids)
@@ -97,7 +100,7 @@ def _measure(size: int, vectors: np.ndarray, queries: np.ndarray, options: Retri
                         (vector_bytes + nlist * options.dim * 4) / 2**20, build_s)
 
 
-def _search_all(index, queries: np.ndarray) -> tuple[list[list[int]], list[float]]:
+def _search_all(index: faiss.Index, queries: npt.NDArray[np.float32]) -> tuple[list[list[int]], list[float]]:
     results, times = [], []
     for query in queries:
         started = time.perf_counter()

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 
 def default_model_path() -> Path:
@@ -32,7 +33,10 @@ class Embedder:
         self.model = SentenceTransformer(str(self.model_path), device=device, local_files_only=True)
         self.batch_size = batch_size
         get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
-        self.dim = int(get_dim())
+        dim = get_dim()
+        if dim is None:
+            raise TypeError(f"{self.model_path}: the model reports no embedding dimension")
+        self.dim = int(dim)
         # The tokenizer is not safe under concurrent calls; embedding is cheap next to prefill.
         self._lock = threading.Lock()
 
@@ -46,7 +50,7 @@ class Embedder:
             digest.update(path.read_bytes() if path.exists() else name.encode())
         return f"minilm-{self.dim}-{digest.hexdigest()[:12]}"
 
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
+    def encode(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """float32 [len(texts), dim], each row of unit length (zeros for no texts)."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import faiss
 import numpy as np
+import numpy.typing as npt
 
 from retrieval import ivf
 
@@ -79,8 +80,9 @@ class VectorIndex:
         self._trained_rows = int(self._index.ntotal)
         self._lock = threading.Lock()
         self._training = False
-        if ivf.is_ivf(self._index):
-            faiss.downcast_index(self._index).nprobe = config.nprobe
+        ivf_index = faiss.downcast_index(self._index)
+        if isinstance(ivf_index, faiss.IndexIVF):
+            ivf_index.nprobe = config.nprobe
 
     def __len__(self) -> int:
         return int(self._index.ntotal)
@@ -94,12 +96,13 @@ class VectorIndex:
         with self._lock:
             return [int(i) for i in ivf.ids_of(self._index)]
 
-    def add(self, ids: Sequence[int], vectors: np.ndarray) -> None:
+    def add(self, ids: Sequence[int], vectors: npt.NDArray[np.float32]) -> None:
         """Add rows; vectors [len(ids), dim] should be unit length. Re-adding an id replaces it."""
         vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(ids), self.dim)
         id_array = np.asarray(ids, dtype=np.int64)
         with self._lock:
-            self._index.remove_ids(id_array)
+            # faiss's stub types remove_ids(IDSelector); its Python wrapper takes an id array
+            self._index.remove_ids(id_array)  # type: ignore[arg-type]
             self._index.add_with_ids(vectors, id_array)
         self._reshape_if_grown()
 
@@ -108,7 +111,8 @@ class VectorIndex:
         if not len(ids):
             return 0
         with self._lock:
-            return int(self._index.remove_ids(np.asarray(ids, dtype=np.int64)))
+            id_array = np.asarray(ids, dtype=np.int64)
+            return int(self._index.remove_ids(id_array))  # type: ignore[arg-type]  # an id array, as in `add`
 
     def _reshape_if_grown(self) -> None:
         """Switch to IVF past `approx_above` rows, or retrain it past `regrow` x its trained size."""
@@ -132,7 +136,7 @@ class VectorIndex:
         finally:
             self._training = False
 
-    def search(self, vector: np.ndarray, k: int) -> list[Hit]:
+    def search(self, vector: npt.NDArray[np.float32], k: int) -> list[Hit]:
         """The k nearest rows to one query vector [dim], best first (fewer if the index is small)."""
         query = np.ascontiguousarray(vector, dtype=np.float32).reshape(1, self.dim)
         with self._lock:

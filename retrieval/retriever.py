@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from retrieval.embedder import Embedder
 from retrieval.index import Hit, IndexConfig, VectorIndex
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 
 # (chunk id, text) or (chunk id, text, vector or None) rows, produced lazily: only read when a
 # rebuild is needed. A vector given must be this embedder's, unit length, [dim].
-ChunkRow = tuple[int, str] | tuple[int, str, np.ndarray | None]
+ChunkRow = tuple[int, str] | tuple[int, str, npt.NDArray[np.float32] | None]
 ChunkTexts = Callable[[], Iterable[ChunkRow]]
 
 
@@ -36,7 +37,7 @@ class IndexUpdate:
 
     seq: int
     chunk_id: int
-    vector: np.ndarray | None
+    vector: npt.NDArray[np.float32] | None
 
 
 class Retriever:
@@ -87,18 +88,19 @@ class Retriever:
         log.info("rebuilt the vector index: %d chunks in %.1f s", len(fresh), time.perf_counter() - started)
         return len(fresh)
 
-    def _vectors(self, rows: Sequence[ChunkRow]) -> np.ndarray:
+    def _vectors(self, rows: Sequence[ChunkRow]) -> npt.NDArray[np.float32]:
         """[len(rows), dim]: each row's stored vector, or its text embedded (in one batch)."""
         out = np.zeros((len(rows), self.embedder.dim), dtype=np.float32)
-        missing = [i for i, r in enumerate(rows) if len(r) < 3 or r[2] is None]
-        for i, row in enumerate(rows):
-            if i not in missing:
-                out[i] = row[2]
+        stored = [r[2] if len(r) == 3 else None for r in rows]
+        missing = [i for i, vector in enumerate(stored) if vector is None]
+        for i, vector in enumerate(stored):
+            if vector is not None:
+                out[i] = vector
         if missing:
             out[missing] = self.embedder.encode([rows[i][1] for i in missing])
         return out
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         return self.embedder.encode(texts)
 
     def apply(self, updates: Sequence[IndexUpdate]) -> int:
@@ -107,14 +109,15 @@ class Retriever:
         with self._apply_lock:
             for run in _runs(updates):  # consecutive adds (or removes) in one call each
                 ids = [u.chunk_id for u in run]
-                if run[0].vector is None:
+                vectors = [u.vector for u in run if u.vector is not None]  # all or none (`_runs`)
+                if not vectors:
                     self.index.remove(ids)
                 else:
-                    self.index.add(ids, np.stack([u.vector for u in run]))
+                    self.index.add(ids, np.stack(vectors))
                 self.cursor = max(self.cursor, run[-1].seq)
         return len(updates)
 
-    def add(self, ids: Sequence[int], vectors: np.ndarray) -> None:
+    def add(self, ids: Sequence[int], vectors: npt.NDArray[np.float32]) -> None:
         self.index.add(ids, vectors)
 
     def remove(self, ids: Sequence[int]) -> int:
@@ -147,8 +150,8 @@ def _runs(updates: Sequence[IndexUpdate]) -> list[list[IndexUpdate]]:
     runs: list[list[IndexUpdate]] = []
     for update in updates:
         last = runs[-1] if runs else None
-        same_kind = last is not None and (last[0].vector is None) == (update.vector is None)
-        if same_kind and all(u.chunk_id != update.chunk_id for u in last):
+        if (last is not None and (last[0].vector is None) == (update.vector is None)
+                and all(u.chunk_id != update.chunk_id for u in last)):
             last.append(update)
         else:
             runs.append([update])
