@@ -16,9 +16,8 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from app.queue import WorkQueue
+    from app.store import TierFigures
 
-# {tier: {"hits": 3, "capacity_bytes": None, ...}}: counts, sizes and flags per store tier
-TierStats = Mapping[str, Mapping[str, int | None]]
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -63,11 +62,10 @@ class Metrics:
 class LiveCollector(Collector):
     """Reads live figures at scrape time: queue depth and the store's per-tier counters.
 
-    `tier_stats` returns {tier: {"hits", "misses", "entries", "bytes", "capacity_bytes",
-    "corrupt", "evictions"}}.
+    `tier_stats` returns each tier's `TierFigures` by tier name.
     """
 
-    def __init__(self, queue: WorkQueue, tier_stats: Callable[[], TierStats]):
+    def __init__(self, queue: WorkQueue, tier_stats: Callable[[], Mapping[str, TierFigures]]):
         self.queue = queue
         self.tier_stats = tier_stats
 
@@ -88,17 +86,12 @@ class LiveCollector(Collector):
                                "1 while a store tier is reachable, 0 while it is down and skipped (degraded)",
                                labels=["tier"])
         for tier, s in stats.items():
-            up.add_metric([tier], 1 if s.get("available", True) else 0)
-            lookups.add_metric([tier, "hit"], _figure(s, "hits"))
-            lookups.add_metric([tier, "miss"], _figure(s, "misses"))
-            size.add_metric([tier], _figure(s, "bytes"))
-            entries.add_metric([tier], _figure(s, "entries"))
-            corrupt.add_metric([tier], _figure(s, "corrupt"))
-            evictions.add_metric([tier], _figure(s, "evictions"))
+            up.add_metric([tier], 1 if s["available"] else 0)
+            lookups.add_metric([tier, "hit"], s["hits"])
+            lookups.add_metric([tier, "miss"], s["misses"])
+            size.add_metric([tier], s["bytes"])
+            entries.add_metric([tier], s["entries"])
+            corrupt.add_metric([tier], s["corrupt"])
+            evictions.add_metric([tier], s["evictions"])
         yield from (lookups, size, entries, corrupt, evictions, up)
 
-
-def _figure(stats: Mapping[str, int | None], name: str) -> int:
-    """A tier's count; 0 where the tier does not keep it."""
-    value = stats.get(name)
-    return 0 if value is None else value

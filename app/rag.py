@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 
+from app.catalog import Catalog
+from app.kvcache.chunk_cache import ServiceChunkCache
 from app.retrieve import Retrieved, retrieve_chunks
+from app.settings import Settings
 from engine.config import FIDELITIES
 from engine.decode import SamplingParams
+from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.planners import planner_names
 from engine.result import PrefillResult
+from retrieval import Retriever
 
 OnPiece = Callable[[str], None]
 
@@ -56,7 +61,7 @@ class StageClock:
         self.stages: dict[str, float] = {}
 
     @contextmanager
-    def __call__(self, stage: str):
+    def __call__(self, stage: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
             yield
@@ -70,7 +75,8 @@ class StageClock:
 class RagService:
     """Answers questions; thread-safe (each call has its own prefill result and pins)."""
 
-    def __init__(self, engine, retriever, catalog, chunk_cache, settings, observe=None):
+    def __init__(self, engine: Engine, retriever: Retriever, catalog: Catalog, chunk_cache: ServiceChunkCache,
+                 settings: Settings, observe: Callable[[Answer], None] | None = None):
         self.engine = engine
         self.retriever = retriever
         self.catalog = catalog

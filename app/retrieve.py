@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.catalog import ChunkRecord, DocumentRecord
+from app.catalog import Catalog, ChunkRecord, DocumentRecord
+from engine.engine import Engine
 from engine.errors import InvalidRequest
+from retrieval import Retriever
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,8 @@ class Retrieved:
         return self.chunk.id
 
 
-def retrieve_chunks(retriever, catalog, engine, question: str, top_k: int) -> list[Retrieved]:
+def retrieve_chunks(retriever: Retriever, catalog: Catalog, engine: Engine, question: str,
+                    top_k: int) -> list[Retrieved]:
     """The top_k chunks for the question, best first; InvalidRequest if nothing is ingested."""
     hits = retriever.search(question, top_k)
     if not hits:
@@ -42,7 +45,7 @@ def retrieve_chunks(retriever, catalog, engine, question: str, top_k: int) -> li
             for hit, row in found]
 
 
-def chunk_token_ids(engine, text: str, title: str) -> tuple[int, ...]:
+def chunk_token_ids(engine: Engine, text: str, title: str) -> tuple[int, ...]:
     """The ids a chunk has in every prompt (and in its cached KV): title, blank line, text.
 
     The title tells the model what a later chunk of a document is about; a chunk that
@@ -52,8 +55,8 @@ def chunk_token_ids(engine, text: str, title: str) -> tuple[int, ...]:
     return engine.chunk_ids(text, "" if opens_with_title else title)
 
 
-def _documents(catalog, ids: Sequence[int]) -> dict[int, DocumentRecord]:
-    out = {}
+def _documents(catalog: Catalog, ids: Sequence[int]) -> dict[int, DocumentRecord]:
+    out: dict[int, DocumentRecord] = {}
     for document_id in dict.fromkeys(ids):
         document = catalog.get_document(document_id)
         if document is not None:

@@ -12,18 +12,23 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.catalog import Catalog
 from app.counters import Counters
 from app.ingest import Ingestor
+from app.kvcache.chunk_cache import ServiceChunkCache, open_chunk_cache
 from app.memory import Trimmer, limit_arenas
 from app.metrics import LiveCollector, Metrics
 from app.queue import WorkQueue
 from app.replica import IndexFollower, LeaseKeeper, PeriodicJob, ReplicaDaemon, index_rows, new_replica_id
 from app.rag import Answer, RagService
 from app.settings import Settings
+from engine.engine import Engine
 from retrieval import Chunker, Retriever
+from retrieval.embedder import Embedder
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +43,9 @@ PRUNE_EVERY_S = 3600.0
 @dataclass
 class Services:
     settings: Settings
-    engine: object
-    catalog: object
-    chunk_cache: object
+    engine: Engine
+    catalog: Catalog
+    chunk_cache: ServiceChunkCache
     retriever: Retriever
     ingestor: Ingestor
     rag: RagService
@@ -52,12 +57,8 @@ class Services:
     trimmer: Trimmer | None = None  # hands freed heap back to the kernel when idle (app/memory.py)
 
     @classmethod
-    def start(cls, settings: Settings, engine=None, embedder=None) -> "Services":
+    def start(cls, settings: Settings, engine: Engine | None = None, embedder: Embedder | None = None) -> Services:
         """Load or open every component; `engine` / `embedder` given: use them (tests)."""
-        from app.kvcache.chunk_cache import open_chunk_cache
-        from app.catalog import Catalog
-        from engine.engine import Engine
-        from retrieval.embedder import Embedder
 
         started = time.perf_counter()
         limit_arenas(settings.malloc_arenas)  # before the threads below first allocate
@@ -77,7 +78,8 @@ class Services:
         return services
 
     @classmethod
-    def assemble(cls, settings, engine, catalog, chunk_cache, retriever, ingestor) -> "Services":
+    def assemble(cls, settings: Settings, engine: Engine, catalog: Catalog, chunk_cache: ServiceChunkCache,
+                 retriever: Retriever, ingestor: Ingestor) -> Services:
         queue = WorkQueue(settings.workers, settings.queue_size, settings.retry_after_s)
         rag = RagService(engine, retriever, catalog, chunk_cache, settings)
         services = cls(settings, engine, catalog, chunk_cache, retriever, ingestor, rag, queue)
@@ -114,7 +116,7 @@ class Services:
         self.catalog.close()
 
 
-def open_retriever(settings: Settings, catalog, embedder) -> Retriever:
+def open_retriever(settings: Settings, catalog: Catalog, embedder: Embedder) -> Retriever:
     """The local vector index, in step with the catalog at its current change sequence."""
     cursor = catalog.last_change_seq()  # first: changes after it are applied again, harmlessly
     retriever = Retriever.open(embedder, settings.index_dir, catalog.indexed_chunk_ids(),
@@ -123,7 +125,8 @@ def open_retriever(settings: Settings, catalog, embedder) -> Retriever:
     return retriever
 
 
-def replica_daemon(settings: Settings, catalog, chunk_cache, retriever: Retriever, ingestor: Ingestor) -> ReplicaDaemon:
+def replica_daemon(settings: Settings, catalog: Catalog, chunk_cache: ServiceChunkCache, retriever: Retriever,
+                   ingestor: Ingestor) -> ReplicaDaemon:
     """Follow the change log every `index_poll_s`; look for expired ingests (of any replica,
     whatever their lease) every `RECLAIM_EVERY_S` or a third of this replica's lease if
     shorter; sweep orphan KV every half grace period (at least every 10 s); save the index
@@ -140,6 +143,7 @@ def replica_daemon(settings: Settings, catalog, chunk_cache, retriever: Retrieve
     ])
 
 
-def token_counter(engine):
+def token_counter(engine: Engine) -> Callable[[str], int]:
+    """Tokens of a text alone, as the chunker counts them."""
     tokenizer = engine.loaded.tokenizer
     return lambda text: len(tokenizer.encode(text, add_special_tokens=False))

@@ -11,21 +11,22 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 
 import torch
 
 from engine.config import EngineConfig
-from engine.decode import SamplingParams, TextStream, generate_ids
+from engine.decode import SamplingParams, TextStream, TokenIds, generate_ids
 from engine.encoder import DEFAULT_BATCH_TOKENS, ChunkEncoder
 from engine.errors import InvalidRequest, PromptTooLong
 from engine.guard import check_fidelity, run_guarded
 from engine.kv import ChunkKV
 from engine.layers import DecoderStack
 from engine.model import LoadedModel, load_model
-from engine.planners import create_planner, reference_planner
 from engine.plan import CachedSpan, ChunkInput, Plan, PlanRequest
+from engine.planners import create_planner, reference_planner
+from engine.planners.base import BasePlanner
 from engine.prompt import PromptBuilder
 from engine.result import PrefillResult, chunk_reports
 from engine.runner import LayerRunner, RunOutput
@@ -136,7 +137,7 @@ class Engine:
         fidelity = check_fidelity(fidelity, config)
         planner = create_planner(mode, config)
         fallback = None
-        if planner.reuses_cache and not self.reuse_available:
+        if planner.reuses_cache and self.selfcheck is not None and not self.selfcheck.ok:
             planner, fallback = reference_planner(config), self.selfcheck.message
         layout = self.prompts.layout([tuple(c.token_ids) for c in chunks], question)
         self._check_fits(layout.total_len, max_new_tokens)
@@ -148,11 +149,13 @@ class Engine:
                                planner, reference_planner(config))
         ttft = time.perf_counter() - started
         out = kept.out
+        if out.logits is None:  # `_run` always asks the runner for them
+            raise RuntimeError("a prefill ran without its first logits")
         reports = chunk_reports(chunks, layout, out, self.loaded.spec.num_layers, kept.planner_name, kept.plan.decisions)
         return PrefillResult(planner.name, layout, out.cache, out.logits, ttft, reports, fallback,
                              layers_computed=out.layers_computed, guard=kept.report)
 
-    def _run(self, request: PlanRequest, capacity: int, planner) -> tuple[Plan, RunOutput]:
+    def _run(self, request: PlanRequest, capacity: int, planner: BasePlanner) -> tuple[Plan, RunOutput]:
         """Plan the request with `planner` and run its layers (synchronised: timings are real)."""
         plan = planner.plan(request)
         out = self.runner.run(request.layout.token_tensor(self.device), plan, capacity=capacity)
@@ -167,13 +170,14 @@ class Engine:
         """
         result.claim_for_decode()
         params, eos = params or SamplingParams(), self.loaded.eos_token_ids
+        ids: TokenIds
         if self.scheduler is None:
             ids = generate_ids(self.stack, result.cache, result.logits, params, eos)
         else:  # batched with every other request decoding now
             ids = self.scheduler.submit(result.cache, result.logits, params, eos)
         return TextStream(self.loaded.tokenizer, ids, collected=result.generated_ids)
 
-    def _prefill_turn(self):
+    def _prefill_turn(self) -> AbstractContextManager[None]:
         """While batching: wait for a prefill slot; decode steps pause until the prefill ends."""
         return self.scheduler.prefill_turn() if self.scheduler is not None else nullcontext()
 

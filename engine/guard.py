@@ -96,8 +96,11 @@ def run_guarded(fidelity: str, config: EngineConfig, run: Callable[[BasePlanner]
     plan, out = run(planner)
     if not planner.reuses_cache:
         return Guarded(plan, out, planner.name, GuardReport(fidelity))
-    report = GuardReport(fidelity, first_token_margin(out.logits), config.guard_margin)
-    if fidelity == "fast" or not should_escalate(report.margin, config):
+    if out.logits is None:
+        raise ValueError("the guard judges a prefill by its first token: run it with logits")
+    margin = first_token_margin(out.logits)
+    report = GuardReport(fidelity, margin, config.guard_margin)
+    if fidelity == "fast" or not should_escalate(margin, config):
         return Guarded(plan, out, planner.name, report)
     started = time.perf_counter()
     plan, out = run(reference)

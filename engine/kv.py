@@ -28,11 +28,17 @@ class KVSource(Protocol):
     `context` is the ordered ids of the chunks that preceded the chunk when it was computed.
     """
 
-    num_tokens: int
-    base_position: int
-    fingerprint: str
-    prefix_digest: str
-    context: tuple[ChunkId, ...]
+    # read-only: a frozen record (ChunkKV) and a lazy reader (LazyChunkKV) both qualify
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def base_position(self) -> int: ...
+    @property
+    def fingerprint(self) -> str: ...
+    @property
+    def prefix_digest(self) -> str: ...
+    @property
+    def context(self) -> tuple[ChunkId, ...]: ...
 
     def layer(self, index: int) -> torch.Tensor: ...
 
@@ -53,7 +59,7 @@ class ChunkKV:
     fingerprint: str
     prefix_digest: str
     context: tuple[ChunkId, ...] = ()
-    meta: dict = field(default_factory=dict)
+    meta: dict[str, object] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

@@ -9,9 +9,10 @@ import torch
 
 from engine.errors import InvalidRequest
 from engine.guard import GuardReport
-from engine.kv import KVCache
+from engine.kv import ChunkId, KVCache
 from engine.plan import ChunkDecision, ChunkInput
 from engine.prompt import PromptLayout
+from engine.runner import RunOutput
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class PrefillResult:
         self._decoding = True
 
 
-def chunk_reports(chunks: Sequence[ChunkInput], layout: PromptLayout, out, num_layers: int,
+def chunk_reports(chunks: Sequence[ChunkInput], layout: PromptLayout, out: RunOutput, num_layers: int,
                   mode: str, decisions: Sequence[ChunkDecision] | None = None) -> list[ChunkReport]:
     reports = []
     decisions = decisions or [ChunkDecision(mode)] * len(chunks)

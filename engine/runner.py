@@ -144,7 +144,7 @@ class LayerRunner:
         return attention_mass(q, keys, rows.active[which], self.stack.scale)[rows.active]
 
     @staticmethod
-    def _keep(plan: Plan, rows: _Rows, x: torch.Tensor, keep: torch.Tensor, total: int):
+    def _keep(plan: Plan, rows: _Rows, x: torch.Tensor, keep: torch.Tensor, total: int) -> tuple[_Rows, torch.Tensor]:
         keep = keep.to(rows.active.device)
         _check_keep(plan, rows.active, keep)
         return rows.keep(keep, total), x[keep]

@@ -25,7 +25,7 @@ from engine.work import mark_background_thread
 
 log = logging.getLogger(__name__)
 
-_STOP = object()
+Job = tuple[PrefillResult, tuple[tuple[ChunkId, ...] | None, ...]]  # a prefill and its chunks' source contexts
 IDLE_POLL_S = 0.01
 
 
@@ -34,7 +34,7 @@ class VariantBuilder:
         self.variants = variants
         # Set by whoever runs requests (`Services`); None: always idle (tests, benchmarks).
         self.idle = idle
-        self._jobs: queue.Queue = queue.Queue(maxsize=max_pending)
+        self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_pending)  # None: stop the thread
         self._stopping = threading.Event()
         self.built = self.skipped = self.failed = 0
         self._thread = threading.Thread(target=self._work, name="variant-builder", daemon=True)
@@ -57,7 +57,7 @@ class VariantBuilder:
     def close(self) -> None:
         """Finish the queued jobs (without waiting for idle), then stop the thread."""
         self._stopping.set()
-        self._jobs.put(_STOP)
+        self._jobs.put(None)
         self._thread.join()
 
     def _work(self) -> None:
@@ -66,7 +66,7 @@ class VariantBuilder:
         while True:
             job = self._jobs.get()
             try:
-                if job is _STOP:
+                if job is None:
                     return
                 self._wait_for_idle()
                 self.built += self.variants.build(*job)

@@ -22,14 +22,18 @@ from app.catalog import Catalog, DeletedDocument, context_signature
 from app.kvcache.builder import VariantBuilder
 from app.kvcache.cache import ChunkKVCache
 from app.kvcache.loader import LoadedChunks
-from engine.encoder import DEFAULT_BATCH_TOKENS, batches
-from engine.planners import planner_class
-from engine.kv import ChunkId
-from engine.plan import ChunkInput
-from engine.variants.harvest import source_contexts
-from engine.errors import InvalidRequest
-from app.store import create_store
+from app.retrieve import Retrieved
+from app.settings import Settings
+from app.store import LazyChunkKV, TierFigures, create_store
 from app.store.config import KNOWN_POLICIES
+from engine.encoder import DEFAULT_BATCH_TOKENS, batches
+from engine.engine import Engine
+from engine.errors import InvalidRequest
+from engine.kv import ChunkId, ChunkKV, KVSource
+from engine.plan import ChunkInput
+from engine.planners import planner_class
+from engine.result import PrefillResult
+from engine.variants.harvest import source_contexts
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +51,7 @@ class RequestChunks:
     reuses_cache: bool = True
 
     @property
-    def inputs(self):
+    def inputs(self) -> list[ChunkInput]:
         return self.loaded.inputs
 
     @property
@@ -77,7 +81,7 @@ class ServiceChunkCache:
 
     # -- the request path ----------------------------------------------------------------------
 
-    def load(self, retrieved: Sequence, mode: str) -> RequestChunks:
+    def load(self, retrieved: Sequence[Retrieved], mode: str) -> RequestChunks:
         """Pinned KV sources for the retrieved chunks; computed and stored where missing.
 
         A mode that reuses no cache (`full`) gets no sources at all: nothing is read or
@@ -89,7 +93,7 @@ class ServiceChunkCache:
         refs = self.cache.variants.choose(mode, [(r.chunk.id, tuple(r.token_ids)) for r in retrieved])
         return RequestChunks(self.cache.loader.load(refs))
 
-    def store_variants(self, chunks: RequestChunks, result) -> bool:
+    def store_variants(self, chunks: RequestChunks, result: PrefillResult) -> bool:
         """What the finished request leaves, by its mode's policy: the savings its context
         variants brought, the exact rows it computed (at once: a copy), and a background build
         of exact variants where its chunk set recurs. True if a build was queued."""
@@ -110,7 +114,7 @@ class ServiceChunkCache:
 
     # -- ingest and deletion -------------------------------------------------------------------
 
-    def put_base(self, chunk_id: int, token_ids: Sequence[int]) -> str | None:
+    def put_base(self, chunk_id: ChunkId, token_ids: Sequence[int]) -> str | None:
         """Compute and store a chunk's base variant; returns the tier that took it (None: no
         tier could, and the KV will be computed on first use).
 
@@ -135,7 +139,7 @@ class ServiceChunkCache:
                 on_batch(len(group), sum(kv.num_tokens for kv in kvs))
         return tiers
 
-    def store_base(self, chunk_id: int, kv) -> str | None:
+    def store_base(self, chunk_id: ChunkId, kv: ChunkKV) -> str | None:
         """Store a computed base variant as `put_base` does; the tier that took it, or None."""
         stored = self.cache.variants.put(chunk_id, kv, tier=self.persistent_tier)
         if stored is None and self.persistent_tier is not None:
@@ -146,22 +150,14 @@ class ServiceChunkCache:
             log.warning("chunk %d: no store tier could take its KV; it will be computed on use", chunk_id)
         return stored.tier if stored is not None else None
 
-    def forget_document(self, document_id: int):
+    def forget_document(self, document_id: int) -> DeletedDocument | None:
         return self.cache.maintenance.forget_document(document_id)
 
     # -- admin ---------------------------------------------------------------------------------
 
-    def tier_stats(self) -> dict[str, dict]:
-        """{tier: entries, bytes, capacity_bytes, hits, misses, evictions, ...} for /admin and /metrics."""
-        out = {}
-        for report in self.store.stats():
-            c = report.counters
-            out[report.name] = {"entries": report.num_entries, "bytes": report.used_bytes,
-                                "capacity_bytes": report.capacity_bytes, "hits": c.hits, "misses": c.misses,
-                                "available": report.available, "pinned": report.num_pinned,
-                                "evictions": c.evictions, "demotions": c.demotions,
-                                "promotions": c.promotions, "corrupt": c.corrupt}
-        return out
+    def tier_stats(self) -> dict[str, TierFigures]:
+        """Per tier name, its figures (`TierFigures`) for /admin, /health and /metrics."""
+        return {report.name: report.figures() for report in self.store.stats()}
 
     def evict(self, tier: str | None, chunk_id: int | None, policy: str | None,
               num_bytes: int | None) -> tuple[int, int]:
@@ -193,7 +189,7 @@ class ServiceChunkCache:
         self.store.close()
 
 
-def open_chunk_cache(settings, catalog, engine) -> ServiceChunkCache:
+def open_chunk_cache(settings: Settings, catalog: Catalog, engine: Engine) -> ServiceChunkCache:
     """The store from settings, joined to the catalog; reconciled before the first request."""
     config = settings.store_config()
     store = create_store(config)
@@ -210,10 +206,9 @@ def first_persistent_tier(names: Sequence[str]) -> str | None:
     return next((n for n in names if n in PERSISTENT_TIERS), None)
 
 
-def _fell_back(kv) -> bool:
+def _fell_back(kv: KVSource | None) -> bool:
     """True if a stored entry's layers failed their checksum and the chunk was recomputed."""
-    stats = getattr(kv, "stats", None)
-    return bool(getattr(stats, "fell_back", False))
+    return isinstance(kv, LazyChunkKV) and kv.stats.fell_back
 
 
 def _label(context: Sequence[ChunkId], computed: bool) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from app.catalog import MISSING, READY, Catalog
@@ -71,7 +72,7 @@ class Reconciler:
             return False
         return not self.catalog.is_shared or self.store.tier(tier).shared
 
-    def _sweep(self, present: dict[str, str], known, grace_s: float) -> int:
+    def _sweep(self, present: dict[str, str], known: Collection[str], grace_s: float) -> int:
         now = time.monotonic()
         with self._lock:
             orphans = {k for k in present if k not in known}

@@ -32,7 +32,7 @@ from app.store.entry import (
 from app.store.lazy import LazyChunkKV, LoadStats
 from app.store.policy import create_policy
 from app.store.registry import TIERS, create_store, create_tier
-from app.store.stats import TierCounters, TierReport
+from app.store.stats import TierCounters, TierFigures, TierReport
 from app.store.events import StoreListener
 from app.store.tiered import Opened, TieredStore
 
@@ -51,6 +51,7 @@ __all__ = [
     "StoreConfig",
     "StoreListener",
     "TierCounters",
+    "TierFigures",
     "TierReport",
     "TierOccupancy",
     "TierUnavailable",

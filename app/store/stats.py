@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict, dataclass, fields
+from typing import TypedDict
 
 import torch
 
@@ -38,6 +39,30 @@ class TierReport:
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    def figures(self) -> TierFigures:
+        """The flat figures /admin, /health and /metrics show for this tier."""
+        c = self.counters
+        return {"entries": self.num_entries, "bytes": self.used_bytes, "capacity_bytes": self.capacity_bytes,
+                "hits": c.hits, "misses": c.misses, "available": self.available, "pinned": self.num_pinned,
+                "evictions": c.evictions, "demotions": c.demotions, "promotions": c.promotions,
+                "corrupt": c.corrupt}
+
+
+class TierFigures(TypedDict):
+    """One tier's occupancy and counters since start, flat (`TierReport.figures`)."""
+
+    entries: int
+    bytes: int
+    capacity_bytes: int
+    hits: int
+    misses: int
+    available: bool
+    pinned: int
+    evictions: int
+    demotions: int
+    promotions: int
+    corrupt: int
 
 
 class CounterBook:

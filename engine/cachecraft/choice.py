@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 from engine.cachecraft.scores import beta_prime, cfo, novelty_coverage
 from engine.kv import ChunkId
+from engine.variant_stats import VariantStats
 
 
 @dataclass(frozen=True)
 class Candidate:
     """A stored variant: the ordered chunk ids it was computed after, and its statistics
-    (an object with `cci`, `inter_scores`, `token_scores`; None when never measured).
+    (None when never measured).
 
     For keeping and evicting (`engine.variants.policy.VariantPolicy.keep`): `uses`, how often
     requests chose it; `savings`, the mean model work (token-equivalents) one use saved over
@@ -28,7 +29,7 @@ class Candidate:
     """
 
     context: tuple[ChunkId, ...]
-    stats: object | None = None
+    stats: VariantStats | None = None
     uses: int = 0
     savings: float | None = None
     num_bytes: int = 1
@@ -42,9 +43,9 @@ def variant_cfo(candidate: Candidate, new_context: Sequence[ChunkId], alpha: flo
     if tuple(candidate.context) == tuple(new_context):
         return 0.0
     stats = candidate.stats
-    if stats is None or getattr(stats, "cci", None) is None:
+    if stats is None or stats.cci is None:
         return None
-    inter = getattr(stats, "inter_scores", None) or {}
+    inter = stats.inter_scores or {}
     coverage = novelty_coverage(candidate.context, new_context) if novelty else 1.0
     return cfo(alpha, stats.cci, beta_prime(inter, candidate.context, new_context), coverage)
 

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import torch
 
 from engine.cachecraft.scores import cci, inter_intra_terms
-from engine.kv import ChunkId
-from engine.plan import CachedSpan, Plan
+from engine.kv import ChunkId, KVSource
+from engine.plan import CachedSpan, Plan, QueryView
 from engine.prompt import PromptLayout
+from engine.runner import LayerRunner, RunOutput
 
 ROW_BLOCK = 128
 
@@ -84,9 +85,9 @@ def chunk_stats(mass: torch.Tensor, layout: PromptLayout, chunk_ids: Sequence[Ch
     return stats
 
 
-def measure_context_stats(runner, layout: PromptLayout, chunk_ids: Sequence[ChunkId], prefix_kv,
-                          layers: Sequence[int], all_layers: bool = False,
-                          exact_chunks: Sequence[object] = ()) -> tuple[list[ChunkStats], object]:
+def measure_context_stats(runner: LayerRunner, layout: PromptLayout, chunk_ids: Sequence[ChunkId],
+                          prefix_kv: KVSource, layers: Sequence[int], all_layers: bool = False,
+                          exact_chunks: Sequence[KVSource] = ()) -> tuple[list[ChunkStats], RunOutput]:
     """Statistics of the chunks of `layout` in their context, from the given layers.
 
     Runs layers 0..max(layers) with every row after the system prefix active (every layer
@@ -105,8 +106,8 @@ def measure_context_stats(runner, layout: PromptLayout, chunk_ids: Sequence[Chun
     first = layout.chunk_spans[skip][0] if skip < len(layout.chunk_spans) else layout.question_span[0]
     spans = [CachedSpan(0, prefix_kv)] + [CachedSpan(start, kv) for kv, (start, _)
                                           in zip(exact_chunks, layout.chunk_spans)]
-    plan = _MeasurePlan(spans, torch.arange(first, total), torch.ones(total, dtype=torch.bool))
-    plan.layers, plan.segments, plan.num_segments, plan.masses = set(layers), _segments(layout, device), num_segments, []
+    plan = _MeasurePlan(spans, torch.arange(first, total), torch.ones(total, dtype=torch.bool),
+                        set(layers), _segments(layout, device), num_segments)
     last_layer = None if all_layers else max(layers)
     with torch.inference_mode():
         out = runner.run(ids, plan, capacity=total, want_logits=False, last_layer=last_layer)
@@ -118,15 +119,21 @@ def measure_context_stats(runner, layout: PromptLayout, chunk_ids: Sequence[Chun
 class _MeasurePlan(Plan):
     """Every row after the prefix, every layer; records segment masses at the chosen layers."""
 
+    def __init__(self, cached_spans: list[CachedSpan], initial_active: torch.Tensor, pinned: torch.Tensor,
+                 layers: set[int], segments: torch.Tensor, num_segments: int):
+        super().__init__(cached_spans, initial_active, pinned)
+        self.layers, self.segments, self.num_segments = layers, segments, num_segments
+        self.masses: list[torch.Tensor] = []
+
     def observes(self, layer: int) -> bool:
         return layer in self.layers
 
-    def observe(self, layer: int, view) -> None:
+    def observe(self, layer: int, view: QueryView) -> None:
         self.masses.append(segment_attention_mass(view.q, view.keys, view.active, self.segments,
                                                   self.num_segments, view.scale))
         return None
 
 
-def _segments(layout: PromptLayout, device) -> torch.Tensor:
+def _segments(layout: PromptLayout, device: torch.device) -> torch.Tensor:
     """Segment per position: 0 prefix, 1 + j chunk j, num_chunks + 1 question."""
     return layout.segment_ids(device) + 1

@@ -17,7 +17,7 @@ import torch
 from engine.config import EngineConfig
 from engine.planners import register
 from engine.planners.base import BasePlanner
-from engine.plan import LayerView, Plan, PlanRequest, positions
+from engine.plan import CachedSpan, LayerView, Plan, PlanRequest, positions
 from engine.planners.selection import keep_best
 
 
@@ -43,7 +43,8 @@ def blend_schedule(config: EngineConfig, ratio: float, num_layers: int) -> dict[
 class BlendPlan(Plan):
     """Keeps `ceil(share * |eligible|)` eligible rows at each check layer, by score."""
 
-    def __init__(self, cached_spans, initial_active, pinned, *, eligible: torch.Tensor,
+    def __init__(self, cached_spans: list[CachedSpan], initial_active: torch.Tensor, pinned: torch.Tensor, *,
+                 eligible: torch.Tensor,
                  schedule: dict[int, float], config: EngineConfig, question: torch.Tensor):
         super().__init__(cached_spans, initial_active, pinned)
         self.eligible = eligible

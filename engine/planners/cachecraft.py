@@ -22,7 +22,7 @@ from engine.cachecraft.scores import recompute_count, top_token_offsets
 from engine.config import EngineConfig
 from engine.kv import ChunkId
 from engine.planners import register
-from engine.plan import ChunkDecision, LayerView, Plan, PlanRequest, QueryView, positions
+from engine.plan import ChunkDecision, ChunkInput, LayerView, Plan, PlanRequest, QueryView, positions
 from engine.planners.base import BasePlanner, VariantUse, VariantYield
 from engine.planners.cacheblend import blend_schedule
 from engine.planners.selection import keep_best
@@ -52,7 +52,8 @@ class CacheCraftPlanner(BasePlanner):
         plan.configure(request, self.config, blended)
         return plan
 
-    def _decide(self, chunk, before: tuple[ChunkId, ...], num_tokens: int):
+    def _decide(self, chunk: ChunkInput, before: tuple[ChunkId, ...],
+                num_tokens: int) -> tuple[ChunkDecision, torch.Tensor | None]:
         """(decision, offsets of the rows to recompute from layer 0, or None)."""
         if chunk.kv is None:
             return ChunkDecision("computed"), None  # pinned: every row, every layer
@@ -65,7 +66,7 @@ class CacheCraftPlanner(BasePlanner):
             return ChunkDecision("reuse", value, context), None
         if value > self.config.craft_full_above:
             return ChunkDecision("full", value, context), torch.arange(num_tokens)
-        scores = getattr(chunk.stats, "token_scores", None)
+        scores = chunk.stats.token_scores if chunk.stats is not None else None
         if not scores or len(scores) != num_tokens:  # no per-token scores: the chunk's first tokens
             scores = [float(num_tokens - t) for t in range(num_tokens)]
         offsets = top_token_offsets(scores, recompute_count(value, num_tokens))

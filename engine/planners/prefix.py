@@ -11,7 +11,7 @@ extra compute (`VariantYield.HARVEST`), and the same prompt again reuses all of 
 
 import torch
 
-from engine.kv import ChunkId
+from engine.kv import ChunkId, KVSource
 from engine.planners import register
 from engine.planners.base import BasePlanner, VariantUse, VariantYield
 from engine.plan import CachedSpan, Plan, PlanRequest
@@ -27,9 +27,10 @@ class PrefixPlanner(BasePlanner):
         spans = [CachedSpan(0, request.prefix)]
         before: list[ChunkId] = []
         for chunk, (start, _) in zip(request.chunks, request.layout.chunk_spans):
-            if not _is_exact(chunk.kv, start, tuple(before)):
+            kv = chunk.kv
+            if kv is None or not _is_exact(kv, start, tuple(before)):
                 break
-            spans.append(CachedSpan(start, chunk.kv))
+            spans.append(CachedSpan(start, kv))
             before.append(chunk.chunk_id)
         first_computed = spans[-1].end
         total = request.layout.total_len
@@ -38,5 +39,5 @@ class PrefixPlanner(BasePlanner):
         return Plan(cached_spans=spans, initial_active=torch.arange(first_computed, total), pinned=pinned)
 
 
-def _is_exact(kv, start: int, before: tuple[ChunkId, ...]) -> bool:
-    return kv is not None and kv.base_position == start and tuple(kv.context) == before
+def _is_exact(kv: KVSource, start: int, before: tuple[ChunkId, ...]) -> bool:
+    return kv.base_position == start and tuple(kv.context) == before

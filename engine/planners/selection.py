@@ -20,6 +20,8 @@ def row_scores(view: LayerView, deviation: str, selection: str, question: torch.
     fresh, cached = ((view.fresh_v, view.cached_v) if deviation == "value" else (view.fresh_k, view.cached_k))
     scores = ops.kv_deviation(fresh, cached)
     if selection == "question_weighted":
+        if view.attention_from is None:
+            raise ValueError("question-weighted selection needs the runner's attention_from")
         asking = question.to(view.active.device)[view.active]
         scores = scores * view.attention_from(asking)
     return scores

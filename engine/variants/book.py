@@ -13,23 +13,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.cachecraft.choice import Candidate
-from engine.variants.build import build_variants
-from engine.variant_stats import VariantStats
 from engine.kv import ChunkId, ChunkKV
 from engine.plan import ChunkInput
 from engine.result import PrefillResult
+from engine.variant_stats import VariantStats
+from engine.variants.build import build_variants
 from engine.variants.harvest import harvest, source_contexts
 from engine.variants.policy import VariantPolicy
+
+if TYPE_CHECKING:  # annotations only: the engine imports this module
+    from engine.engine import Engine
 
 
 @dataclass
 class _Entry:
     kv: ChunkKV
-    stats: object | None
+    stats: VariantStats | None
     uses: int = 0
     savings: float | None = None
 
@@ -38,11 +42,11 @@ class _Entry:
 
 
 class VariantBook:
-    def __init__(self, engine, max_variants: int | None = None, policy: VariantPolicy | None = None):
+    def __init__(self, engine: Engine, max_variants: int | None = None, policy: VariantPolicy | None = None):
         self.engine = engine
         self.policy = policy or VariantPolicy(engine.config, engine.loaded.spec.num_layers)
         self.max_variants = max_variants or engine.config.craft_max_variants
-        self._variants: dict[str, list[_Entry]] = {}
+        self._variants: dict[ChunkId, list[_Entry]] = {}
         self.build_work: list[torch.Tensor] = []  # layers_computed of every build run
 
     def add_base(self, chunk_id: ChunkId, token_ids: Sequence[int]) -> None:
@@ -50,10 +54,10 @@ class VariantBook:
         if chunk_id not in self._variants:
             self.add(chunk_id, self.engine.encode_chunk(tuple(token_ids)))
 
-    def add(self, chunk_id: ChunkId, kv: ChunkKV, stats: object | None = None) -> None:
+    def add(self, chunk_id: ChunkId, kv: ChunkKV, stats: VariantStats | None = None) -> None:
         """Add a variant computed elsewhere (e.g. a base variant computed at ingest)."""
         entries = [e for e in self._variants.get(chunk_id, []) if e.kv.context != kv.context]
-        savings = getattr(stats, "expected_savings", None) if kv.context else None
+        savings = stats.expected_savings if stats is not None and kv.context else None
         entries.append(_Entry(kv, stats, savings=savings))
         kept = self.policy.keep([e.candidate() for e in entries], self.max_variants)
         self._variants[chunk_id] = [entries[i] for i in kept]
@@ -64,11 +68,11 @@ class VariantBook:
         entries = [self._variants[chunk_id] for chunk_id in chunk_ids]
         policy = policy or self.policy
         chosen = policy.choose(mode, list(chunk_ids), [[e.candidate() for e in es] for es in entries])
-        inputs = []
+        inputs: list[ChunkInput] = []
         for chunk_id, es, index in zip(chunk_ids, entries, chosen):
             entry = es[index] if index is not None else next(e for e in es if not e.kv.context)
             inputs.append(ChunkInput(chunk_id, entry.kv.token_ids, entry.kv, entry.stats))
-        start = policy.compute_from(mode, list(chunk_ids), [c.kv.context for c in inputs])
+        start = policy.compute_from(mode, list(chunk_ids), [c.kv.context if c.kv is not None else () for c in inputs])
         if start is not None:  # an inline build: the request computes these exactly, `record` keeps them
             inputs[start:] = [ChunkInput(c.chunk_id, c.token_ids) for c in inputs[start:]]
         return inputs

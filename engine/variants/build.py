@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,6 +24,10 @@ from engine.variant_stats import VariantStats
 from engine.kv import ChunkId, ChunkKV
 from engine.result import PrefillResult
 from engine.variants.harvest import chunk_rows, exact_chunks
+
+if TYPE_CHECKING:  # annotations only: the engine imports this module
+    from engine.engine import Engine
+    from engine.variants.policy import VariantPolicy
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,8 @@ def variant_stats(stats: ChunkStats | None, savings: float) -> VariantStats:
                         token_scores=list(stats.token_scores), expected_savings=savings)
 
 
-def build_variants(engine, result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] | None], policy) -> Build:
+def build_variants(engine: Engine, result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] | None],
+                   policy: VariantPolicy) -> Build:
     """Exact, measured variants of every chunk of `result` that was not exact in its context.
 
     contexts: per chunk, the context of the cached KV the request started from (None: none).

@@ -11,10 +11,14 @@ can be kept at no extra compute; a `cachecraft` request usually only its leading
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from engine.kv import ChunkId, ChunkKV
 from engine.plan import ChunkInput
 from engine.result import PrefillResult
+
+if TYPE_CHECKING:  # annotations only: the engine imports this module
+    from engine.engine import Engine
 
 
 def source_contexts(inputs: Sequence[ChunkInput]) -> list[tuple[ChunkId, ...] | None]:
@@ -38,7 +42,7 @@ def exact_chunks(result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] |
     return out
 
 
-def harvest(engine, result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] | None]) -> list[tuple[ChunkId, ChunkKV]]:
+def harvest(engine: Engine, result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] | None]) -> list[tuple[ChunkId, ChunkKV]]:
     """(chunk id, KV in this context) of every chunk the prefill computed exactly and that did
     not come from a variant of this very context already. Copies rows; computes nothing."""
     ids = [report.chunk_id for report in result.chunks]
@@ -51,7 +55,7 @@ def harvest(engine, result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...
     return kept
 
 
-def chunk_rows(engine, result: PrefillResult, index: int) -> ChunkKV:
+def chunk_rows(engine: Engine, result: PrefillResult, index: int) -> ChunkKV:
     """Chunk `index` of `result` as a variant of its context (the chunks before it)."""
     start, end = result.layout.chunk_spans[index]
     return ChunkKV(token_ids=result.layout.chunk_ids[index], kv=result.cache.rows(start, end), base_position=start,

@@ -14,6 +14,8 @@ import threading
 from collections import Counter, deque
 from collections.abc import Iterable
 
+from engine.kv import ChunkId
+
 
 class RecentTraffic:
     """Thread-safe counts of chunk sets over the last `window` requests."""
@@ -22,11 +24,11 @@ class RecentTraffic:
         if window < 1:
             raise ValueError("the traffic window must hold at least one request")
         self.window = window
-        self._recent: deque[frozenset[str]] = deque()
-        self._counts: Counter[frozenset[str]] = Counter()
+        self._recent: deque[frozenset[ChunkId]] = deque()
+        self._counts: Counter[frozenset[ChunkId]] = Counter()
         self._lock = threading.Lock()
 
-    def observe(self, chunk_ids: Iterable[str]) -> int:
+    def observe(self, chunk_ids: Iterable[ChunkId]) -> int:
         """Record one request's chunks; returns how many earlier requests in the window had
         the same set."""
         key = frozenset(chunk_ids)
@@ -41,7 +43,7 @@ class RecentTraffic:
                     del self._counts[old]
             return earlier
 
-    def seen(self, chunk_ids: Iterable[str]) -> int:
+    def seen(self, chunk_ids: Iterable[ChunkId]) -> int:
         """How many requests in the window had this chunk set (the one asking included, if
         it was observed)."""
         with self._lock:
