@@ -1,6 +1,6 @@
 """kvmosaic engine: runs a Llama-family model layer by layer and reuses chunk KV at any position.
 
-The engine knows nothing about HTTP, retrieval or the catalog's storage schema; `app/` and
+The engine knows nothing about HTTP, retrieval, the catalog or the KV store; `app/` and
 `retrieval/` build on it, never the other way round.
 """
 

@@ -85,7 +85,7 @@ def _markdown(run, command: str, plots: list[str]) -> str:
         f"Command: `{command}`", "",
         f"Machine: {env.get('cpus')} CPUs ({env.get('machine')}), device {env.get('device')}, torch "
         f"{env.get('torch')} with {env.get('torch_threads')} threads; server with {env.get('workers')} workers, "
-        f"queue {env.get('queue_size')}, tiers {', '.join(env.get('tiers') or ())}; model {env.get('model')}. "
+        f"queue {env.get('queue_size')}, tiers {_tiers(env.get('tiers'))}; model {env.get('model')}. "
         f"Whole run: {run.seconds / 60:.1f} min.", "",
         f"Corpus {run.corpus}: {snap.documents} documents, {snap.chunks} chunks, {snap.tokens} tokens, "
         f"{snap.kv_bytes / 2**20:.0f} MiB of base KV, ingested in {snap.ingest_seconds:.0f} s "
@@ -108,3 +108,9 @@ def _markdown(run, command: str, plots: list[str]) -> str:
     ]
     lines += [f"![{name}]({name})" for name in plots]
     return "\n".join(lines) + "\n"
+
+
+def _tiers(tiers: str | list[str] | None) -> str:
+    """The store tiers as "cpu, disk", whether the settings held them as "cpu,disk" or a list."""
+    names = tiers.split(",") if isinstance(tiers, str) else list(tiers or ())
+    return ", ".join(n.strip() for n in names if n.strip()) or "none"

@@ -69,6 +69,7 @@ def test_report_and_snapshot_reuse(run, tiny_loaded, embedder, tmp_path):
     path = write_report(run, tmp_path / "report", "kvmosaic bench workload (test)")
     text = path.read_text()
     assert "of retrieved chunks had been retrieved before" in text and "cachecraft" in text
+    assert "tiers cpu, disk;" in text  # the settings hold them as "cpu,disk"
     for name in ("ttft_cdf.png", "throughput.png", "work.png", "fidelity_vs_speedup.png"):
         assert (tmp_path / "report" / name).stat().st_size > 1000
         assert f"]({name})" in text

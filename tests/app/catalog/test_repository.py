@@ -145,6 +145,7 @@ def test_concurrent_writers_do_not_lose_accesses(catalog):
 
 def test_context_signature_round_trip():
     assert context_signature([]) == "" and parse_context_signature("") == ()
-    assert parse_context_signature(context_signature([12, "7", 3])) == ("12", "7", "3")
-    with pytest.raises(ValueError):
+    assert context_signature([12, 7, 3]) == "12,7,3"
+    assert parse_context_signature(context_signature([12, 7, 3])) == (12, 7, 3)  # ids come back as ints
+    with pytest.raises(ValueError):  # a chunk id is an int; text that is not one has no signature
         context_signature(["a,b"])
