@@ -109,8 +109,10 @@ class ServiceChunkCache:
         return self.cache.variants.policy.should_build(result.mode, ids) and self.builder.submit(result, source_contexts(inputs))
 
     def drain(self) -> None:
-        """Wait until the background work queued so far (variant builds) is done (benchmarks, tests)."""
+        """Wait until the background work queued so far (variant builds, then promotions) is
+        done (benchmarks, tests)."""
         self.builder.join()
+        self.store.join_promotions()
 
     # -- ingest and deletion -------------------------------------------------------------------
 

@@ -179,6 +179,14 @@ class TieredStore:
         except RuntimeError:  # shut down
             pass
 
+    def join_promotions(self) -> None:
+        """Wait until the promotions queued so far are done (tests, benchmarks): the one
+        background worker runs them in order, so a no-op queued now runs after them."""
+        try:
+            self._background.submit(lambda: None).result()
+        except RuntimeError:  # shut down: nothing runs any more
+            pass
+
     def _promote_quietly(self, key: str) -> None:
         try:
             self.promote(key)

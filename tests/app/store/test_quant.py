@@ -27,7 +27,7 @@ def _kv(seed: int = 0, shape=SHAPE) -> torch.Tensor:
 
 
 def _chunk(kv: torch.Tensor) -> ChunkKV:
-    return ChunkKV(tuple(range(kv.shape[3])), kv, 7, "fp", "prefix", ("3", "1"))
+    return ChunkKV(tuple(range(kv.shape[3])), kv, 7, "fp", "prefix", (3, 1))
 
 
 def test_registry_and_bad_names():
