@@ -34,3 +34,22 @@ def test_preset_keeps_its_name():
 def test_malformed_specs_are_refused(text, message):
     with pytest.raises(InvalidRequest, match=message):
         parse_modes(text)
+
+
+def _workload_options(tmp_path, *flags):
+    from app.cli import build_parser
+    from app.cli.bench_workload import workload_options
+
+    args = build_parser().parse_args(["bench", "workload", *flags])
+    return workload_options(args, tmp_path)
+
+
+def test_quick_is_a_smaller_run_and_explicit_flags_win(tmp_path):
+    default = _workload_options(tmp_path)
+    quick = _workload_options(tmp_path, "--quick")
+    assert (default.records, default.requests, default.max_tokens) == (12, 32, 32)
+    assert (quick.records, quick.requests, quick.max_tokens) == (3, 12, 8)
+    assert [s.name for s in quick.modes] == ["full", "cacheblend", "cachecraft"]
+    assert quick.concurrency == default.concurrency == (1, 4)
+    mine = _workload_options(tmp_path, "--quick", "--requests", "20", "--modes", "full,prefix")
+    assert mine.requests == 20 and [s.name for s in mine.modes] == ["full", "prefix"] and mine.records == 3
