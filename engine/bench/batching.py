@@ -26,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 
@@ -64,8 +65,11 @@ class Round:
 
 def run_round(engine: Engine, chunks: list[ChunkInput], concurrency: int, max_tokens: int, mode: str) -> Round:
     """`concurrency` requests at once, each on its own thread; see the module docstring."""
-    ttft, answers = [0.0] * concurrency, [[] for _ in range(concurrency)]
-    first_step, ends, cpu = [], [], []
+    ttft = [0.0] * concurrency
+    answers: list[list[int]] = [[] for _ in range(concurrency)]
+    first_step: list[float] = []
+    ends: list[float] = []
+    cpu: list[float] = []
     prefill_start, decode_start = threading.Barrier(concurrency), threading.Barrier(concurrency)
 
     def request(i: int) -> None:
@@ -92,22 +96,43 @@ def run_round(engine: Engine, chunks: list[ChunkInput], concurrency: int, max_to
 
 
 def measure(engine_on: Engine, engine_off: Engine, chunks: list[ChunkInput], concurrency: int,
-            max_tokens: int, mode: str, rounds: int) -> dict:
+            max_tokens: int, mode: str, rounds: int) -> Figures:
     """Alternate rounds off / on; return the figures of both and their ratios."""
     results: dict[str, list[Round]] = {"off": [], "on": []}
     run_round(engine_on, chunks, concurrency, 4, mode)  # warm-up: threads, allocator
     for _ in range(rounds):
         for label, engine in (("off", engine_off), ("on", engine_on)):
             results[label].append(run_round(engine, chunks, concurrency, max_tokens, mode))
-    figures = {label: _summary(rs) for label, rs in results.items()}
-    figures["decode_speedup"] = figures["on"]["decode_tokens_per_s"] / figures["off"]["decode_tokens_per_s"]
-    figures["decode_cpu_speedup"] = figures["on"]["decode_tokens_per_cpu_s"] / figures["off"]["decode_tokens_per_cpu_s"]
-    figures["ttft_p95_ratio"] = figures["on"]["ttft_p95_s"] / figures["off"]["ttft_p95_s"]
-    figures["same_answers"] = all(a.answers == b.answers for a, b in zip(results["on"], results["off"]))
-    return figures
+    on, off = _summary(results["on"]), _summary(results["off"])
+    return {"off": off, "on": on,
+            "decode_speedup": on["decode_tokens_per_s"] / off["decode_tokens_per_s"],
+            "decode_cpu_speedup": on["decode_tokens_per_cpu_s"] / off["decode_tokens_per_cpu_s"],
+            "ttft_p95_ratio": on["ttft_p95_s"] / off["ttft_p95_s"],
+            "same_answers": all(a.answers == b.answers for a, b in zip(results["on"], results["off"]))}
 
 
-def _summary(rounds: list[Round]) -> dict:
+class Summary(TypedDict):
+    """One setting's rounds: decode throughput by wall and CPU time, TTFT, tokens decoded."""
+
+    decode_tokens_per_s: float
+    decode_tokens_per_cpu_s: float
+    ttft_median_s: float
+    ttft_p95_s: float
+    decode_tokens: int
+
+
+class Figures(TypedDict):
+    """Batching off and on, and on's ratios over off."""
+
+    off: Summary
+    on: Summary
+    decode_speedup: float
+    decode_cpu_speedup: float
+    ttft_p95_ratio: float
+    same_answers: bool
+
+
+def _summary(rounds: list[Round]) -> Summary:
     ttfts = sorted(t for r in rounds for t in r.ttft_s)
     return {"decode_tokens_per_s": sum(r.decode_tokens for r in rounds) / sum(r.decode_wall_s for r in rounds),
             "decode_tokens_per_cpu_s": sum(r.decode_tokens for r in rounds) / sum(r.decode_cpu_s for r in rounds),
@@ -134,8 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     chunks = [ChunkInput(i, ids, engine_on.encode_chunk(ids))
               for i, ids in enumerate(engine_on.chunk_ids(text) for text in PASSAGES)]
     figures = measure(engine_on, engine_off, chunks, args.concurrency, args.max_tokens, args.mode, args.rounds)
-    for label in ("off", "on"):
-        f = figures[label]
+    for label, f in (("off", figures["off"]), ("on", figures["on"])):
         print(f"batching {label:3}: decode {f['decode_tokens_per_s']:6.1f} tokens/s "
               f"{f['decode_tokens_per_cpu_s']:6.1f} tokens/CPU-s  TTFT median "
               f"{f['ttft_median_s'] * 1000:7.0f} ms  p95 {f['ttft_p95_s'] * 1000:7.0f} ms  ({f['decode_tokens']} tokens)")

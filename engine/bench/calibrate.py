@@ -26,13 +26,19 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from engine.bench.fidelity import CRAFT, DatasetSlice, base_variant_chunks
+from engine.bench.fidelity import CRAFT, DatasetSlice, Record, base_variant_chunks, computed_kv
 from engine.bench.metrics import kl_divergence, same_top1
 from engine.variants.book import VariantBook
+from engine.engine import Engine
 from engine.errors import InvalidRequest
+from engine.plan import ChunkInput
+from engine.result import PrefillResult
 from engine.variants.policy import VariantPolicy
 
 BLEND = "cacheblend"
+
+# per request: KL, top-1, recompute share, TTFT ratio against full, share of chunks from a variant
+Row = tuple[float, float, float, float, float]
 
 
 @dataclass(frozen=True)
@@ -53,14 +59,14 @@ class CurvePoint:
     variant_share: float = 0.0  # chunks served from a context variant (not the base)
 
 
-def run_calibration(engine, options: CalibrateOptions, progress: bool = True) -> tuple[list[CurvePoint], CurvePoint]:
+def run_calibration(engine: Engine, options: CalibrateOptions, progress: bool = True) -> tuple[list[CurvePoint], CurvePoint]:
     """(the curve over the candidate αs, cacheblend's point on the same records as `alpha` 0)."""
     if not options.alphas:
         raise InvalidRequest("calibration needs at least one alpha")
     if not 0 <= options.swap < options.chunks:
         raise InvalidRequest(f"swap must lie in [0, chunks); got {options.swap} of {options.chunks}")
     records = options.records()
-    rows: dict[float, list[tuple]] = {a: [] for a in (*options.alphas, -1.0)}
+    rows: dict[float, list[Row]] = {a: [] for a in (*options.alphas, -1.0)}
     for offset, record in enumerate(tqdm(records, desc="calibrate", unit="record", file=sys.stderr,
                                          disable=not progress)):
         other = records[(offset + 1) % len(records)]
@@ -69,13 +75,14 @@ def run_calibration(engine, options: CalibrateOptions, progress: bool = True) ->
     return curve, _point(0.0, rows[-1.0])
 
 
-def _point(alpha: float, rows: list[tuple]) -> CurvePoint:
+def _point(alpha: float, rows: list[Row]) -> CurvePoint:
     mean = statistics.fmean
     return CurvePoint(alpha, mean(r[0] for r in rows), mean(r[1] for r in rows), mean(r[2] for r in rows),
                       statistics.median(r[3] for r in rows), mean(r[4] for r in rows))
 
 
-def _measure_record(engine, record, other, options: CalibrateOptions, index: int, rows) -> None:
+def _measure_record(engine: Engine, record: Record, other: Record, options: CalibrateOptions, index: int,
+                    rows: dict[float, list[Row]]) -> None:
     """Full, cacheblend, the workload-like warm-up and one cachecraft prefill per α.
 
     Each α is a per-call config (`Engine.prefill(config=...)`): the engine's own config, which
@@ -96,20 +103,21 @@ def _measure_record(engine, record, other, options: CalibrateOptions, index: int
         rows[alpha].append(_row(full, result))
 
 
-def _row(full, result) -> tuple:
+def _row(full: PrefillResult, result: PrefillResult) -> Row:
     variants = sum(1 for c in result.chunks if c.variant) / max(1, len(result.chunks))
     return (kl_divergence(full.logits, result.logits), same_top1(full.logits, result.logits),
             result.recompute_share, full.ttft_s / result.ttft_s, variants)
 
 
-def related_book(engine, question: str, base, foreign, orders: int, seed: int) -> VariantBook:
+def related_book(engine: Engine, question: str, base: list[ChunkInput], foreign: list[ChunkInput], orders: int,
+                 seed: int) -> VariantBook:
     """A book warmed by `orders` cachecraft requests over the record's chunks with
     `len(foreign)` of them replaced by `foreign` ones, in random order; every request's exact
     variants are built (the policy's recurrence rule is off here: each context is new)."""
     config = dataclasses.replace(engine.config, craft_build_after=0)
     book = VariantBook(engine, policy=VariantPolicy(config, engine.loaded.spec.num_layers))
     for chunk in [*base, *foreign]:
-        book.add(chunk.chunk_id, chunk.kv)
+        book.add(chunk.chunk_id, computed_kv(chunk))
     rng = random.Random(seed)
     for _ in range(orders):
         kept = rng.sample(base, len(base) - len(foreign))

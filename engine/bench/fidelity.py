@@ -22,9 +22,10 @@ import math
 import random
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -32,10 +33,13 @@ from engine.bench.flops import FlopCounter
 from engine.bench.metrics import best_f1, forced_logits, kl_divergence, rouge_l, same_top1, teacher_forced
 from engine.variants.book import VariantBook
 from engine.decode import SamplingParams
+from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.planners import planner_class, reference_mode
 from engine.planners.base import VariantYield
+from engine.kv import ChunkId, ChunkKV
 from engine.plan import ChunkInput
+from engine.variants.policy import VariantPolicy
 
 REFERENCE = reference_mode()  # every row is measured against it
 CRAFT = "cachecraft"  # the mode whose α `kvmosaic calibrate` fits
@@ -56,7 +60,7 @@ class DatasetSlice:
     warmup_orders: int = 0
     seed: int = 0
 
-    def records(self) -> list[dict]:
+    def records(self) -> list[Record]:
         """The slice's records; InvalidRequest if the file is unreadable or the slice empty."""
         records = load_dataset(self.dataset)[self.start:self.start + self.n]
         if not records:
@@ -112,10 +116,12 @@ class ModeSummary:
     samples: list[ModeSample] = field(default_factory=list)
 
 
-ChunkProvider = Callable[[object, dict, int, int], list[ChunkInput]]
+Record = dict[str, Any]  # one benchmark record: {question, answers, ctxs: [{title, text}]}, as JSON gives it
+# (engine, record, chunks wanted, record index) → the record's chunk inputs
+ChunkProvider = Callable[[Engine, Record, int, int], list[ChunkInput]]
 
 
-def load_dataset(path: Path) -> list[dict]:
+def load_dataset(path: Path) -> list[Record]:
     """A JSON list of {question, answers, ctxs: [{title, text}]}; raises InvalidRequest otherwise."""
     try:
         records = json.loads(Path(path).read_text())
@@ -126,7 +132,7 @@ def load_dataset(path: Path) -> list[dict]:
     return records
 
 
-def _is_record(record) -> bool:
+def _is_record(record: object) -> bool:
     return (isinstance(record, dict) and isinstance(record.get("question"), str)
             and isinstance(record.get("ctxs"), list)
             and all(isinstance(c, dict) and "text" in c for c in record["ctxs"]))
@@ -139,16 +145,16 @@ def record_chunk_id(record: int, position: int) -> int:
     return record * MAX_PASSAGES + position
 
 
-def base_variant_chunks(engine, record: dict, count: int, index: int) -> list[ChunkInput]:
+def base_variant_chunks(engine: Engine, record: Record, count: int, index: int) -> list[ChunkInput]:
     """The record's first `count` passages with KV computed alone after the system prefix."""
-    chunks = []
+    chunks: list[ChunkInput] = []
     for i, ctx in enumerate(record["ctxs"][:count]):
         ids = engine.chunk_ids(ctx["text"], ctx.get("title", ""))
         chunks.append(ChunkInput(record_chunk_id(index, i), ids, engine.encode_chunk(ids)))
     return chunks
 
 
-def run_fidelity(engine, options: FidelityOptions, provider: ChunkProvider = base_variant_chunks,
+def run_fidelity(engine: Engine, options: FidelityOptions, provider: ChunkProvider = base_variant_chunks,
                  progress: bool = True) -> list[ModeSummary]:
     records = options.records()
     modes = row_labels(options)
@@ -179,18 +185,19 @@ def mode_of(label: str) -> str:
     return label.split(WARM)[0].split(AT)[0]
 
 
-def fidelity_of(label: str, options: "FidelityOptions") -> str | None:
+def fidelity_of(label: str, options: FidelityOptions) -> str | None:
     """The guard level of a row label (`mode@fast`), else the options' (None: the engine's)."""
     head = label.split(WARM)[0]
     return head.split(AT)[1] if AT in head else options.fidelity
 
 
-def mode_inputs(engine, record, options: FidelityOptions, labels, provider, index: int) -> dict[str, tuple[list[ChunkInput], float]]:
+def mode_inputs(engine: Engine, record: Record, options: FidelityOptions, labels: Sequence[str],
+                provider: ChunkProvider, index: int) -> dict[str, tuple[list[ChunkInput], float]]:
     """Per row label: the chunk inputs its mode gets from a variant book (cold: base variants
     only; warm: after the warm-up) and the warm-up's cost in full prefills of the record."""
     base = provider(engine, record, options.chunks, index)
     ids = [c.chunk_id for c in base]
-    out = {}
+    out: dict[str, tuple[list[ChunkInput], float]] = {}
     for label in labels:
         mode = mode_of(label)
         orders = options.warmup_orders if WARM in label else 0
@@ -199,14 +206,14 @@ def mode_inputs(engine, record, options: FidelityOptions, labels, provider, inde
     return out
 
 
-def warmed_book(engine, question: str, base: list[ChunkInput], orders: int, seed: int,
-                mode: str = CRAFT, policy=None) -> tuple[VariantBook, float]:
+def warmed_book(engine: Engine, question: str, base: list[ChunkInput], orders: int, seed: int,
+                mode: str = CRAFT, policy: VariantPolicy | None = None) -> tuple[VariantBook, float]:
     """A book holding the base variants plus what `orders` untimed `mode` requests in other
     orders of the same chunks left (through the book's policy); and what those requests and
     builds cost, in full prefills of the chunks in their own order (0 without warm-up)."""
     book = VariantBook(engine, policy=policy)
     for chunk in base:
-        book.add(chunk.chunk_id, chunk.kv)
+        book.add(chunk.chunk_id, computed_kv(chunk))
     if orders <= 0:
         return book, 0.0
     flops = FlopCounter.for_engine(engine)
@@ -221,7 +228,14 @@ def warmed_book(engine, question: str, base: list[ChunkInput], orders: int, seed
     return book, work / max(flops.prefill(full.layers_computed), 1.0)
 
 
-def other_orders(ids: list[str], count: int, seed: int) -> list[list[str]]:
+def computed_kv(chunk: ChunkInput) -> ChunkKV:
+    """The in-memory KV a provider gave the chunk (a book holds ChunkKV, not lazy readers)."""
+    if not isinstance(chunk.kv, ChunkKV):
+        raise InvalidRequest(f"chunk {chunk.chunk_id}: a provider must give computed KV")
+    return chunk.kv
+
+
+def other_orders(ids: list[ChunkId], count: int, seed: int) -> list[list[ChunkId]]:
     """`count` seeded random orders of `ids`, none equal to `ids` itself (when possible)."""
     rng = random.Random(seed)
     orders = []
@@ -235,7 +249,8 @@ def other_orders(ids: list[str], count: int, seed: int) -> list[list[str]]:
     return orders
 
 
-def _warm_up(engine, record, options, labels, provider) -> None:
+def _warm_up(engine: Engine, record: Record, options: FidelityOptions, labels: Sequence[str],
+             provider: ChunkProvider) -> None:
     inputs = mode_inputs(engine, record, dataclasses.replace(options, warmup_orders=min(1, options.warmup_orders)),
                          labels, provider, -1)
     for label in labels:
@@ -243,7 +258,8 @@ def _warm_up(engine, record, options, labels, provider) -> None:
                        max_new_tokens=1)
 
 
-def _run_record(engine, record, inputs, modes, options) -> dict[str, ModeSample]:
+def _run_record(engine: Engine, record: Record, inputs: dict[str, tuple[list[ChunkInput], float]],
+                modes: Sequence[str], options: FidelityOptions) -> dict[str, ModeSample]:
     params = SamplingParams(max_new_tokens=options.max_new_tokens)
     flops = FlopCounter.for_engine(engine)
     reference = None
@@ -285,7 +301,7 @@ def _summarize(mode: str, samples: list[ModeSample]) -> ModeSummary:
         samples=samples)
 
 
-def _mean_known(values) -> float:
+def _mean_known(values: Iterable[float]) -> float:
     """Mean over the records that have the figure (an empty reference answer has none)."""
     known = [v for v in values if not math.isnan(v)]
     return statistics.fmean(known) if known else float("nan")

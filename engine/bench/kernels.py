@@ -21,6 +21,7 @@ import torch
 
 from engine import kernels, ops
 from engine.kernels import launch
+from engine.kernels.library import Library
 
 
 @dataclass(frozen=True)
@@ -55,13 +56,13 @@ class _Case:
     twin: Callable[[], torch.Tensor]
 
 
-def run_kernel_bench(options: KernelBenchOptions, library=None) -> list[KernelTiming]:
+def run_kernel_bench(options: KernelBenchOptions, library: Library | None = None) -> list[KernelTiming]:
     library = library or _require_library()
     cache, cases = _cases(options, library)
     return [_measure(case, cache, options) for case in cases]
 
 
-def _require_library():
+def _require_library() -> Library:
     if kernels.mode() == "off":
         raise kernels.KernelError("KVMOSAIC_KERNELS=off: nothing to benchmark")
     found = kernels.get()
@@ -70,7 +71,7 @@ def _require_library():
     return found
 
 
-def _cases(o: KernelBenchOptions, library) -> tuple[torch.Tensor, list[_Case]]:
+def _cases(o: KernelBenchOptions, library: Library) -> tuple[torch.Tensor, list[_Case]]:
     """The cache every case reads or writes, and the cases."""
     generator = torch.Generator(device=o.device).manual_seed(0)
     capacity = o.tokens + 64
@@ -128,14 +129,15 @@ def _time_us(call: Callable[[], torch.Tensor], o: KernelBenchOptions) -> float:
     for _ in range(o.warmup):
         call()
     if o.device.startswith("cuda"):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # torch leaves Event's __init__ unannotated
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         torch.cuda.synchronize()
         start.record()
         for _ in range(o.repeats):
             call()
         end.record()
         torch.cuda.synchronize()
-        return start.elapsed_time(end) * 1000.0 / o.repeats
+        return float(start.elapsed_time(end)) * 1000.0 / o.repeats
     started = time.perf_counter()
     for _ in range(o.repeats):
         call()

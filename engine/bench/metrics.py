@@ -14,6 +14,8 @@ from typing import NamedTuple
 import torch
 
 from engine.attention import QueryLayout
+from engine.engine import Engine
+from engine.result import PrefillResult
 
 
 def kl_divergence(reference_logits: torch.Tensor, logits: torch.Tensor) -> float:
@@ -85,7 +87,7 @@ class TeacherForced(NamedTuple):
     mean_kl: float
 
 
-def teacher_forced(engine, result, reference_ids: Sequence[int],
+def teacher_forced(engine: Engine, result: PrefillResult, reference_ids: Sequence[int],
                    reference_logits: torch.Tensor | None = None) -> TeacherForced:
     """Feed `reference_ids` (full's greedy answer) to the mode over its own prefill cache.
 
@@ -110,7 +112,7 @@ def teacher_forced(engine, result, reference_ids: Sequence[int],
 
 
 @torch.inference_mode()
-def forced_logits(engine, result, ids: Sequence[int]) -> torch.Tensor:
+def forced_logits(engine: Engine, result: PrefillResult, ids: Sequence[int]) -> torch.Tensor:
     """Logits [len(ids), vocab] float32 (CPU) predicting ids[i] after the prompt and ids[:i].
 
     Row 0 is the prefill's first-token logits; rows 1.. come from one pass of ids[:-1] at
