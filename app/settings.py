@@ -90,6 +90,8 @@ class Settings(BaseSettings):
     # fidelity guard (engine/guard.py); a level outside `Fidelity` fails here, at start-up
     fidelity: Fidelity = engine_setting("fidelity")
     guard_margin: float = engine_setting("guard_margin")
+    guard_answer_margin: float = engine_setting("guard_answer_margin")
+    guard_answer_tokens: int = engine_setting("guard_answer_tokens")
     # -- chunking and retrieval ---------------------------------------------------------------
     chunk_tokens: int = Field(default=256, ge=16, le=2048)
     chunk_overlap: int = Field(default=32, ge=0)

@@ -133,6 +133,11 @@ class EngineConfig:
     # the runner-up is below `guard_margin` nats sends the prompt to full prefill.
     fidelity: str = "balanced"
     guard_margin: float = bounded(1.0, ge=0.0)
+    # ... and while decoding, the first of answer tokens 1 .. `guard_answer_tokens` - 1 whose
+    # margin is below `guard_answer_margin` nats sends prompt + answer so far to full prefill,
+    # and decoding goes on from that exact state (0 or 1: no check while decoding).
+    guard_answer_margin: float = bounded(1.0, ge=0.0)
+    guard_answer_tokens: int = bounded(64, ge=0)
     # Run the RoPE-shift self-check at start-up; a failure disables reuse modes.
     selfcheck: bool = True
     # Continuous batching of decode (engine/scheduler.py): concurrent requests share each

@@ -39,15 +39,27 @@ class SamplingParams:
             raise InvalidRequest("top_p must lie in (0, 1]")
 
 
+class StepCheck(Protocol):
+    """Looks at a step's logits before its token is picked (the fidelity guard's
+    `AnswerCheck`); `fired(step, logits)` True stops decoding there, nothing picked."""
+
+    def fired(self, step: int, logits: torch.Tensor) -> bool: ...
+
+
 def generate_ids(stack: DecoderStack, cache: KVCache, first_logits: torch.Tensor,
-                 params: SamplingParams, eos_ids: tuple[int, ...]) -> Generator[int, None, None]:
+                 params: SamplingParams, eos_ids: tuple[int, ...], check: StepCheck | None = None,
+                 generator: torch.Generator | None = None) -> Generator[int, None, None]:
     """Yield generated token ids; the EOS token that ends generation is not yielded.
 
-    Appends to `cache` in place; stops early if the cache is full.
+    Appends to `cache` in place; stops early if the cache is full, or before picking a step's
+    token when `check` fires on its logits. `generator` (None: a new one from params.seed)
+    lets a decode that resumes elsewhere draw the same random numbers as one that did not.
     """
-    generator = new_generator(params.seed, first_logits.device)
+    generator = new_generator(params.seed, first_logits.device) if generator is None else generator
     logits = first_logits
     for step in range(params.max_new_tokens):
+        if check is not None and check.fired(step, logits):
+            return
         token = pick_token(logits, params, generator)
         if token in eos_ids:
             return

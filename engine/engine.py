@@ -8,20 +8,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Generator, Sequence
+from contextlib import AbstractContextManager, closing, nullcontext
 from functools import partial
 
 import torch
 
 from engine.config import EngineConfig
-from engine.decode import SamplingParams, TextStream, TokenIds, generate_ids
+from engine.decode import SamplingParams, TextStream, TokenIds, generate_ids, new_generator
 from engine.encoder import DEFAULT_BATCH_TOKENS, ChunkEncoder
 from engine.errors import InvalidRequest, PromptTooLong
-from engine.guard import check_fidelity, run_guarded
-from engine.kv import ChunkKV
+from engine.guard import AnswerCheck, answer_check, check_fidelity, run_guarded
+from engine.kv import ChunkKV, KVCache
 from engine.layers import DecoderStack
 from engine.model import LoadedModel, load_model
 from engine.plan import CachedSpan, ChunkInput, Plan, PlanRequest
@@ -146,14 +147,20 @@ class Engine:
                               self.loaded.spec.num_layers)
         with torch.inference_mode(), self._prefill_turn():
             kept = run_guarded(fidelity, config, partial(self._run, request, layout.total_len + max_new_tokens),
-                               planner, reference_planner(config))
+                               planner, reference_planner(config),
+                               exact_state=lambda out: all(request.exact_chunks(out.layers_computed)))
         ttft = time.perf_counter() - started
         out = kept.out
         if out.logits is None:  # `_run` always asks the runner for them
             raise RuntimeError("a prefill ran without its first logits")
         reports = chunk_reports(chunks, layout, out, self.loaded.spec.num_layers, kept.planner_name, kept.plan.decisions)
-        return PrefillResult(planner.name, layout, out.cache, out.logits, ttft, reports, fallback,
-                             layers_computed=out.layers_computed, guard=kept.report)
+        result = PrefillResult(planner.name, layout, out.cache, out.logits, ttft, reports, fallback,
+                               layers_computed=out.layers_computed, guard=kept.report)
+        # the reference plan reads the layout alone: the chunks' KV (unpinned after this call) is not kept
+        exact = dataclasses.replace(request, chunks=())
+        result.answer_check = answer_check(kept.report, config)
+        result.repair = partial(self._run_exact, exact, out.cache.capacity)
+        return result
 
     def _run(self, request: PlanRequest, capacity: int, planner: BasePlanner) -> tuple[Plan, RunOutput]:
         """Plan the request with `planner` and run its layers (synchronised: timings are real)."""
@@ -162,20 +169,61 @@ class Engine:
         _synchronize(self.device)
         return plan, out
 
+    def _run_exact(self, request: PlanRequest, capacity: int, answer_ids: Sequence[int]) -> RunOutput:
+        """The reference prefill of the request's prompt followed by `answer_ids` (the guard's
+        repair while decoding): an exact cache of capacity rows and the next token's logits."""
+        layout = dataclasses.replace(request.layout, question_ids=request.layout.question_ids + tuple(answer_ids))
+        with torch.inference_mode(), self._prefill_turn():
+            _, out = self._run(dataclasses.replace(request, layout=layout), capacity, reference_planner(request.config))
+        return out
+
     def generate(self, result: PrefillResult, params: SamplingParams | None = None) -> TextStream:
         """Stream the answer as text pieces; generated ids collect in result.generated_ids.
 
         While batching, the request joins the decode batch at once; closing the stream before
-        its end cancels the request's decoding.
+        its end cancels the request's decoding. Under the `balanced` guard a blended prefill
+        is watched while it decodes (`engine.guard.AnswerCheck`); when the check fires, the
+        prompt and the answer so far are prefilled by the reference plan, `result.cache` and
+        `result.guard` are replaced, and decoding goes on from there in the same stream.
         """
         result.claim_for_decode()
-        params, eos = params or SamplingParams(), self.loaded.eos_token_ids
-        ids: TokenIds
-        if self.scheduler is None:
-            ids = generate_ids(self.stack, result.cache, result.logits, params, eos)
-        else:  # batched with every other request decoding now
-            ids = self.scheduler.submit(result.cache, result.logits, params, eos)
+        params = params or SamplingParams()
+        generator = new_generator(params.seed, result.logits.device)  # one for the whole answer
+        ids: TokenIds = self._decode_ids(result.cache, result.logits, params, result.answer_check, generator)
+        if result.answer_check is not None:
+            ids = self._repairing_ids(result, params, ids, generator)
         return TextStream(self.loaded.tokenizer, ids, collected=result.generated_ids)
+
+    def _decode_ids(self, cache: KVCache, logits: torch.Tensor, params: SamplingParams, check: AnswerCheck | None,
+                    generator: torch.Generator | None) -> TokenIds:
+        eos = self.loaded.eos_token_ids
+        if self.scheduler is None:
+            return generate_ids(self.stack, cache, logits, params, eos, check, generator)
+        return self.scheduler.submit(cache, logits, params, eos, check, generator)  # batched with the others
+
+    def _repairing_ids(self, result: PrefillResult, params: SamplingParams, first: TokenIds,
+                       generator: torch.Generator | None) -> Generator[int, None, None]:
+        """`first`'s ids, then, if its check fired, the rest of the answer from the exact state
+        (closing this generator closes whichever stream is under way: cancellation holds)."""
+        check, repair = result.answer_check, result.repair
+        assert check is not None and repair is not None and result.guard is not None
+        answered: list[int] = []
+        with closing(first):
+            for token in first:
+                answered.append(token)
+                yield token
+        if check.fired_at is None:
+            return
+        started = time.perf_counter()
+        out = repair(answered)
+        if out.logits is None:
+            raise RuntimeError("a repair ran without logits")
+        result.prefill_cache, result.cache, result.repair_layers = result.cache, out.cache, out.layers_computed
+        result.guard = dataclasses.replace(result.guard, repaired_at=check.fired_at, repair_margin=check.margin,
+                                           repair_s=time.perf_counter() - started)
+        rest = dataclasses.replace(params, max_new_tokens=params.max_new_tokens - len(answered))
+        with closing(self._decode_ids(out.cache, out.logits, rest, None, generator)) as tail:
+            yield from tail
 
     def _prefill_turn(self) -> AbstractContextManager[None]:
         """While batching: wait for a prefill slot; decode steps pause until the prefill ends."""

@@ -3,10 +3,16 @@
 A request names one of `FIDELITIES`:
 - `exact`: the reference plan (full prefill), whatever the mode; the answer equals `full`'s.
 - `fast`: the mode exactly as configured; its first-token margin is reported, nothing is spent.
-- `balanced` (the default): the mode, then a check at the first token. A blended state goes
-  wrong where the answer hangs on a near tie: when the log-probability margin of the top
-  token over the runner-up is below `guard_margin` nats, the prompt is prefilled again by the
-  reference plan, and that result (equal to `full`'s) is what the request decodes.
+- `balanced` (the default): the mode, then two checks. A blended state goes wrong where the
+  answer hangs on a near tie. At the first token (inside TTFT): when the log-probability
+  margin of the top token over the runner-up is below `guard_margin` nats, the prompt is
+  prefilled again by the reference plan, and that result (equal to `full`'s) is what the
+  request decodes. While decoding (`AnswerCheck`, after the first token has streamed): the
+  first answer token within `guard_answer_tokens` whose margin is below
+  `guard_answer_margin` stops the blended decode before that token is picked; the prompt
+  plus the answer so far is prefilled by the reference plan (`repair`) and decoding goes on
+  from that exact state, so the rest of the answer is what `full` would say after the same
+  words. This costs no TTFT, only one full prefill for the requests that need it.
 
 Why the margin and nothing else (SmolLM2, MuSiQue records 0-6, 3 chunks): the share of the
 check layer's question-weighted deviation mass left on stale rows was 0.055-0.065 on every
@@ -51,6 +57,11 @@ class GuardReport:
     threshold: float | None = None
     escalated: bool = False
     spent_s: float = 0.0
+    # answer token index where decoding switched to the reference state (None: it never did),
+    # that token's margin in the blended state, and the seconds of that prefill (after TTFT)
+    repaired_at: int | None = None
+    repair_margin: float | None = None
+    repair_s: float = 0.0
 
 
 def check_fidelity(fidelity: str | None, config: EngineConfig) -> str:
@@ -83,18 +94,21 @@ class Guarded(NamedTuple):
 
 
 def run_guarded(fidelity: str, config: EngineConfig, run: Callable[[BasePlanner], tuple[Plan, RunOutput]],
-                planner: BasePlanner, reference: BasePlanner) -> Guarded:
+                planner: BasePlanner, reference: BasePlanner,
+                exact_state: Callable[[RunOutput], bool] = lambda out: False) -> Guarded:
     """Prefill by the request's level; `run(planner)` plans and runs, returning (plan, out).
 
     exact: the reference alone. fast: the mode alone, its estimate reported. balanced: the
     mode, then the reference when `should_escalate` says the first token is too uncertain.
-    A planner that reuses no cache (the reference itself, or a fallback) is never re-run.
+    A planner whose plan is exact (the reference itself, a fallback, `prefix`), or a run whose
+    state `exact_state` finds exact (every chunk from a variant of this very context, say), is
+    never re-run and not watched while decoding (its report has no margin).
     """
     if fidelity == "exact":
         plan, out = run(reference)
         return Guarded(plan, out, reference.name, GuardReport(fidelity))
     plan, out = run(planner)
-    if not planner.reuses_cache:
+    if planner.exact or exact_state(out):
         return Guarded(plan, out, planner.name, GuardReport(fidelity))
     if out.logits is None:
         raise ValueError("the guard judges a prefill by its first token: run it with logits")
@@ -106,3 +120,41 @@ def run_guarded(fidelity: str, config: EngineConfig, run: Callable[[BasePlanner]
     plan, out = run(reference)
     spent = time.perf_counter() - started
     return Guarded(plan, out, reference.name, dataclasses.replace(report, escalated=True, spent_s=spent))
+
+
+class AnswerCheck:
+    """The balanced guard's watch over decoding: `fired(step, logits)` is True at the first
+    step in [1, window) whose top-token margin is below `threshold` nats (step 0, the first
+    token, was judged at prefill). Once fired it stays silent; `fired_at` and `margin` say
+    where and how low. One per request; called by the decoding thread only."""
+
+    def __init__(self, threshold: float, window: int):
+        self.threshold, self.window = threshold, window
+        self.fired_at: int | None = None
+        self.margin: float | None = None
+
+    def fired(self, step: int, logits: torch.Tensor) -> bool:
+        if self.fired_at is not None or not 1 <= step < self.window:
+            return False
+        margin = first_token_margin(logits)
+        if margin >= self.threshold:
+            return False
+        self.fired_at, self.margin = step, margin
+        return True
+
+
+def answer_check(report: GuardReport, config: EngineConfig) -> AnswerCheck | None:
+    """The check a decode runs under, or None: only `balanced` requests that decode from an
+    inexact prefill of their mode are watched (the first-token check measured a margin and
+    did not escalate); `exact`, `fast`, escalated and exact-plan prefills are not."""
+    if report.fidelity != "balanced" or report.escalated or report.margin is None:
+        return None
+    if config.guard_answer_tokens <= 1:
+        return None
+    return AnswerCheck(config.guard_answer_margin, config.guard_answer_tokens)
+
+
+def first_repair(margins: list[float], check: AnswerCheck) -> int | None:
+    """Where `check` would fire along an answer whose per-step margins are `margins` (steps 0..),
+    without firing it (teacher-forced figures follow the guard with this)."""
+    return next((step for step, m in enumerate(margins) if 1 <= step < check.window and m < check.threshold), None)

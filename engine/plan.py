@@ -14,7 +14,7 @@ Rows in `pinned` (the question, chunks with no cache) can never be dropped.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -103,6 +103,13 @@ class PlanRequest:
         mask[qs:qe] = True
         return mask
 
+    def exact_chunks(self, layers_computed: torch.Tensor | None) -> list[bool]:
+        """Per chunk, whether a prefill that computed `layers_computed` layers per row left
+        its rows exact in this prompt (see `exact_in_context`)."""
+        contexts = [None if c.kv is None else tuple(getattr(c.kv, "context", ()) or ()) for c in self.chunks]
+        return exact_in_context([c.chunk_id for c in self.chunks], contexts, self.layout.chunk_spans,
+                                layers_computed, self.num_layers)
+
     def context_mask(self) -> torch.Tensor:
         """bool [total_len]: rows of chunks that have cached KV (candidates for reuse)."""
         mask = torch.zeros(self.layout.total_len, dtype=torch.bool)
@@ -181,3 +188,19 @@ class Plan:
 def positions(mask: torch.Tensor) -> torch.Tensor:
     """Ascending positions where a bool mask is true."""
     return mask.nonzero().flatten()
+
+
+def exact_in_context(chunk_ids: Sequence[ChunkId], contexts: Sequence[tuple[ChunkId, ...] | None],
+                     spans: Sequence[tuple[int, int]], layers_computed: torch.Tensor | None,
+                     num_layers: int) -> list[bool]:
+    """Per chunk, whether its rows equal a full prefill's of the same prompt (to float
+    tolerance): every chunk before it is exact, and either its cached KV was computed after
+    exactly those chunks (contexts[i], None: no cached KV) or every one of its rows ran every
+    layer (a row recomputed over exact inputs is exact; a blended one is not)."""
+    exact, out = True, []
+    for i, (context, (start, end)) in enumerate(zip(contexts, spans)):
+        from_exact_source = context is not None and tuple(context) == tuple(chunk_ids[:i])
+        computed_fully = layers_computed is not None and bool((layers_computed[start:end] >= num_layers).all())
+        exact = exact and (from_exact_source or computed_fully)
+        out.append(exact)
+    return out

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.errors import InvalidRequest
-from engine.guard import GuardReport
+from engine.guard import AnswerCheck, GuardReport
 from engine.kv import ChunkId, KVCache
 from engine.plan import ChunkDecision, ChunkInput
 from engine.prompt import PromptLayout
@@ -57,7 +57,21 @@ class PrefillResult:
     layers_computed: torch.Tensor | None = None  # [prompt rows] layers of attention + MLP per row
     guard: GuardReport | None = None  # what the fidelity guard estimated and spent (engine/guard.py)
     generated_ids: list[int] = field(default_factory=list)
+    # set by Engine.prefill: the guard's watch while decoding (None: unwatched) and the
+    # reference prefill of the prompt plus given answer ids that replaces a fired state
+    answer_check: AnswerCheck | None = None
+    repair: Callable[[Sequence[int]], RunOutput] | None = None
+    # after a repair: the cache the mode's own prefill produced (`cache` is the exact one
+    # decoding went on from); teacher-forced figures read the mode's state from it
+    prefill_cache: KVCache | None = None
+    repair_layers: torch.Tensor | None = None  # [rows] layers the repair's prefill computed per row
     _decoding: bool = False
+
+    @property
+    def repaired(self) -> bool:
+        """The guard replaced the cache by the reference prefill of the prompt (and the answer
+        so far) while decoding: every prompt row of `cache` is exact now."""
+        return self.prefill_cache is not None
 
     @property
     def context_tokens(self) -> int:

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 
 import torch
 
-from engine.decode import SamplingParams, decode_batch, new_generator, pick_token
+from engine.decode import SamplingParams, StepCheck, decode_batch, new_generator, pick_token
 from engine.errors import EngineClosed
 from engine.kv import KVCache
 from engine.layers import DecoderStack
@@ -53,9 +53,11 @@ class _Sequence:
     """One request's decode state. The scheduler thread alone calls `advance` and `fail`."""
 
     def __init__(self, cache: KVCache, first_logits: torch.Tensor, params: SamplingParams,
-                 eos_ids: tuple[int, ...]):
+                 eos_ids: tuple[int, ...], check: StepCheck | None = None,
+                 generator: torch.Generator | None = None):
         self.cache, self.logits, self.params, self.eos_ids = cache, first_logits, params, eos_ids
-        self.generator = new_generator(params.seed, first_logits.device)
+        self.check = check
+        self.generator = new_generator(params.seed, first_logits.device) if generator is None else generator
         self.num_picked = 0
         self.token = -1  # the last token picked, whose K/V the next step computes
         self.out: queue.SimpleQueue[int | _End | BaseException] = queue.SimpleQueue()  # ids, then _END or an error
@@ -70,8 +72,12 @@ class _Sequence:
         """Pick and stream the next token; True if the request needs a decode step for it.
 
         The same stop rules as `engine.decode.generate_ids`: an EOS token ends it unstreamed;
-        the token budget or a full cache end it after the token.
+        the token budget or a full cache end it after the token; a firing `check` ends it
+        before the token is picked.
         """
+        if self.check is not None and self.check.fired(self.num_picked, self.logits):
+            self.out.put(_END)
+            return False
         token = pick_token(self.logits, self.params, self.generator)
         self.num_picked += 1
         if token in self.eos_ids:
@@ -139,14 +145,16 @@ class DecodeScheduler:
     # -- the request side ----------------------------------------------------------------------
 
     def submit(self, cache: KVCache, first_logits: torch.Tensor, params: SamplingParams,
-               eos_ids: tuple[int, ...]) -> "TokenStream":
+               eos_ids: tuple[int, ...], check: StepCheck | None = None,
+               generator: torch.Generator | None = None) -> "TokenStream":
         """Queue a prefilled request at once; returns its generated token ids as they come.
 
         The EOS token that ends generation is not yielded. Closing the stream early (or
-        dropping it) cancels the request: it leaves the batch before the next step.
+        dropping it) cancels the request: it leaves the batch before the next step. `check`
+        and `generator` as in `engine.decode.generate_ids`.
         Raises EngineClosed if the scheduler has been closed.
         """
-        seq = _Sequence(cache, first_logits, params, eos_ids)
+        seq = _Sequence(cache, first_logits, params, eos_ids, check, generator)
         with self._cond:
             if self._closed:
                 raise EngineClosed("the engine is shutting down")

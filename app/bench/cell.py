@@ -52,6 +52,8 @@ class RequestFacts:
     recompute_share: float
     computed_now: int  # chunks whose base KV was missing and computed on the request path
     generated_ids: tuple[int, ...] = ()
+    escalated: bool = False  # the fidelity guard re-ran the prefill in full (inside TTFT)
+    repaired: bool = False  # ... or went on from full prefill while decoding (engine/guard.py)
     forced: torch.Tensor | None = None  # reference cells: [answer tokens, vocab] logits along its own answer
     answer: TeacherForced | None = None  # this answer's fidelity along the reference's (teacher forcing)
 
@@ -147,7 +149,8 @@ def _facts(outcome: Outcome, answer) -> RequestFacts:
                         answer.stages.get("load", 0.0) + answer.stages.get("prefill", 0.0),
                         outcome.finished - outcome.submitted, result.recompute_share,
                         sum(label.startswith("base (computed") for label in answer.variants),
-                        tuple(result.generated_ids))
+                        tuple(result.generated_ids), bool(result.guard is not None and result.guard.escalated),
+                        result.repaired)
 
 
 def _cpu_seconds() -> float:

@@ -11,7 +11,7 @@ from app.bench.summary import CellSummary
 from app.bench.trace import write_trace
 
 COLUMNS = ("mode", "load", "ok", "err", "req/s", "TTFT p50", "p95", "p99", "lat p50", "p95", "tok/s",
-           "CPU s/req", "work/full", "work/prefix", "bg", "recomp", "EM", "ROUGE-L", "KL", "top-1", "ans top-1", "ans KL", "tier hits")
+           "CPU s/req", "work/full", "work/prefix", "bg", "recomp", "esc", "rep", "EM", "ROUGE-L", "KL", "top-1", "ans top-1", "ans KL", "tier hits")
 
 
 def format_table(summaries: list[CellSummary]) -> str:
@@ -27,6 +27,7 @@ def _row(s: CellSummary) -> tuple[str, ...]:
             _ms(s.ttft_p50), _ms(s.ttft_p95), _ms(s.ttft_p99), _ms(s.latency_p50), _ms(s.latency_p95),
             f"{s.output_tokens_per_s:.1f}", f"{s.cpu_s_per_request:.2f}", _ratio(s.work_vs_full),
             _ratio(s.work_vs_prefix), f"{s.background_share:.2f}", f"{s.recompute_share:.2f}",
+            _num(s.escalated_share, 2), _num(s.repaired_share, 2),
             *((f"{f.exact_match:.2f}", f"{f.rouge_l:.2f}", f"{f.first_kl:.3f}", f"{f.first_top1:.2f}",
                _num(f.answer_top1, 3), _num(f.answer_kl, 3)) if f else ("-",) * 6),
             " ".join(f"{tier}:{hits}" for tier, hits in s.tier_hits.items() if hits))
@@ -101,7 +102,8 @@ def _markdown(run, command: str, plots: list[str]) -> str:
         "the whole process per request; model work per request (prefill FLOPs of every layer-row run, background",
         "variant builds and base KV computed on a miss included) over `full`'s and `prefix`'s at the same load,",
         "and the share of that work done off the request path (`bg`: background variant builds);",
-        "mean share of context tokens recomputed; fidelity against `full` on the same request: greedy-answer",
+        "mean share of context tokens recomputed; shares of requests the fidelity guard re-ran in full at the",
+        "first token (`esc`) or moved to full prefill while decoding (`rep`); fidelity against `full` on the same request: greedy-answer",
         "exact match, ROUGE-L, first-token KL(full ‖ mode), first-token top-1 agreement, and along full's answer",
         "fed to the mode (teacher forcing, pooled over answer positions) top-1 agreement and mean KL; store hits",
         "per tier. Teacher forcing runs on the client thread between its requests, inside the wall time.", "",

@@ -55,6 +55,8 @@ class CellSummary:
     work_vs_prefix: float | None
     background_share: float  # share of the work done off the request path (variant builds)
     recompute_share: float
+    escalated_share: float  # requests the fidelity guard re-ran in full at the first token
+    repaired_share: float  # requests whose decode the guard moved to full prefill
     computed_now: int
     drain_s: float
     tier_hits: dict
@@ -63,6 +65,10 @@ class CellSummary:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -97,7 +103,8 @@ def summarize(cell: CellResult, flops_of, reference: dict[int, RequestFacts] | N
         work_vs_full=_share(per_request, baselines.get("full")),
         work_vs_prefix=_share(per_request, baselines.get("prefix")),
         background_share=_background_share(cell, flops_of),
-        recompute_share=statistics.fmean([f.recompute_share for f in facts]) if facts else float("nan"),
+        recompute_share=_mean([f.recompute_share for f in facts]),
+        escalated_share=_mean([f.escalated for f in facts]), repaired_share=_mean([f.repaired for f in facts]),
         computed_now=sum(f.computed_now for f in facts), drain_s=cell.drain_s,
         tier_hits=dict(cell.tier_hits),
         fidelity=fidelity(facts, reference) if reference is not None else None, ttfts=ttfts)

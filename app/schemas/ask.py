@@ -85,6 +85,12 @@ class GuardOut(BaseModel):
     threshold: float | None = Field(default=None, description="margin below which balanced re-runs in full")
     escalated: bool = Field(description="the answer comes from a second, full prefill")
     spent_ms: float = Field(description="time of that second prefill, inside ttft_ms")
+    repaired_at: int | None = Field(default=None, description="answer token where balanced switched to full "
+                                                              "prefill of the prompt and the answer so far, "
+                                                              "because that token's margin was below the "
+                                                              "answer threshold (null: it never did)")
+    repair_margin: float | None = Field(default=None, description="that token's margin (nats) in the mode's state")
+    repair_ms: float = Field(default=0.0, description="time of that prefill, after the first token")
 
 
 class AskResponse(BaseModel):

@@ -82,7 +82,7 @@ class ModeSample:
 
     ttft_s: float
     ttft_ratio: float
-    compute_ratio: float  # FLOPs of full / FLOPs of this mode (engine/bench/flops.py)
+    compute_ratio: float  # FLOPs of full / FLOPs of this mode's prefill (engine/bench/flops.py)
     recompute_share: float
     kl: float
     top1: bool
@@ -95,6 +95,8 @@ class ModeSample:
     answer_top1: float = float("nan")
     answer_kl: float = float("nan")
     escalated: bool = False  # the fidelity guard re-ran the request in full
+    repaired: bool = False  # the guard's check while decoding switched the greedy answer to full prefill
+    work_share: float = 1.0  # FLOPs of this mode's prefills (first-token re-run and repair included) / full's
 
 
 @dataclass
@@ -113,6 +115,8 @@ class ModeSummary:
     answer_top1: float = float("nan")
     answer_kl: float = float("nan")
     escalated: float = 0.0  # share of records the guard re-ran in full
+    repaired: float = 0.0  # share of records whose greedy decode the guard repaired
+    work_share: float = 1.0  # mean FLOPs of the mode's prefills, repairs included, over full's
     samples: list[ModeSample] = field(default_factory=list)
 
 
@@ -271,6 +275,8 @@ def _run_record(engine: Engine, record: Record, inputs: dict[str, tuple[list[Chu
         logits = result.logits.clone()
         work = flops.prefill(result.layers_computed)
         answer = "".join(engine.generate(result, params)).strip()
+        repair = result.repair_layers
+        work_all = work + (flops.prefill(repair) if repair is not None else 0.0)  # the guard's repair is charged
         if reference is None:
             ids = list(result.generated_ids)
             reference = (result.ttft_s, work, logits, answer, ids, forced_logits(engine, result, ids))
@@ -282,7 +288,8 @@ def _run_record(engine: Engine, record: Record, inputs: dict[str, tuple[list[Chu
             top1=same_top1(ref_logits, logits), rouge_l=rouge_l(answer, ref_answer),
             f1=best_f1(answer, record.get("answers", [])), answer=answer, warmup_cost=warmup_cost,
             answer_top1=forced.top1_share, answer_kl=forced.mean_kl,
-            escalated=bool(result.guard is not None and result.guard.escalated))
+            escalated=bool(result.guard is not None and result.guard.escalated), repaired=result.repaired,
+            work_share=work_all / max(ref_work, 1.0))
     return out
 
 
@@ -298,6 +305,7 @@ def _summarize(mode: str, samples: list[ModeSample]) -> ModeSummary:
         rouge_l=mean(s.rouge_l for s in samples), f1=mean(s.f1 for s in samples),
         warmup_cost=mean(s.warmup_cost for s in samples), answer_top1=_mean_known(s.answer_top1 for s in samples),
         answer_kl=_mean_known(s.answer_kl for s in samples), escalated=mean(s.escalated for s in samples),
+        repaired=mean(s.repaired for s in samples), work_share=mean(s.work_share for s in samples),
         samples=samples)
 
 
@@ -309,13 +317,13 @@ def _mean_known(values: Iterable[float]) -> float:
 
 def format_table(summaries: list[ModeSummary]) -> str:
     header = (f"{'mode':<17} {'n':>3} {'TTFT s':>8} {'vs full':>8} {'floor':>8} {'recomp':>7} {'KL':>8} {'top1':>6} "
-              f"{'ROUGE-L':>8} {'F1':>6} {'warm-up':>8} {'ans top1':>8} {'ans KL':>7} {'guard':>6}")
+              f"{'ROUGE-L':>8} {'F1':>6} {'warm-up':>8} {'ans top1':>8} {'ans KL':>7} {'guard':>6} {'repair':>6} {'work':>6}")
     lines = [header, "-" * len(header)]
     for s in summaries:
         lines.append(f"{s.mode:<17} {s.records:>3} {s.median_ttft_s:>8.3f} {s.median_ttft_ratio:>7.2f}x "
                      f"{s.median_compute_ratio:>7.2f}x {s.recompute_share:>7.3f} {s.mean_kl:>8.4f} {s.top1_agreement:>6.2f} "
                      f"{s.rouge_l:>8.3f} {s.f1:>6.3f} {s.warmup_cost:>7.2f}x {s.answer_top1:>8.3f} {s.answer_kl:>7.4f} "
-                     f"{s.escalated:>6.2f}")
+                     f"{s.escalated:>6.2f} {s.repaired:>6.2f} {s.work_share:>6.2f}")
     return "\n".join(lines)
 
 

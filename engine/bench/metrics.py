@@ -15,6 +15,7 @@ import torch
 
 from engine.attention import QueryLayout
 from engine.engine import Engine
+from engine.guard import first_repair, first_token_margin
 from engine.result import PrefillResult
 
 
@@ -102,6 +103,8 @@ def teacher_forced(engine: Engine, result: PrefillResult, reference_ids: Sequenc
     if not ids:
         return TeacherForced(0, float("nan"), float("nan"))
     logits = forced_logits(engine, result, ids)
+    if reference_logits is not None:
+        logits = guarded_logits(result, logits, reference_logits)
     top1 = float((logits.argmax(-1).cpu() == torch.tensor(ids)).double().mean())
     if reference_logits is None:
         return TeacherForced(len(ids), top1, float("nan"))
@@ -111,15 +114,30 @@ def teacher_forced(engine: Engine, result: PrefillResult, reference_ids: Sequenc
     return TeacherForced(len(ids), top1, sum(kls) / len(kls))
 
 
+def guarded_logits(result: PrefillResult, logits: torch.Tensor, reference_logits: torch.Tensor) -> torch.Tensor:
+    """The forced `logits` as the fidelity guard would leave them: from the first position
+    where the result's answer check fires (engine.guard.AnswerCheck) on the mode's own
+    logits, decoding goes on from the reference state, so those rows are the reference's
+    (its repair is a reference prefill of the same prompt and answer tokens)."""
+    if result.answer_check is None or reference_logits.shape != logits.shape:
+        return logits
+    fired = first_repair([first_token_margin(row) for row in logits], result.answer_check)
+    if fired is None:
+        return logits
+    return torch.cat([logits[:fired], reference_logits[fired:].to(logits.dtype)])
+
+
 @torch.inference_mode()
 def forced_logits(engine: Engine, result: PrefillResult, ids: Sequence[int]) -> torch.Tensor:
     """Logits [len(ids), vocab] float32 (CPU) predicting ids[i] after the prompt and ids[:i].
 
     Row 0 is the prefill's first-token logits; rows 1.. come from one pass of ids[:-1] at
-    positions prompt_len.. through every layer, attending to the result's cache (written in
-    place: those rows of the cache are the teacher's tokens afterwards).
+    positions prompt_len.. through every layer, attending to the cache the mode's prefill
+    produced (`prefill_cache` after a guard repair, else `cache`; written in place: those
+    rows of the cache are the teacher's tokens afterwards).
     """
-    stack, cache, start = engine.stack, result.cache, result.layout.total_len
+    stack, start = engine.stack, result.layout.total_len
+    cache = result.prefill_cache if result.prefill_cache is not None else result.cache
     fed = list(ids)[:-1]
     if start + len(fed) > cache.capacity:
         raise ValueError(f"{len(fed)} forced tokens do not fit in a cache of {cache.capacity} rows")

@@ -38,6 +38,9 @@ class BasePlanner(ABC):
     name: ClassVar[str]
     # False only for the reference `full`, which ignores every cache.
     reuses_cache: ClassVar[bool] = True
+    # True when the plan's KV equals the reference prefill's (exact-context reuse only, as
+    # `prefix`): the fidelity guard has nothing to check and never re-runs such a request.
+    exact: ClassVar[bool] = False
     variant_use: ClassVar[VariantUse] = VariantUse.BASE
     leaves: ClassVar[VariantYield] = VariantYield.NONE
 

@@ -11,6 +11,7 @@ from engine.plan import Plan, PlanRequest
 class FullPlanner(BasePlanner):
     name = "full"
     reuses_cache = False
+    exact = True
 
     def plan(self, request: PlanRequest) -> Plan:
         total = request.layout.total_len

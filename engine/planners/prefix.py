@@ -20,6 +20,7 @@ from engine.plan import CachedSpan, Plan, PlanRequest
 @register
 class PrefixPlanner(BasePlanner):
     name = "prefix"
+    exact = True
     variant_use = VariantUse.EXACT
     leaves = VariantYield.HARVEST
 

@@ -5,7 +5,8 @@ when every chunk before it is exact and either its cached KV was itself computed
 exactly those chunks (the base variant, for the first chunk) or every one of its rows ran
 every layer: a row recomputed over exact inputs is exact, a blended one is not. `prefix`
 requests compute everything after their exact prefix this way, so all of what they computed
-can be kept at no extra compute; a `cachecraft` request usually only its leading chunks.
+can be kept at no extra compute; a `cachecraft` request usually only its leading chunks, or
+all of them when the fidelity guard repaired its decode (its cache is then the reference's).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from engine.kv import ChunkId, ChunkKV
-from engine.plan import ChunkInput
+from engine.plan import ChunkInput, exact_in_context
 from engine.result import PrefillResult
 
 if TYPE_CHECKING:  # annotations only: the engine imports this module
@@ -30,16 +31,12 @@ def exact_chunks(result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] |
     """Per chunk of `result`, whether its rows in `result.cache` are exact in this context.
 
     contexts: per chunk, the context of the cached KV the prefill started from (None: none).
+    After a guard repair the cache is the reference prefill's, so every chunk is.
     """
-    ids = [report.chunk_id for report in result.chunks]
-    layers = result.layers_computed
-    exact, out = True, []
-    for i, (context, (start, end)) in enumerate(zip(contexts, result.layout.chunk_spans)):
-        from_exact_source = context is not None and tuple(context) == tuple(ids[:i])
-        computed_fully = layers is not None and bool((layers[start:end] >= num_layers).all())
-        exact = exact and (from_exact_source or computed_fully)
-        out.append(exact)
-    return out
+    if result.repaired:
+        return [True] * len(result.chunks)
+    return exact_in_context([report.chunk_id for report in result.chunks], contexts, result.layout.chunk_spans,
+                            result.layers_computed, num_layers)
 
 
 def harvest(engine: Engine, result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] | None]) -> list[tuple[ChunkId, ChunkKV]]:

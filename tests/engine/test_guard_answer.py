@@ -1,0 +1,167 @@
+"""The balanced guard while decoding (engine.guard.AnswerCheck) on the tiny model: where it
+fires the rest of the answer comes from the exact state; where it does not, nothing changes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import EngineConfig
+from engine.bench.metrics import forced_logits, guarded_logits, teacher_forced
+from engine.decode import SamplingParams
+from engine.engine import Engine
+from engine.guard import AnswerCheck, first_repair, first_token_margin
+from tests.engine.helpers import QUESTION, chunk_inputs
+
+TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def chunks(tiny_engine):
+    return chunk_inputs(tiny_engine)
+
+
+def engine_with(tiny_engine, batching: bool = False, **overrides) -> Engine:
+    """Another engine over the tiny model: balanced, the first-token check off unless overridden."""
+    settings = dict(guard_margin=0.0, batching=batching, epic_tokens=4)
+    settings.update(overrides)
+    return Engine(EngineConfig(data_dir=tiny_engine.config.data_dir, **settings), tiny_engine.loaded)
+
+
+def answer(engine: Engine, chunks, mode: str = "cacheblend", fidelity: str | None = None,
+           params: SamplingParams = SamplingParams(max_new_tokens=TOKENS)):
+    result = engine.prefill(chunks, QUESTION, mode=mode, max_new_tokens=params.max_new_tokens, fidelity=fidelity)
+    "".join(engine.generate(result, params))
+    return result
+
+
+def test_the_check_fires_at_the_first_low_margin_inside_its_window():
+    check = AnswerCheck(threshold=1.0, window=4)
+    confident, unsure = torch.tensor([5.0, 0.0, 0.0]), torch.tensor([0.5, 0.0, 0.0])
+    assert not check.fired(0, unsure)  # the first token was judged at prefill
+    assert not check.fired(1, confident)
+    assert check.fired(2, unsure) and check.fired_at == 2
+    assert check.margin == pytest.approx(first_token_margin(unsure))
+    assert not check.fired(3, unsure)  # fires once
+    assert not AnswerCheck(1.0, 4).fired(4, unsure)  # outside the window
+    assert first_repair([0.1, 3.0, 0.2, 0.1], AnswerCheck(1.0, 4)) == 2
+    assert first_repair([0.1, 3.0, 3.0, 3.0, 0.1], AnswerCheck(1.0, 4)) is None  # past the window
+
+
+@pytest.mark.parametrize("batching", [False, True])
+def test_a_fired_check_goes_on_from_the_exact_state(tiny_engine, chunks, batching):
+    engine = engine_with(tiny_engine, batching=batching, guard_answer_margin=1e9)
+    try:
+        result = answer(engine, chunks)
+    finally:
+        engine.close()
+    guard = result.guard
+    assert guard.repaired_at == 1 and guard.repair_s > 0 and guard.repair_margin < 1e9
+    ids = result.generated_ids
+    assert len(ids) >= 2  # the tiny model's EOS never wins a greedy pick here
+    # the cache decoding went on from is full's prefill of the prompt plus the first answer token
+    full = tiny_engine.prefill(chunks, QUESTION + "", mode="full", max_new_tokens=TOKENS)
+    n = full.layout.total_len
+    assert torch.allclose(result.cache.data[:, :, :, :n], full.cache.data[:, :, :, :n], atol=1e-4)
+    assert result.prefill_cache is not None
+    assert not torch.allclose(result.prefill_cache.data[:, :, :, :n], full.cache.data[:, :, :, :n], atol=1e-4)
+    # and the tokens after the repair are the greedy ones of that exact state
+    expected = forced_logits(tiny_engine, full, ids)[1:].argmax(-1).tolist()
+    assert ids[1:] == expected[:len(ids) - 1]
+
+
+def test_a_silent_check_changes_nothing(tiny_engine, chunks):
+    watched = answer(engine_with(tiny_engine, guard_answer_margin=0.0), chunks)
+    fast = answer(tiny_engine, chunks, fidelity="fast")
+    assert watched.answer_check is not None and watched.guard.repaired_at is None
+    assert watched.generated_ids == fast.generated_ids and watched.prefill_cache is None
+
+
+@pytest.mark.parametrize("mode,fidelity", [("cacheblend", "fast"), ("cacheblend", "exact"), ("full", None),
+                                           ("prefix", None)])
+def test_only_balanced_inexact_prefills_are_watched(tiny_engine, chunks, mode, fidelity):
+    result = answer(engine_with(tiny_engine, guard_answer_margin=1e9), chunks, mode=mode, fidelity=fidelity)
+    assert result.answer_check is None and result.guard.repaired_at is None
+
+
+def test_an_escalated_prefill_is_not_watched(tiny_engine, chunks):
+    result = answer(engine_with(tiny_engine, guard_margin=1e9, guard_answer_margin=1e9), chunks)
+    assert result.guard.escalated and result.answer_check is None and result.guard.repaired_at is None
+
+
+def test_a_zero_window_turns_the_check_off(tiny_engine, chunks):
+    result = answer(engine_with(tiny_engine, guard_answer_margin=1e9, guard_answer_tokens=1), chunks)
+    assert result.answer_check is None
+
+
+@pytest.mark.parametrize("batching", [False, True])
+def test_a_seeded_sample_is_repeatable_through_a_repair(tiny_engine, chunks, batching):
+    params = SamplingParams(max_new_tokens=TOKENS, temperature=1.0, seed=7)
+    engine = engine_with(tiny_engine, batching=batching, guard_answer_margin=1e9)
+    try:
+        first, second = answer(engine, chunks, params=params), answer(engine, chunks, params=params)
+    finally:
+        engine.close()
+    assert first.guard.repaired_at == 1 and first.generated_ids == second.generated_ids
+
+
+@pytest.mark.parametrize("batching", [False, True])
+def test_closing_the_stream_after_a_repair_cancels_it(tiny_engine, chunks, batching):
+    engine = engine_with(tiny_engine, batching=batching, guard_answer_margin=1e9)
+    try:
+        result = engine.prefill(chunks, QUESTION, mode="cacheblend", max_new_tokens=TOKENS)
+        stream = engine.generate(result, SamplingParams(max_new_tokens=TOKENS))
+        pieces = [next(stream), next(stream)]  # the second piece comes from the repaired state
+        stream.close()
+        assert pieces and result.guard.repaired_at == 1
+        assert len(result.generated_ids) < TOKENS
+    finally:
+        engine.close()
+
+
+def test_teacher_forcing_follows_the_guard(tiny_engine, chunks):
+    engine = engine_with(tiny_engine, guard_answer_margin=1e9)
+    full = answer(tiny_engine, chunks, mode="full")
+    ids = list(full.generated_ids)
+    reference = forced_logits(tiny_engine, full, ids)
+    result = answer(engine, chunks)
+    own = forced_logits(tiny_engine, result, ids)  # the mode's own state, though decoding was repaired
+    assert not torch.allclose(own[1:], reference[1:], atol=1e-3)
+    guarded = guarded_logits(result, own, reference)
+    assert torch.equal(guarded[0], own[0]) and torch.equal(guarded[1:], reference[1:])
+    score = teacher_forced(tiny_engine, result, ids, reference)
+    assert score.top1_share == pytest.approx(float((guarded.argmax(-1) == torch.tensor(ids)).double().mean()))
+    fast = answer(tiny_engine, chunks, fidelity="fast")
+    assert guarded_logits(fast, own, reference) is own  # an unwatched result keeps its own logits
+
+
+def test_a_repaired_request_leaves_every_chunk_exact(tiny_engine, chunks):
+    from engine.variants.harvest import exact_chunks, harvest, source_contexts
+
+    layers = tiny_engine.loaded.spec.num_layers
+    result = answer(engine_with(tiny_engine, guard_answer_margin=1e9), chunks, mode="cachecraft")
+    assert result.repaired
+    assert exact_chunks(result, source_contexts(chunks), layers) == [True] * len(chunks)
+    kept = harvest(tiny_engine, result, source_contexts(chunks))
+    assert [chunk_id for chunk_id, _ in kept] == [c.chunk_id for c in chunks[1:]]  # the first was exact already
+    full = tiny_engine.prefill(chunks, QUESTION, mode="full")
+    for chunk_id, kv in kept:
+        start, end = full.layout.chunk_spans[chunk_id]
+        assert torch.allclose(kv.kv, full.cache.rows(start, end), atol=1e-4)
+
+
+def test_a_prefill_from_exact_variants_is_neither_rerun_nor_watched(tiny_engine, chunks):
+    import dataclasses
+
+    from engine.variants.harvest import chunk_rows
+
+    full = tiny_engine.prefill(chunks, QUESTION, mode="full")
+    exact = [chunks[0]] + [dataclasses.replace(c, kv=chunk_rows(tiny_engine, full, i))
+                           for i, c in enumerate(chunks) if i > 0]
+    engine = engine_with(tiny_engine, guard_margin=1e9, guard_answer_margin=1e9)
+    result = answer(engine, exact, mode="cachecraft")
+    assert not result.guard.escalated and result.guard.margin is None and result.answer_check is None
+    assert result.recompute_share == 0.0
+    assert torch.allclose(result.logits, full.logits, atol=1e-3)
+    one_blended = answer(engine, exact[:2] + chunks[2:], mode="cachecraft")
+    assert one_blended.guard.escalated  # a chunk from another context: the state is inexact, the guard acts
