@@ -136,7 +136,7 @@ class EngineConfig:
     # ... and while decoding, the first of answer tokens 1 .. `guard_answer_tokens` - 1 whose
     # margin is below `guard_answer_margin` nats sends prompt + answer so far to full prefill,
     # and decoding goes on from that exact state (0 or 1: no check while decoding).
-    guard_answer_margin: float = bounded(1.0, ge=0.0)
+    guard_answer_margin: float = bounded(0.5, ge=0.0)
     guard_answer_tokens: int = bounded(64, ge=0)
     # Run the RoPE-shift self-check at start-up; a failure disables reuse modes.
     selfcheck: bool = True

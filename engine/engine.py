@@ -28,7 +28,7 @@ from engine.model import LoadedModel, load_model
 from engine.plan import CachedSpan, ChunkInput, Plan, PlanRequest
 from engine.planners import create_planner, reference_planner
 from engine.planners.base import BasePlanner
-from engine.prompt import PromptBuilder
+from engine.prompt import PromptBuilder, PromptLayout
 from engine.result import PrefillResult, chunk_reports
 from engine.runner import LayerRunner, RunOutput
 from engine.scheduler import DecodeScheduler
@@ -156,10 +156,10 @@ class Engine:
         reports = chunk_reports(chunks, layout, out, self.loaded.spec.num_layers, kept.planner_name, kept.plan.decisions)
         result = PrefillResult(planner.name, layout, out.cache, out.logits, ttft, reports, fallback,
                                layers_computed=out.layers_computed, guard=kept.report)
-        # the reference plan reads the layout alone: the chunks' KV (unpinned after this call) is not kept
-        exact = dataclasses.replace(request, chunks=())
         result.answer_check = answer_check(kept.report, config)
-        result.repair = partial(self._run_exact, exact, out.cache.capacity)
+        if result.answer_check is not None:
+            exact_rows = _exact_leading_rows(layout, request.exact_chunks(out.layers_computed))
+            result.repair = partial(self._repair, layout, out.cache, exact_rows)
         return result
 
     def _run(self, request: PlanRequest, capacity: int, planner: BasePlanner) -> tuple[Plan, RunOutput]:
@@ -169,12 +169,24 @@ class Engine:
         _synchronize(self.device)
         return plan, out
 
-    def _run_exact(self, request: PlanRequest, capacity: int, answer_ids: Sequence[int]) -> RunOutput:
-        """The reference prefill of the request's prompt followed by `answer_ids` (the guard's
-        repair while decoding): an exact cache of capacity rows and the next token's logits."""
-        layout = dataclasses.replace(request.layout, question_ids=request.layout.question_ids + tuple(answer_ids))
+    def _repair(self, layout: PromptLayout, cache: KVCache, exact_rows: int, answer_ids: Sequence[int]) -> RunOutput:
+        """The guard's repair while decoding: the exact state of the prompt followed by
+        `answer_ids` in a new cache of the same capacity, and the next token's logits.
+
+        Rows [0, exact_rows) of the blended `cache` (the system prefix and the leading chunks
+        that were exact in this context) are reused as prefix caching would; every row after
+        them is computed through every layer, so the result is what `full` computes, to float
+        tolerance. `cache` is not modified."""
+        layout = dataclasses.replace(layout, question_ids=layout.question_ids + tuple(answer_ids))
+        total = layout.total_len
+        exact = ChunkKV(token_ids=tuple(layout.token_tensor().tolist()[:exact_rows]),
+                        kv=cache.data[:, :, :, :exact_rows], base_position=0,
+                        fingerprint=self.fingerprint, prefix_digest=self.prompts.prefix_digest)
+        plan = Plan([CachedSpan(0, exact)] if exact_rows else [], torch.arange(exact_rows, total),
+                    pinned=torch.ones(total, dtype=torch.bool))
         with torch.inference_mode(), self._prefill_turn():
-            _, out = self._run(dataclasses.replace(request, layout=layout), capacity, reference_planner(request.config))
+            out = self.runner.run(layout.token_tensor(self.device), plan, capacity=cache.capacity)
+            _synchronize(self.device)
         return out
 
     def generate(self, result: PrefillResult, params: SamplingParams | None = None) -> TextStream:
@@ -250,6 +262,13 @@ class Engine:
             if kv.num_tokens != len(chunk.token_ids):
                 raise InvalidRequest(f"cached KV of chunk {chunk.chunk_id} has {kv.num_tokens} rows "
                                      f"for {len(chunk.token_ids)} tokens")
+
+
+def _exact_leading_rows(layout: PromptLayout, exact_chunks: Sequence[bool]) -> int:
+    """Rows of the prompt that are exact before the first inexact chunk (the system prefix,
+    which reuse modes always take from its exact cache, and the exact leading chunks)."""
+    leading = next((i for i, is_exact in enumerate(exact_chunks) if not is_exact), len(exact_chunks))
+    return layout.chunk_spans[leading - 1][1] if leading else layout.prefix_len
 
 
 def _synchronize(device: torch.device) -> None:

@@ -65,6 +65,12 @@ def test_a_fired_check_goes_on_from_the_exact_state(tiny_engine, chunks, batchin
     assert torch.allclose(result.cache.data[:, :, :, :n], full.cache.data[:, :, :, :n], atol=1e-4)
     assert result.prefill_cache is not None
     assert not torch.allclose(result.prefill_cache.data[:, :, :, :n], full.cache.data[:, :, :, :n], atol=1e-4)
+    # the repair reused the exact rows (system prefix, first chunk: its base variant is exact
+    # there) and computed every later row, the first answer token's included, through every layer
+    exact_rows = full.layout.chunk_spans[0][1]
+    layers = result.repair_layers
+    assert layers.numel() == n + 1 and int(layers[:exact_rows].sum()) == 0
+    assert bool((layers[exact_rows:] == tiny_engine.loaded.spec.num_layers).all())
     # and the tokens after the repair are the greedy ones of that exact state
     expected = forced_logits(tiny_engine, full, ids)[1:].argmax(-1).tolist()
     assert ids[1:] == expected[:len(ids) - 1]
