@@ -90,29 +90,65 @@ def decode_step(stack: DecoderStack, cache: KVCache, token: int) -> torch.Tensor
     return stack.logits(hidden)[0]
 
 
-# A batched decode step runs its linear layers on a multiple of this many rows (padding the
-# rest). On CPU (float32, MKL on AVX2, 1-8 threads measured) a row's result from a matrix
-# product is bit-identical for every row count that is a multiple of 4, while one row (a
-# matrix-vector kernel), two or three rows, and a thread's share of 1-3 rows take kernels
-# that round differently in the last bits.
-BATCH_ROW_MULTIPLE = 4
+# A batched decode step runs its linear layers on a multiple of `row_multiple(stack)` rows
+# (padding the rest), so that a row's result does not depend on how many rows share the
+# product. Which row counts round alike depends on the CPU, the BLAS and the weight shapes:
+# with MKL on AVX2 every multiple of 4 did; on an AVX-512 Xeon (SmolLM2's 576x1536 MLP)
+# 2-15 rows share one kernel and 16 or more another. So the multiple is measured once per
+# model, machine and largest batch: the smallest of ROW_MULTIPLES for which every multiple
+# that a batch of up to `max_rows` requests pads to gives bit-identical rows in every linear
+# layer's shape (measured for SmolLM2 on that AVX-512 Xeon: 4 for batches of up to 8).
+ROW_MULTIPLES = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_MAX_ROWS = 8  # the scheduler's default max_batch
+
+
+def row_multiple(stack: DecoderStack, max_rows: int = DEFAULT_MAX_ROWS) -> int:
+    """The row multiple that batched steps of at most `max_rows` requests of this model pad to
+    (measured on first use, cached per stack and max_rows: a few small matrix products)."""
+    cache: dict[int, int] = stack.__dict__.setdefault("_row_multiples", {})
+    if max_rows not in cache:
+        cache[max_rows] = _measure_row_multiple(stack, max_rows)
+    return cache[max_rows]
+
+
+@torch.inference_mode()
+def _measure_row_multiple(stack: DecoderStack, max_rows: int) -> int:
+    modules = [m for part in (stack.layers[0], stack.lm_head) if isinstance(part, torch.nn.Module)
+               for m in part.modules() if isinstance(m, torch.nn.Linear)]
+    weights = {tuple(m.weight.shape): m.weight for m in modules}
+    generator = torch.Generator().manual_seed(0)
+    for multiple in ROW_MULTIPLES:
+        padded = -(-max_rows // multiple) * multiple  # the most rows a batch of max_rows pads to
+        probes = [(w, torch.randn(padded, w.shape[1], generator=generator).to(w)) for w in weights.values()]
+        if all(_rows_agree(w, x, multiple) for w, x in probes):
+            return multiple
+    return -(-max_rows // ROW_MULTIPLES[-1]) * ROW_MULTIPLES[-1]
+
+
+def _rows_agree(weight: torch.Tensor, x: torch.Tensor, multiple: int) -> bool:
+    """Whether the first `multiple` rows of x @ weight.T are bit-identical for every row count
+    that is a multiple of `multiple` up to x's rows."""
+    first = torch.nn.functional.linear(x[:multiple], weight)
+    return all(torch.equal(torch.nn.functional.linear(x[:rows], weight)[:multiple], first)
+               for rows in range(2 * multiple, x.shape[0] + 1, multiple))
 
 
 @torch.inference_mode()
 def decode_batch(stack: DecoderStack, caches: Sequence[KVCache], tokens: Sequence[int],
-                 invariant: bool = False) -> torch.Tensor:
+                 invariant: bool = False, max_rows: int = DEFAULT_MAX_ROWS) -> torch.Tensor:
     """One token for each request, at position caches[i].length; returns logits [n, vocab].
 
     The rows share every linear layer (q/k/v/o, MLP, lm_head) as one matrix product; each
     row attends to its own request's cache only. Appends each token's K/V to its cache;
     every cache must have room for one more row. Rows are padded to a multiple of
-    BATCH_ROW_MULTIPLE, so a request's logits do not depend on its companions; a lone
-    request runs unpadded (bit-identical to `decode_step`, ~1.7x cheaper than four rows on
-    CPU) unless `invariant`, which pads it too and makes its logits independent of the
+    `row_multiple(stack, max_rows)` (`max_rows`: the largest batch the caller forms), so a
+    request's logits do not depend on its companions; a lone request runs unpadded (bit-identical to `decode_step`, and
+    cheaper) unless `invariant`, which pads it too and makes its logits independent of the
     batch in every case.
     """
     n = len(caches)
-    rows = n if n == 1 and not invariant else -(-n // BATCH_ROW_MULTIPLE) * BATCH_ROW_MULTIPLE
+    multiple = row_multiple(stack, max(max_rows, n))
+    rows = n if n == 1 and not invariant else -(-n // multiple) * multiple
     device = caches[0].data.device
     positions = [cache.length for cache in caches]
     pos = torch.tensor(positions + [0] * (rows - n), device=device)

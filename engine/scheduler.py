@@ -251,7 +251,7 @@ class DecodeScheduler:
         if going:
             try:
                 logits = decode_batch(self.stack, [seq.cache for seq in going], [seq.token for seq in going],
-                                      invariant=self.invariant)
+                                      invariant=self.invariant, max_rows=self.max_batch)
             except Exception as error:  # e.g. out of memory: these requests fail, the others go on
                 log.exception("decode step failed for %d requests", len(going))
                 for seq in going:

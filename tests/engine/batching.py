@@ -30,12 +30,12 @@ class StepRecorder:
     def __init__(self, real):
         self.real, self.sizes, self.actions = real, [], {}
 
-    def __call__(self, stack, caches, tokens, invariant=False):
+    def __call__(self, stack, caches, tokens, **options):
         action = self.actions.pop(len(self.sizes), None)
         if action is not None:
             action()
         self.sizes.append(len(caches))
-        return self.real(stack, caches, tokens, invariant=invariant)
+        return self.real(stack, caches, tokens, **options)
 
 
 def decode_joined(engine, chunks, mode, steps: StepRecorder, params=None, cancel: int | None = None):

@@ -57,3 +57,15 @@ def test_batched_step_matches_the_one_row_step_to_rounding(tiny_engine, prefille
         alone = decode_step(tiny_engine.stack, clone(cache), token)
         torch.testing.assert_close(row, alone, rtol=1e-5, atol=1e-4)
         assert int(row.argmax()) == int(alone.argmax())
+
+
+def test_the_row_multiple_is_measured_per_batch_bound_and_pads_to_agreeing_rows(tiny_engine):
+    from engine.decode import ROW_MULTIPLES, _rows_agree, row_multiple
+
+    stack = tiny_engine.stack
+    multiple = row_multiple(stack, 6)
+    assert multiple in ROW_MULTIPLES and row_multiple(stack, 6) == multiple  # cached
+    weight = stack.lm_head.weight
+    x = torch.randn(-(-6 // multiple) * multiple, weight.shape[1])
+    assert _rows_agree(weight, x, multiple)
+    assert not _rows_agree(torch.randn(8, 4), torch.tensor([[1.0, 2, 3, 4], [float("nan")] * 4]), 1)  # NaN never agrees
