@@ -90,3 +90,28 @@ def test_cli_guard_line():
     assert line == "fidelity balanced: first-token margin 0.31 nats; re-ran in full (812 ms)"
     assert guard_line({"fidelity": "exact", "margin": None, "threshold": None,
                        "escalated": False, "spent_ms": 0.0}).endswith("kept the mode's prefill")
+
+
+@pytest.fixture(scope="module")
+def repairing_client(tiny_loaded, embedder, tmp_path_factory):
+    """Balanced with the first-token check off and a check while decoding that always fires."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    services = start_services(tiny_loaded, embedder, tmp_path_factory.mktemp("repair"), fidelity="balanced",
+                              guard_margin=0.0, guard_answer_margin=1e9)
+    with TestClient(create_app(services=services), client=LOCAL_CLIENT) as client:
+        yield client
+    services.close()
+
+
+def test_balanced_reports_the_repair_while_decoding(repairing_client):
+    body = ask(repairing_client, max_tokens=6)
+    guard = body["guard"]
+    assert guard["escalated"] is False and guard["repaired_at"] == 1
+    assert guard["repair_margin"] >= 0 and guard["repair_ms"] > 0
+    assert body["timings"]["ttft_ms"] < body["timings"]["total_ms"]
+    fast = ask(repairing_client, max_tokens=6, fidelity="fast")["guard"]
+    assert fast["repaired_at"] is None and fast["repair_ms"] == 0
+    assert guard_line(guard).endswith(f"went on from full prefill ({guard['repair_ms']:.0f} ms)")
