@@ -117,9 +117,21 @@ function renderReport(report) {
   const facts = [["TTFT", ms(t.ttft_ms)], ["retrieve", ms(t.retrieve_ms)], ["load", ms(t.load_ms)],
                  ["prefill", ms(t.prefill_ms)], ["decode", ms(t.decode_ms)], ["total", ms(t.total_ms)],
                  ["recomputed", `${report.usage.recomputed_tokens} / ${report.usage.context_tokens} tokens`]];
+  if (report.guard) facts.push(["fidelity", guardText(report.guard)]);
   $("timings").replaceChildren(...facts.map(([k, v]) => el("div", {}, el("dt", {}, k), el("dd", {}, v))));
   $("chunks").replaceChildren(...report.chunks.map(renderChunk));
   $("chunks-card").hidden = report.chunks.length === 0;
+}
+
+// What the fidelity guard estimated and spent (engine/guard.py), in one line.
+function guardText(guard) {
+  const parts = [guard.fidelity];
+  if (guard.margin !== null) parts.push(`first-token margin ${guard.margin.toFixed(2)}`);
+  if (guard.escalated) parts.push(`re-ran in full (${ms(guard.spent_ms)})`);
+  if (guard.repaired_at !== null && guard.repaired_at !== undefined) {
+    parts.push(`from token ${guard.repaired_at} full prefill (${ms(guard.repair_ms)})`);
+  }
+  return parts.join(" · ");
 }
 
 function renderChunk(chunk) {

@@ -45,6 +45,7 @@ def test_ask_streams_an_answer_and_shows_chunks(page):
     assert "Hollin Point Lighthouse" in chunks.first.inner_text()
     assert page.locator("#chunks mark.re").count() > 0  # recomputed tokens highlighted
     assert "TTFT" in page.inner_text("#timings")
+    assert "fidelity" in page.inner_text("#timings")  # the guard's line (the test server runs `fast`)
     assert page.inner_text("#answer-mode").startswith("cacheblend")
 
 
