@@ -29,8 +29,9 @@ def add_parser(subparsers) -> None:
     add_warmup_arguments(fidelity)
     fidelity.add_argument("--store-codecs", default=None,
                           help="instead of the timed table: chunk KV through each KV codec, e.g. float16,int4,k4v3 "
-                               "(the first is the baseline); first-token KL / top-1 of each mode and bytes per "
-                               "token on the same requests (prefills only, cold variants)")
+                               "(the first is the baseline); first-token KL / top-1 of each mode, answer-position top-1 / KL "
+                               "along full's answer (teacher forcing, --max-new-tokens) and bytes per token on "
+                               "the same requests (cold variants)")
     fidelity.add_argument("--json", type=Path, default=None, help="also write the figures here")
     fidelity.set_defaults(handler=run_fidelity)
     add_kernels_parser(kinds)
@@ -133,7 +134,7 @@ def run_codec_fidelity(args, engine, options) -> int:
 
     codec_options = CodecOptions(dataset=options.dataset, start=options.start, n=options.n, chunks=options.chunks,
                                  codecs=tuple(c.strip() for c in args.store_codecs.split(",") if c.strip()),
-                                 modes=options.modes, ratio=options.ratio)
+                                 modes=options.modes, ratio=options.ratio, max_new_tokens=options.max_new_tokens)
     report = run_codec_fidelity(engine, codec_options)
     print(f"records {options.start}..{options.start + options.n - 1} of {options.dataset.name}, "
           f"{options.chunks} chunks, model {engine.fingerprint}, device {engine.device}; chunk KV through each codec")
