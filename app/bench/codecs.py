@@ -41,6 +41,7 @@ class CodecOptions(DatasetSlice):
     modes: tuple[str, ...] = ("cacheblend", "cachecraft")
     ratio: float | None = None
     max_new_tokens: int = 32  # length of full's greedy answer that the modes follow
+    fidelity: str | None = None  # the modes' guard level (None: the engine's default)
 
 
 @dataclass
@@ -55,6 +56,11 @@ class CodecRow:
     # (NaN where full's answer is empty)
     answer_top1: list[float] = field(default_factory=list)
     answer_kl: list[float] = field(default_factory=list)
+    escalated: list[bool] = field(default_factory=list)  # the guard re-ran the record in full
+
+    @property
+    def escalated_share(self) -> float:
+        return statistics.fmean(self.escalated)
 
     @property
     def mean_kl(self) -> float:
@@ -112,17 +118,20 @@ def run_codec_fidelity(engine: Engine, options: CodecOptions, progress: bool = T
             stored[codec] += sum(entry_from_chunk(c.kv, codec).num_bytes for c in base)
             inputs = [dataclasses.replace(c, kv=roundtrip(c.kv, codec)) for c in base]
             for mode in modes:
-                result = engine.prefill(inputs, question, mode=mode, ratio=options.ratio, max_new_tokens=answer_length)
+                result = engine.prefill(inputs, question, mode=mode, ratio=options.ratio, max_new_tokens=answer_length,
+                                        fidelity=options.fidelity)
                 row = rows[codec, mode]
                 row.kl.append(kl_divergence(full, result.logits))
                 row.top1.append(same_top1(full, result.logits))
                 forced = teacher_forced(engine, result, answer, full_forced)
                 row.answer_top1.append(forced.top1_share)
                 row.answer_kl.append(forced.mean_kl)
+                row.escalated.append(result.guard is not None and result.guard.escalated)
         if progress:  # running figures, so a run cut short still says something
             tqdm.write(f"after {offset + 1} records: " + "; ".join(
                 f"{r.mode}/{r.codec} KL {r.mean_kl:.4f} top1 {r.top1_agreement:.2f} "
-                f"ans top1 {r.answer_top1_agreement:.3f}" for r in rows.values()), file=sys.stderr)
+                f"ans top1 {r.answer_top1_agreement:.3f} guard {r.escalated_share:.2f}" for r in rows.values()),
+                file=sys.stderr)
     return CodecReport(options.codecs, {c: b / max(tokens, 1) for c, b in stored.items()}, list(rows.values()))
 
 
@@ -136,11 +145,13 @@ def _full_answer(engine: Engine, reference: PrefillResult, length: int) -> tuple
 
 def format_codec_table(report: CodecReport) -> str:
     """Per mode and codec: bytes/token (and against the baseline), first-token mean KL and
-    top-1 against full, answer-position top-1 and mean KL (teacher forcing), and the change of
-    each from the baseline codec on the same requests."""
+    top-1 against full, answer-position top-1 and mean KL (teacher forcing), the change of
+    each from the baseline codec on the same requests, and the share of records the fidelity
+    guard re-ran in full (those match full: a codec that trips the guard more looks closer to
+    full here and pays in TTFT)."""
     base = report.codecs[0]
     header = (f"{'mode':<11} {'codec':<9} {'B/token':>8} {'vs ' + base:>11} {'KL':>8} {'dKL':>8} "
-              f"{'top1':>6} {'dtop1':>7} {'ans top1':>8} {'dans':>7} {'ans KL':>7} {'dansKL':>8}")
+              f"{'top1':>6} {'dtop1':>7} {'ans top1':>8} {'dans':>7} {'ans KL':>7} {'dansKL':>8} {'guard':>6}")
     lines = [header, "-" * len(header)]
     for mode in dict.fromkeys(r.mode for r in report.rows):
         reference = report.row(base, mode)
@@ -151,7 +162,8 @@ def format_codec_table(report: CodecReport) -> str:
                          f"{row.top1_agreement:>6.3f} {row.top1_agreement - reference.top1_agreement:>+7.3f} "
                          f"{row.answer_top1_agreement:>8.3f} "
                          f"{row.answer_top1_agreement - reference.answer_top1_agreement:>+7.3f} "
-                         f"{row.mean_answer_kl:>7.4f} {row.mean_answer_kl - reference.mean_answer_kl:>+8.4f}")
+                         f"{row.mean_answer_kl:>7.4f} {row.mean_answer_kl - reference.mean_answer_kl:>+8.4f} "
+                         f"{row.escalated_share:>6.2f}")
     return "\n".join(lines)
 
 
@@ -159,5 +171,6 @@ def codec_json(report: CodecReport) -> dict:
     return {"codecs": list(report.codecs), "bytes_per_token": report.bytes_per_token,
             "rows": [{"codec": r.codec, "mode": r.mode, "mean_kl": r.mean_kl, "top1_agreement": r.top1_agreement,
                       "answer_top1_agreement": r.answer_top1_agreement, "mean_answer_kl": r.mean_answer_kl,
+                      "escalated_share": r.escalated_share, "escalated": r.escalated,
                       "kl": r.kl, "top1": r.top1, "answer_top1": r.answer_top1, "answer_kl": r.answer_kl}
                      for r in report.rows]}

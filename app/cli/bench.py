@@ -134,10 +134,12 @@ def run_codec_fidelity(args, engine, options) -> int:
 
     codec_options = CodecOptions(dataset=options.dataset, start=options.start, n=options.n, chunks=options.chunks,
                                  codecs=tuple(c.strip() for c in args.store_codecs.split(",") if c.strip()),
-                                 modes=options.modes, ratio=options.ratio, max_new_tokens=options.max_new_tokens)
+                                 modes=options.modes, ratio=options.ratio, max_new_tokens=options.max_new_tokens,
+                                 fidelity=options.fidelity)
     report = run_codec_fidelity(engine, codec_options)
     print(f"records {options.start}..{options.start + options.n - 1} of {options.dataset.name}, "
-          f"{options.chunks} chunks, model {engine.fingerprint}, device {engine.device}; chunk KV through each codec")
+          f"{options.chunks} chunks, model {engine.fingerprint}, device {engine.device}, "
+          f"guard {options.fidelity or engine.config.fidelity}; chunk KV through each codec")
     print(format_codec_table(report))
     if args.json:
         args.json.write_text(json.dumps(codec_json(report), indent=2))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from app.bench.codecs import CodecOptions, format_codec_table, run_codec_fidelity
@@ -26,7 +28,9 @@ def test_codecs_run_the_same_requests_and_report_their_cost(tiny_engine):
     naive = [report.row(c, "naive").kl for c in options.codecs]
     assert naive[0] != naive[2]  # int4 changed the reused KV, so the naive logits moved
     table = format_codec_table(report)
-    assert "k4v3" in table and "dKL" in table and "ans top1" in table
+    assert "k4v3" in table and "dKL" in table and "ans top1" in table and "guard" in table
+    fast = run_codec_fidelity(tiny_engine, dataclasses.replace(options, n=1, fidelity="fast"), progress=False)
+    assert not any(any(r.escalated) for r in fast.rows)  # `fast` never re-runs in full
 
 
 def test_unknown_codec_fails_before_any_work(tiny_engine):
