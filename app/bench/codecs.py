@@ -1,36 +1,47 @@
-"""`kvmosaic bench fidelity --store-codecs float16,int4`: what a KV codec costs in fidelity.
+"""`kvmosaic bench fidelity --store-codecs float16,int4,k4v3`: what a KV codec costs in fidelity.
 
 Per record, the base-variant KV of its first `chunks` passages is computed once and `full`
-prefills once (it reads no cached KV, so it is every codec's reference); then, per codec,
-every chunk's KV goes through the codec (encoded as the store keeps it, decoded as a load
-does) and each reuse mode prefills the same prompt from it. The change of mean first-token
-KL(full ‖ mode) and of top-1 agreement between codecs is the codec's fidelity cost on the same
-requests. Bytes per token are the stored payload of the record chunks over their tokens.
+prefills once (it reads no cached KV, so it is every codec's reference) and decodes its
+greedy answer (`max_new_tokens`); then, per codec, every chunk's KV goes through the codec
+(encoded as the store keeps it, decoded as a load does) and each reuse mode prefills the
+same prompt from it. Against full, per mode and codec: first-token KL(full ‖ mode) and top-1
+agreement, and along full's answer fed to the mode (teacher forcing, `teacher_forced`) the
+share of answer positions whose top-1 is full's token and their mean KL. The change of these
+between codecs is the codec's fidelity cost on the same requests. Bytes per token are the
+stored payload of the record chunks over their tokens.
 
-Only prefills run (no decoding, no timing): this is a fidelity measurement. Chunks reuse
-their base variants (a cold `cachecraft` request), as right after ingest.
+Only full decodes; the modes only prefill and follow its answer (no timing): this is a
+fidelity measurement. Chunks reuse their base variants (a cold `cachecraft` request), as
+right after ingest.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import sys
 from dataclasses import dataclass, field
 
+import torch
 from tqdm import tqdm
 
 from engine.bench.fidelity import REFERENCE, DatasetSlice, base_variant_chunks
-from engine.bench.metrics import kl_divergence, same_top1
+from engine.bench.metrics import forced_logits, kl_divergence, same_top1, teacher_forced
+from engine.decode import SamplingParams
+from engine.engine import Engine
+from engine.result import PrefillResult
 from app.store.entry import entry_from_chunk, roundtrip
 from app.store.quant import get_codec
 
 
 @dataclass(frozen=True)
 class CodecOptions(DatasetSlice):
-    codecs: tuple[str, ...] = ("float16", "int8", "int4")
+    codecs: tuple[str, ...] = ("float16", "int8", "int4", "k4v3")
     modes: tuple[str, ...] = ("cacheblend", "cachecraft")
     ratio: float | None = None
+    max_new_tokens: int = 32  # length of full's greedy answer that the modes follow
+    fidelity: str | None = None  # the modes' guard level (None: the engine's default)
 
 
 @dataclass
@@ -41,6 +52,15 @@ class CodecRow:
     mode: str
     kl: list[float] = field(default_factory=list)
     top1: list[bool] = field(default_factory=list)
+    # per record, along full's answer: share of positions whose top-1 is full's token, mean KL
+    # (NaN where full's answer is empty)
+    answer_top1: list[float] = field(default_factory=list)
+    answer_kl: list[float] = field(default_factory=list)
+    escalated: list[bool] = field(default_factory=list)  # the guard re-ran the record in full
+
+    @property
+    def escalated_share(self) -> float:
+        return statistics.fmean(self.escalated)
 
     @property
     def mean_kl(self) -> float:
@@ -49,6 +69,20 @@ class CodecRow:
     @property
     def top1_agreement(self) -> float:
         return statistics.fmean(self.top1)
+
+    @property
+    def answer_top1_agreement(self) -> float:
+        """Mean over records (as `bench fidelity`'s `ans top1`)."""
+        return _mean_known(self.answer_top1)
+
+    @property
+    def mean_answer_kl(self) -> float:
+        return _mean_known(self.answer_kl)
+
+
+def _mean_known(values: list[float]) -> float:
+    known = [v for v in values if not math.isnan(v)]
+    return statistics.fmean(known) if known else float("nan")
 
 
 @dataclass
@@ -61,7 +95,7 @@ class CodecReport:
         return next(r for r in self.rows if r.codec == codec and r.mode == mode)
 
 
-def run_codec_fidelity(engine, options: CodecOptions, progress: bool = True) -> CodecReport:
+def run_codec_fidelity(engine: Engine, options: CodecOptions, progress: bool = True) -> CodecReport:
     """Every mode under every codec on the same records; the first codec is the baseline."""
     if not options.codecs or not options.modes:
         raise ValueError("name at least one codec and one mode")
@@ -72,31 +106,52 @@ def run_codec_fidelity(engine, options: CodecOptions, progress: bool = True) -> 
     stored = dict.fromkeys(options.codecs, 0)
     tokens = 0
     records = options.records()
+    answer_length = options.max_new_tokens
     for offset, record in enumerate(tqdm(records, desc="codecs", unit="record", file=sys.stderr, disable=not progress)):
         base = base_variant_chunks(engine, record, options.chunks, options.start + offset)
         question = record["question"]
-        full = engine.prefill(base, question, mode=REFERENCE, max_new_tokens=1).logits
+        reference = engine.prefill(base, question, mode=REFERENCE, max_new_tokens=answer_length)
+        full = reference.logits.clone()
+        answer, full_forced = _full_answer(engine, reference, answer_length)
         tokens += sum(c.kv.num_tokens for c in base)
         for codec in options.codecs:
             stored[codec] += sum(entry_from_chunk(c.kv, codec).num_bytes for c in base)
             inputs = [dataclasses.replace(c, kv=roundtrip(c.kv, codec)) for c in base]
             for mode in modes:
-                logits = engine.prefill(inputs, question, mode=mode, ratio=options.ratio, max_new_tokens=1).logits
-                rows[codec, mode].kl.append(kl_divergence(full, logits))
-                rows[codec, mode].top1.append(same_top1(full, logits))
+                result = engine.prefill(inputs, question, mode=mode, ratio=options.ratio, max_new_tokens=answer_length,
+                                        fidelity=options.fidelity)
+                row = rows[codec, mode]
+                row.kl.append(kl_divergence(full, result.logits))
+                row.top1.append(same_top1(full, result.logits))
+                forced = teacher_forced(engine, result, answer, full_forced)
+                row.answer_top1.append(forced.top1_share)
+                row.answer_kl.append(forced.mean_kl)
+                row.escalated.append(result.guard is not None and result.guard.escalated)
         if progress:  # running figures, so a run cut short still says something
             tqdm.write(f"after {offset + 1} records: " + "; ".join(
-                f"{r.mode}/{r.codec} KL {r.mean_kl:.4f} top1 {r.top1_agreement:.2f}" for r in rows.values()),
+                f"{r.mode}/{r.codec} KL {r.mean_kl:.4f} top1 {r.top1_agreement:.2f} "
+                f"ans top1 {r.answer_top1_agreement:.3f} guard {r.escalated_share:.2f}" for r in rows.values()),
                 file=sys.stderr)
     return CodecReport(options.codecs, {c: b / max(tokens, 1) for c, b in stored.items()}, list(rows.values()))
 
 
+def _full_answer(engine: Engine, reference: PrefillResult, length: int) -> tuple[list[int], torch.Tensor]:
+    """full's greedy answer (ids) and its logits predicting each of them [len(ids), vocab]."""
+    for _ in engine.generate(reference, SamplingParams(max_new_tokens=length)):
+        pass  # the ids collect in reference.generated_ids
+    ids = list(reference.generated_ids)
+    return ids, forced_logits(engine, reference, ids)
+
+
 def format_codec_table(report: CodecReport) -> str:
-    """Per mode and codec: bytes/token (and against the baseline), mean KL and top-1 against
-    full, and their change from the baseline codec on the same requests."""
+    """Per mode and codec: bytes/token (and against the baseline), first-token mean KL and
+    top-1 against full, answer-position top-1 and mean KL (teacher forcing), the change of
+    each from the baseline codec on the same requests, and the share of records the fidelity
+    guard re-ran in full (those match full: a codec that trips the guard more looks closer to
+    full here and pays in TTFT)."""
     base = report.codecs[0]
     header = (f"{'mode':<11} {'codec':<9} {'B/token':>8} {'vs ' + base:>11} {'KL':>8} {'dKL':>8} "
-              f"{'top1':>6} {'dtop1':>7}")
+              f"{'top1':>6} {'dtop1':>7} {'ans top1':>8} {'dans':>7} {'ans KL':>7} {'dansKL':>8} {'guard':>6}")
     lines = [header, "-" * len(header)]
     for mode in dict.fromkeys(r.mode for r in report.rows):
         reference = report.row(base, mode)
@@ -104,11 +159,18 @@ def format_codec_table(report: CodecReport) -> str:
             row, size = report.row(codec, mode), report.bytes_per_token[codec]
             lines.append(f"{mode:<11} {codec:<9} {size:>8.0f} {size / report.bytes_per_token[base]:>10.3f}x "
                          f"{row.mean_kl:>8.4f} {row.mean_kl - reference.mean_kl:>+8.4f} "
-                         f"{row.top1_agreement:>6.3f} {row.top1_agreement - reference.top1_agreement:>+7.3f}")
+                         f"{row.top1_agreement:>6.3f} {row.top1_agreement - reference.top1_agreement:>+7.3f} "
+                         f"{row.answer_top1_agreement:>8.3f} "
+                         f"{row.answer_top1_agreement - reference.answer_top1_agreement:>+7.3f} "
+                         f"{row.mean_answer_kl:>7.4f} {row.mean_answer_kl - reference.mean_answer_kl:>+8.4f} "
+                         f"{row.escalated_share:>6.2f}")
     return "\n".join(lines)
 
 
 def codec_json(report: CodecReport) -> dict:
     return {"codecs": list(report.codecs), "bytes_per_token": report.bytes_per_token,
             "rows": [{"codec": r.codec, "mode": r.mode, "mean_kl": r.mean_kl, "top1_agreement": r.top1_agreement,
-                      "kl": r.kl, "top1": r.top1} for r in report.rows]}
+                      "answer_top1_agreement": r.answer_top1_agreement, "mean_answer_kl": r.mean_answer_kl,
+                      "escalated_share": r.escalated_share, "escalated": r.escalated,
+                      "kl": r.kl, "top1": r.top1, "answer_top1": r.answer_top1, "answer_kl": r.answer_kl}
+                     for r in report.rows]}

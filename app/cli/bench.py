@@ -10,6 +10,9 @@ from app.cli.bench_retrieval import add_retrieval_parser
 from app.cli.bench_workload import add_workload_parser
 from engine.config import FIDELITIES, SELECTIONS
 
+# app.store.quant.CODECS (a test keeps them equal), named here so that parsing imports no torch
+STORE_CODECS = ("float16", "bfloat16", "float32", "int8", "int4", "k4v3")
+
 
 def add_parser(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="run a benchmark")
@@ -25,9 +28,10 @@ def add_parser(subparsers) -> None:
     fidelity.add_argument("--max-new-tokens", type=int, default=32)
     add_warmup_arguments(fidelity)
     fidelity.add_argument("--store-codecs", default=None,
-                          help="instead of the timed table: chunk KV through each KV codec, e.g. float16,int8,int4 "
-                               "(the first is the baseline); first-token KL / top-1 of each mode and bytes per "
-                               "token on the same requests (prefills only, cold variants)")
+                          help="instead of the timed table: chunk KV through each KV codec, e.g. float16,int4,k4v3 "
+                               "(the first is the baseline); first-token KL / top-1 of each mode, answer-position top-1 / KL "
+                               "along full's answer (teacher forcing, --max-new-tokens) and bytes per token on "
+                               "the same requests (cold variants)")
     fidelity.add_argument("--json", type=Path, default=None, help="also write the figures here")
     fidelity.set_defaults(handler=run_fidelity)
     add_kernels_parser(kinds)
@@ -130,10 +134,12 @@ def run_codec_fidelity(args, engine, options) -> int:
 
     codec_options = CodecOptions(dataset=options.dataset, start=options.start, n=options.n, chunks=options.chunks,
                                  codecs=tuple(c.strip() for c in args.store_codecs.split(",") if c.strip()),
-                                 modes=options.modes, ratio=options.ratio)
+                                 modes=options.modes, ratio=options.ratio, max_new_tokens=options.max_new_tokens,
+                                 fidelity=options.fidelity)
     report = run_codec_fidelity(engine, codec_options)
     print(f"records {options.start}..{options.start + options.n - 1} of {options.dataset.name}, "
-          f"{options.chunks} chunks, model {engine.fingerprint}, device {engine.device}; chunk KV through each codec")
+          f"{options.chunks} chunks, model {engine.fingerprint}, device {engine.device}, "
+          f"guard {options.fidelity or engine.config.fidelity}; chunk KV through each codec")
     print(format_codec_table(report))
     if args.json:
         args.json.write_text(json.dumps(codec_json(report), indent=2))
@@ -163,7 +169,7 @@ def add_store_parser(kinds) -> None:
     store.add_argument("--tiers", default="gpu,cpu,disk,redis", help="tiers to measure (unavailable ones are skipped)")
     store.add_argument("--repeats", type=int, default=5, help="entries per tier and size (default 5)")
     store.add_argument("--codec", "--storage-dtype", dest="codec", default="float16",
-                       choices=["float16", "bfloat16", "float32", "int8", "int4"], help="KV codec of the entries")
+                       choices=STORE_CODECS, help="KV codec of the entries")
     store.add_argument("--redis-url", default=os.environ.get("KVMOSAIC_REDIS_URL", "redis://127.0.0.1:6379/0"))
     store.add_argument("--work-dir", type=Path, default=None,
                        help="scratch directory on the disk to measure (default <data-dir>/bench)")
@@ -212,12 +218,13 @@ def run_store(args) -> int:
 
 def run_store_capacity(args, work: Path):
     from app.bench.capacity import CapacityOptions, format_capacity, run_capacity
+    from app.store.quant import get_codec
 
     options = CapacityOptions(fractions=tuple(float(f) for f in args.capacity_fractions.split(",") if f.strip()),
                               policies=tuple(p.strip() for p in args.capacity_policies.split(",") if p.strip()),
                               tier=args.capacity_tier, entries=args.capacity_entries,
                               accesses=args.capacity_accesses, zipf_s=args.zipf_s,
-                              codec=args.codec if args.codec in ("int8", "int4") else "int4",
+                              codec=args.codec if get_codec(args.codec).lossy else "int4",
                               redis_url=args.redis_url)
     result = run_capacity(options, work / "capacity")
     print(format_capacity(result, options))

@@ -28,10 +28,10 @@ class StoreConfig:
       (several deployments can share one Redis); redis_timeout_s: socket timeouts;
       redis_retry_s: how long a Redis tier that failed is skipped before it is tried again.
     codec: how KV is stored in every tier (`app/store/quant.py`): `float16` (the default;
-      half of float32), `bfloat16`, `float32`, or quantized `int8` (0.53x float16's bytes) and
-      `int4` (0.28x), keys per channel and values per token (KIVI). Entries are decoded to
-      the engine's dtype layer by layer when loaded; tiers keep and count the encoded bytes
-      [KVMOSAIC_STORE_CODEC].
+      half of float32), `bfloat16`, `float32`, or quantized `int8` (0.53x float16's bytes),
+      `int4` (0.28x) and `k4v3` (0.24x: 4-bit keys, 3-bit values), keys per channel and
+      values per token (KIVI). Entries are decoded to the engine's dtype layer by layer when
+      loaded; tiers keep and count the encoded bytes [KVMOSAIC_STORE_CODEC].
     eviction: `lru`, `lfu` or `value` (expected savings x access frequency / size)
       [KVMOSAIC_STORE_EVICTION].
     load_threads: background threads that read layers ahead of the compute.

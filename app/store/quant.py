@@ -2,20 +2,30 @@
 
 A codec turns a layer [2, kv_heads, tokens, head_dim] (K then V) into its stored payload
 and back. Float codecs (`float16`, `bfloat16`, `float32`) store the layer as it is, in that
-dtype. Quantized codecs (`int8`, `int4`) follow KIVI (arXiv 2402.02750): keys are quantized
-per channel (each (head, dim) channel over groups of `KEY_GROUP` tokens: key outliers sit in
-fixed channels, so a channel's range is tight), values per token (each (head, token) row
-over its head_dim channels). Both are asymmetric min/max with a float16 scale and minimum.
-A quantized layer is one flat uint8 payload:
+dtype. Quantized codecs (`int8`, `int4`, `k4v3`) follow KIVI (arXiv 2402.02750): keys are
+quantized per channel (each (head, dim) channel over groups of `key_group` tokens: key
+outliers sit in fixed channels, so a channel's range is tight), values per token (each
+(head, token) row over its head_dim channels). Both are asymmetric min/max with a float16
+scale and minimum. A quantized layer is one flat uint8 payload:
 
     [K scale][K min][V scale][V min][K codes][V codes]      (float16 sections first: aligned)
 
-int4 codes are packed two per byte, low nibble first. Decoding is a few element-wise ops on
-the device the layer goes to, so entries travel and sit in every tier at their stored size.
+| codec  | key bits | key group | value bits |
+|--------|----------|-----------|------------|
+| `int8` | 8        | 64        | 8          |
+| `int4` | 4        | 64        | 4          |
+| `k4v3` | 4        | 128       | 3          |
 
-Payload bytes per token (SmolLM2: 30 layers, 3 KV heads, head_dim 64; `kvmosaic bench store`
-prints the table): float16 23,040; int8 12,240 (0.53×); int4 6,480 (0.28×: 4-bit codes plus
-the float16 scales and minimums).
+`k4v3` is mixed precision: keys keep 4 bits because their error goes through the softmax
+(KIVI's sensitive half); values drop to 3 bits, and the longer key group halves the keys'
+scale overhead. Codes are packed little-endian (`pack_codes`): 4-bit two per byte, low
+nibble first; 3-bit eight per 3 bytes. Decoding is a few element-wise ops on the device the
+layer goes to, so entries travel and sit in every tier at their stored size.
+
+Payload bytes per token (SmolLM2: 30 layers, 3 KV heads, head_dim 64, 256-token chunks;
+`kvmosaic bench store` prints the table): float16 23,040; int8 12,240 (0.53×); int4 6,480
+(0.28×: 4-bit codes plus the float16 scales and minimums); k4v3 5,580 (0.242×; 5,624 =
+0.244× at 206 tokens, where the last key group is partial).
 
 This module neither serializes nor checksums (`codec.py` does); it is pure tensor math.
 """
@@ -27,7 +37,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-# Tokens per key quantization group (KIVI uses 32-128); a chunk's last group may be shorter.
+# Tokens per key quantization group of int8 / int4 (KIVI uses 32-128); a chunk's last group may be shorter.
 KEY_GROUP = 64
 FLOAT_CODECS = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -81,16 +91,16 @@ class FloatCodec(KVCodec):
 
 
 class QuantCodec(KVCodec):
-    """KIVI-style asymmetric quantization to `bits` (8 or 4) bits; see the module docstring."""
+    """KIVI-style asymmetric quantization: keys to `key_bits` per channel over `key_group`
+    tokens, values to `value_bits` per token (each of 8, 4 or 3); see the module docstring."""
 
     payload_dtype = torch.uint8
     lossy = True
 
-    def __init__(self, bits: int, key_group: int = KEY_GROUP):
-        if bits not in (4, 8) or key_group < 1:
-            raise ValueError("bits must be 4 or 8 and key_group >= 1")
-        self.name, self.bits, self.key_group = f"int{bits}", bits, key_group
-        self.levels = (1 << bits) - 1
+    def __init__(self, name: str, key_bits: int, value_bits: int, key_group: int = KEY_GROUP):
+        if key_bits not in PACKING or value_bits not in PACKING or key_group < 1:
+            raise ValueError(f"bits must be among {tuple(PACKING)} and key_group >= 1")
+        self.name, self.key_bits, self.value_bits, self.key_group = name, key_bits, value_bits, key_group
 
     # -- sizes ---------------------------------------------------------------------------------
 
@@ -99,8 +109,9 @@ class QuantCodec(KVCodec):
         _, heads, tokens, dim = layer_shape
         key_params = heads * -(-tokens // self.key_group) * dim * 2
         value_params = heads * tokens * 2
-        codes = -(-heads * tokens * dim * self.bits // 8)
-        return [key_params, key_params, value_params, value_params, codes, codes]
+        count = heads * tokens * dim
+        return [key_params, key_params, value_params, value_params,
+                packed_bytes(count, self.key_bits), packed_bytes(count, self.value_bits)]
 
     def payload_shape(self, layer_shape: LayerShape) -> tuple[int, ...]:
         return (sum(self._sections(layer_shape)),)
@@ -110,38 +121,19 @@ class QuantCodec(KVCodec):
     def encode(self, kv: torch.Tensor) -> torch.Tensor:
         kv = kv.detach().to(device="cpu", dtype=torch.float32)  # [layers, 2, heads, tokens, dim]
         layers, _, heads, tokens, dim = kv.shape
+        key_levels, value_levels = (1 << self.key_bits) - 1, (1 << self.value_bits) - 1
         keys = _token_groups(kv[:, 0], self.key_group)  # [layers, heads, groups, group, dim]
-        k_min, k_scale = self._range(keys.amin(dim=3), keys.amax(dim=3))  # [layers, heads, groups, dim]
-        k_codes = self._codes(keys, k_min[:, :, :, None], k_scale[:, :, :, None])
+        k_min, k_scale = _range(keys.amin(dim=3), keys.amax(dim=3), key_levels)  # [layers, heads, groups, dim]
+        k_codes = _codes(keys, k_min[:, :, :, None], k_scale[:, :, :, None], key_levels)
         k_codes = k_codes.reshape(layers, heads, -1, dim)[:, :, :tokens]  # drop the padded rows
         values = kv[:, 1]  # [layers, heads, tokens, dim]
-        v_min, v_scale = self._range(values.amin(dim=3), values.amax(dim=3))  # [layers, heads, tokens]
-        v_codes = self._codes(values, v_min[..., None], v_scale[..., None])
+        v_min, v_scale = _range(values.amin(dim=3), values.amax(dim=3), value_levels)  # [layers, heads, tokens]
+        v_codes = _codes(values, v_min[..., None], v_scale[..., None], value_levels)
         parts = [k_scale, k_min, v_scale, v_min]
         payload = [p.reshape(layers, -1).view(torch.uint8) for p in parts]
-        payload += [self._pack(k_codes.reshape(layers, -1)), self._pack(v_codes.reshape(layers, -1))]
+        payload += [pack_codes(k_codes.reshape(layers, -1), self.key_bits),
+                    pack_codes(v_codes.reshape(layers, -1), self.value_bits)]
         return torch.cat(payload, dim=1).contiguous()
-
-    def _range(self, low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """float16 minimum and scale; a constant group gets scale 1 (its codes are all 0).
-
-        Codes are computed against these rounded values, so decoding sees what encoding
-        assumed; float16's relative rounding (2^-11) moves the top code by < 0.13 of a step.
-        """
-        low16 = low.to(torch.float16)
-        scale = (high - low16.float()) / self.levels
-        return low16, torch.where(scale > 0, scale, torch.ones_like(scale)).to(torch.float16)
-
-    def _codes(self, x: torch.Tensor, low: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        return ((x - low.float()) / scale.float()).round_().clamp_(0, self.levels).to(torch.uint8)
-
-    def _pack(self, codes: torch.Tensor) -> torch.Tensor:
-        """[layers, n] codes -> [layers, ceil(n * bits / 8)] bytes."""
-        if self.bits == 8:
-            return codes
-        if codes.shape[1] % 2:
-            codes = torch.cat([codes, codes.new_zeros(codes.shape[0], 1)], dim=1)
-        return codes[:, 0::2] | (codes[:, 1::2] << 4)
 
     # -- decode --------------------------------------------------------------------------------
 
@@ -155,8 +147,8 @@ class QuantCodec(KVCodec):
         k_scale, k_min, v_scale, v_min = (payload[s:e].view(torch.float16).to(dtype)
                                           for s, e in zip(starts[:4], ends[:4]))
         count = heads * tokens * dim
-        k_codes = self._unpack(payload[starts[4]:ends[4]], count).view(heads, tokens, dim)
-        v_codes = self._unpack(payload[starts[5]:ends[5]], count).view(heads, tokens, dim)
+        k_codes = unpack_codes(payload[starts[4]:ends[4]], self.key_bits, count).view(heads, tokens, dim)
+        v_codes = unpack_codes(payload[starts[5]:ends[5]], self.value_bits, count).view(heads, tokens, dim)
         groups = -(-tokens // self.key_group)
         k_scale = k_scale.view(heads, groups, 1, dim).expand(heads, groups, self.key_group, dim)
         k_min = k_min.view(heads, groups, 1, dim).expand(heads, groups, self.key_group, dim)
@@ -166,10 +158,75 @@ class QuantCodec(KVCodec):
         values = torch.addcmul(v_min.view(heads, tokens, 1), v_codes.to(dtype), v_scale.view(heads, tokens, 1))
         return torch.stack([keys, values])  # [2, heads, tokens, dim]
 
-    def _unpack(self, packed: torch.Tensor, count: int) -> torch.Tensor:
-        if self.bits == 8:
-            return packed
-        return torch.stack([packed & 0xF, packed >> 4], dim=1).view(-1)[:count]
+
+def _range(low: torch.Tensor, high: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float16 minimum and scale; a constant group gets scale 1 (its codes are all 0).
+
+    Codes are computed against these rounded values, so decoding sees what encoding
+    assumed; float16's relative rounding (2^-11) moves the top code by < 0.13 of a step.
+    """
+    low16 = low.to(torch.float16)
+    scale = (high - low16.float()) / levels
+    return low16, torch.where(scale > 0, scale, torch.ones_like(scale)).to(torch.float16)
+
+
+def _codes(x: torch.Tensor, low: torch.Tensor, scale: torch.Tensor, levels: int) -> torch.Tensor:
+    return ((x - low.float()) / scale.float()).round_().clamp_(0, levels).to(torch.uint8)
+
+
+# -- bit packing ---------------------------------------------------------------------------------
+
+# bits per code -> (codes per word, bytes per word): a word is the smallest whole number of
+# bytes holding a whole number of codes
+PACKING = {8: (1, 1), 4: (2, 1), 3: (8, 3)}
+
+
+def packed_bytes(count: int, bits: int) -> int:
+    """Bytes of `count` codes of `bits` bits packed (a last partial word is padded)."""
+    per_word, word_bytes = PACKING[bits]
+    return -(-count // per_word) * word_bytes
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """[rows, n] uint8 codes < 2**bits -> [rows, packed_bytes(n, bits)] uint8.
+
+    Little-endian: code i of a word takes bits [i*bits, (i+1)*bits) of the word and byte j
+    of the word holds its bits [8j, 8j+8); a last partial word is padded with zero codes.
+    4-bit is thus low nibble first, and 3-bit packs 8 codes into 3 bytes.
+    """
+    per_word, word_bytes = PACKING[bits]
+    if per_word == 1:
+        return codes
+    rows = codes.shape[0]
+    pad = -codes.shape[1] % per_word
+    if pad:
+        codes = torch.cat([codes, codes.new_zeros(rows, pad)], dim=1)
+    dtype = torch.uint8 if word_bytes == 1 else torch.int32  # a 3-byte word needs 24 bits
+    shifts = torch.arange(0, per_word * bits, bits, dtype=dtype, device=codes.device)
+    words = (codes.view(rows, -1, per_word).to(dtype) << shifts).sum(-1, dtype=dtype)  # disjoint bits: sum == or
+    if word_bytes == 1:
+        return words
+    byte_shifts = torch.arange(0, 8 * word_bytes, 8, dtype=dtype, device=codes.device)
+    return ((words[..., None] >> byte_shifts) & 0xFF).to(torch.uint8).view(rows, -1)
+
+
+def unpack_codes(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
+    """The inverse of `pack_codes` for one row: [packed_bytes(count, bits)] uint8 -> [count]
+    uint8 codes, on `packed`'s device."""
+    per_word, word_bytes = PACKING[bits]
+    if per_word == 1:
+        return packed[:count]
+    words = packed
+    if word_bytes > 1:  # little-endian bytes -> int32 words
+        columns = packed.view(-1, word_bytes).to(torch.int32)
+        words = columns[:, 0]
+        for j in range(1, word_bytes):
+            words = words | (columns[:, j] << 8 * j)
+    # code i is bits [i*bits, (i+1)*bits) of its word; the top code has nothing above it to mask
+    # (one op per code position, not a broadcast shift: 2x faster for uint8 on CPU)
+    mask, top = (1 << bits) - 1, bits * (per_word - 1)
+    codes = [(words >> bits * i if i else words) & mask for i in range(per_word - 1)] + [words >> top]
+    return torch.stack(codes, dim=1).view(-1)[:count].to(torch.uint8)  # [words, per_word] -> [count]
 
 
 def _token_groups(x: torch.Tensor, group: int) -> torch.Tensor:
@@ -183,7 +240,8 @@ def _token_groups(x: torch.Tensor, group: int) -> torch.Tensor:
 
 
 CODECS: dict[str, KVCodec] = {name: FloatCodec(name) for name in FLOAT_CODECS}
-CODECS.update({"int8": QuantCodec(8), "int4": QuantCodec(4)})
+CODECS.update({"int8": QuantCodec("int8", 8, 8), "int4": QuantCodec("int4", 4, 4),
+               "k4v3": QuantCodec("k4v3", 4, 3, key_group=128)})
 
 
 def get_codec(name: str) -> KVCodec:

@@ -32,6 +32,7 @@ def test_environment_overrides(monkeypatch, tmp_path):
     monkeypatch.setenv("KVMOSAIC_STORE_CPU_BYTES", "512MiB")
     monkeypatch.setenv("KVMOSAIC_MODEL_PATH", "")
     monkeypatch.setenv("KVMOSAIC_ADMIN_TOKEN", "s3cret")
+    monkeypatch.setenv("KVMOSAIC_STORE_CODEC", "k4v3")
     s = Settings()
     assert s.check_layers == (1, 3, 5) and s.model_path is None
     assert s.admin_token.get_secret_value() == "s3cret" and "s3cret" not in repr(s)
@@ -39,6 +40,7 @@ def test_environment_overrides(monkeypatch, tmp_path):
     assert engine.check_layers == (1, 3, 5) and engine.check_ratio_multipliers == (3.0, 2.0, 1.0)
     store = s.store_config()
     assert store.tiers == ("cpu", "disk") and store.cpu_bytes == 512 << 20 and store.disk_dir == tmp_path / "kv"
+    assert store.codec == "k4v3"
     assert s.catalog_config().resolved_url().endswith(f"{tmp_path}/catalog.db")
 
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.bench.store import StoreBenchOptions, run_overlap, run_throughput
+from app.bench.store import StoreBenchOptions, format_codec_sizes, run_overlap, run_throughput
+from app.cli import build_parser
+from app.cli.bench import STORE_CODECS
+from app.store.quant import CODECS
 from app.store.lazy import hidden_share
 from app.store import StoreConfig, TierUnavailable, create_store, create_tier
 
@@ -16,6 +19,13 @@ from app.store import StoreConfig, TierUnavailable, create_store, create_tier
 def test_config_rejects_bad_settings(bad):
     with pytest.raises(ValueError):
         StoreConfig(**bad)
+
+
+def test_every_codec_is_named_where_codecs_are_chosen():
+    assert STORE_CODECS == tuple(CODECS)
+    assert build_parser().parse_args(["bench", "store", "--codec", "k4v3"]).codec == "k4v3"
+    sizes = {line.split()[0]: line.split() for line in format_codec_sizes().splitlines()[1:]}
+    assert sizes["k4v3"][1:] == ["5580", "0.242x", "5580", "0.242x"]  # B/token, vs float16 @256 and @512
 
 
 def test_factories(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,7 +14,7 @@ from app.store import CorruptEntry, StoreConfig, create_tier
 from app.store import codec as entry_codec
 from app.store.entry import EntryMeta, KVEntry, chunk_from_entry, decode_layer, entry_from_chunk, roundtrip
 from app.store.lazy import LazyChunkKV
-from app.store.quant import CODECS, KEY_GROUP, QuantCodec, get_codec
+from app.store.quant import CODECS, QuantCodec, get_codec, pack_codes, packed_bytes, unpack_codes
 from tests.app.store.helpers import key_of
 
 SHAPE = (3, 2, 3, 100, 64)  # [layers, 2, kv_heads, tokens, head_dim]; 100 tokens: a partial key group
@@ -31,16 +32,17 @@ def _chunk(kv: torch.Tensor) -> ChunkKV:
 
 
 def test_registry_and_bad_names():
-    assert set(CODECS) == {"float16", "bfloat16", "float32", "int8", "int4"}
-    with pytest.raises(ValueError, match="int4"):
+    assert set(CODECS) == {"float16", "bfloat16", "float32", "int8", "int4", "k4v3"}
+    with pytest.raises(ValueError, match="k4v3"):
         get_codec("int3")
     with pytest.raises(ValueError):
-        QuantCodec(3)
+        QuantCodec("k4v2", 4, 2)
+    assert StoreConfig(codec="k4v3").codec == "k4v3"
     with pytest.raises(ValueError):
         StoreConfig(codec="fp8")
 
 
-@pytest.mark.parametrize("name, ratio", [("float16", 1.0), ("int8", 0.52), ("int4", 0.27)])
+@pytest.mark.parametrize("name, ratio", [("float16", 1.0), ("int8", 0.52), ("int4", 0.27), ("k4v3", 0.24)])
 def test_payload_bytes_per_token(name, ratio):
     layer_shape = (2, 3, 256, 64)
     float16_bytes = 2 * 3 * 256 * 64 * 2
@@ -50,24 +52,66 @@ def test_payload_bytes_per_token(name, ratio):
     assert entry.num_bytes == entry.kv.numel() * entry.kv.element_size() == 4 * get_codec(name).layer_bytes(layer_shape)
 
 
-@pytest.mark.parametrize("name, bits", [("int8", 8), ("int4", 4)])
-def test_quantization_error_is_within_half_a_step(name, bits):
-    kv = _kv(1)
-    decoded = get_codec(name).decode(get_codec(name).encode(kv), SHAPE[1:], torch.float32)
-    levels = (1 << bits) - 1
+@pytest.mark.parametrize("tokens", [256, 206])
+def test_k4v3_is_at_most_a_quarter_of_float16(tokens):
+    layer_shape = (2, 3, tokens, 64)  # SmolLM2's; 206 tokens: a partial key group
+    assert get_codec("k4v3").layer_bytes(layer_shape) <= 0.25 * get_codec("float16").layer_bytes(layer_shape)
+
+
+def test_int_codecs_payloads_are_unchanged():
+    """Entries stored before k4v3 existed still decode: int8 / int4 bytes are as they were."""
+    kv = _kv(17, shape=(2, 2, 3, 100, 64))
+    digests = {"int8": "04cdf82deb3704e5b93f6c148c8c01d61d4d08e5ed497b6af72a1182aed0611f",
+               "int4": "5caf49c90c5e11471756f63fb2a3d35a8ccf6329444b9e9ad36fd3eff37e2c57"}
+    for name, digest in digests.items():
+        payload = get_codec(name).encode(kv)
+        assert hashlib.sha256(payload.numpy().tobytes()).hexdigest() == digest, name
+
+
+@pytest.mark.parametrize("name", ["int8", "int4", "k4v3"])
+@pytest.mark.parametrize("tokens", [100, 128, 206])  # partial and whole key groups of 64 and 128
+def test_quantization_error_is_within_half_a_step(name, tokens):
+    codec = get_codec(name)
+    assert isinstance(codec, QuantCodec)
+    shape = (3, 2, 3, tokens, 64)
+    kv = _kv(1, shape)
+    decoded = codec.decode(codec.encode(kv), shape[1:], torch.float32)
+    assert decoded.shape == kv.shape
     keys, values = kv[:, 0], kv[:, 1]
-    # keys: per (head, dim) channel over groups of KEY_GROUP tokens
-    groups = [keys[:, :, g:g + KEY_GROUP] for g in range(0, SHAPE[3], KEY_GROUP)]
-    key_step = torch.cat([(g.amax(2, keepdim=True) - g.amin(2, keepdim=True)).expand_as(g) for g in groups], 2) / levels
-    value_step = (values.amax(3, keepdim=True) - values.amin(3, keepdim=True)) / levels  # per token
+    group = codec.key_group
+    # keys: per (head, dim) channel over groups of key_group tokens
+    groups = [keys[:, :, g:g + group] for g in range(0, tokens, group)]
+    key_range = torch.cat([(g.amax(2, keepdim=True) - g.amin(2, keepdim=True)).expand_as(g) for g in groups], 2)
+    key_step = key_range / ((1 << codec.key_bits) - 1)
+    value_step = (values.amax(3, keepdim=True) - values.amin(3, keepdim=True)) / ((1 << codec.value_bits) - 1)
     slack = 1e-2  # float16 scale / minimum rounding
     assert bool(((decoded[:, 0] - keys).abs() <= key_step * (0.5 + slack) + 1e-3).all())
     assert bool(((decoded[:, 1] - values).abs() <= value_step * (0.5 + slack) + 1e-3).all())
 
 
-def test_per_channel_keys_keep_an_outlier_channel_from_flooding_the_others():
+@pytest.mark.parametrize("bits", [3, 4, 8])
+@pytest.mark.parametrize("count", [1, 7, 8, 9, 13, 24, 1001])
+def test_pack_and_unpack_codes(bits, count):
+    generator = torch.Generator().manual_seed(count)
+    codes = torch.randint(0, 1 << bits, (2, count), generator=generator, dtype=torch.uint8)
+    packed = pack_codes(codes, bits)
+    assert packed.dtype == torch.uint8 and packed.shape == (2, packed_bytes(count, bits))
+    for row in range(2):
+        assert torch.equal(unpack_codes(packed[row], bits, count), codes[row])
+
+
+def test_three_bit_packing_is_little_endian_eight_codes_in_three_bytes():
+    codes = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 0, 5]], dtype=torch.uint8)
+    word = sum(int(c) << 3 * i for i, c in enumerate(codes[0, :8].tolist()))
+    expected = list(word.to_bytes(3, "little")) + [5, 0, 0]  # the ninth code, padded to a word
+    assert pack_codes(codes, 3)[0].tolist() == expected
+    assert packed_bytes(9, 3) == 6 and packed_bytes(8, 3) == 3 and packed_bytes(9, 4) == 5
+
+
+@pytest.mark.parametrize("name", ["int4", "k4v3"])
+def test_per_channel_keys_keep_an_outlier_channel_from_flooding_the_others(name):
     kv = _kv(2)
-    decoded = get_codec("int4").decode(get_codec("int4").encode(kv), SHAPE[1:], torch.float32)
+    decoded = get_codec(name).decode(get_codec(name).encode(kv), SHAPE[1:], torch.float32)
     normal = [c for c in range(64) if c != 5]
     error = (decoded[:, 0, :, :, normal] - kv[:, 0, :, :, normal]).abs().mean()
     assert error < 0.2  # a per-token key scale would be set by the x20 channel: error ~1
@@ -75,14 +119,14 @@ def test_per_channel_keys_keep_an_outlier_channel_from_flooding_the_others():
 
 def test_constant_groups_and_float_codecs_round_trip():
     kv = torch.full(SHAPE, 0.75)
-    for name in ("int8", "int4", "float32"):
+    for name in ("int8", "int4", "k4v3", "float32"):
         assert torch.equal(get_codec(name).decode(get_codec(name).encode(kv), SHAPE[1:], torch.float32), kv)
     kv = _kv(3)
     assert torch.equal(get_codec("float16").decode(get_codec("float16").encode(kv), SHAPE[1:], torch.float32),
                        kv.half().float())
 
 
-@pytest.mark.parametrize("name", ["int8", "int4"])
+@pytest.mark.parametrize("name", ["int8", "int4", "k4v3"])
 def test_quantized_entry_serializes_checksummed_and_decodes_layer_by_layer(tmp_path, name):
     chunk = _chunk(_kv(4))
     entry = entry_from_chunk(chunk, name)
