@@ -7,11 +7,12 @@ import os
 from pathlib import Path
 
 from app.cli.bench_retrieval import add_retrieval_parser
+from app.cli.bench_ingest import add_ingest_parser
 from app.cli.bench_workload import add_workload_parser
 from engine.config import FIDELITIES, SELECTIONS
 
 # app.store.quant.CODECS (a test keeps them equal), named here so that parsing imports no torch
-STORE_CODECS = ("float16", "bfloat16", "float32", "int8", "int4", "k4v3")
+STORE_CODECS = ("float16", "bfloat16", "float32", "int8", "int4", "k4v3", "h4v3")
 
 
 def add_parser(subparsers) -> None:
@@ -37,6 +38,7 @@ def add_parser(subparsers) -> None:
     add_kernels_parser(kinds)
     add_store_parser(kinds)
     add_workload_parser(kinds, add_engine_arguments)
+    add_ingest_parser(kinds, add_engine_arguments)
     add_retrieval_parser(kinds)
 
 

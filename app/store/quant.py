@@ -27,6 +27,9 @@ Payload bytes per token (SmolLM2: 30 layers, 3 KV heads, head_dim 64, 256-token 
 (0.28×: 4-bit codes plus the float16 scales and minimums); k4v3 5,580 (0.242×; 5,624 =
 0.244× at 206 tokens, where the last key group is partial).
 
+`h4v3` (`rotated.py`) rotates K and V by a Hadamard matrix before quantizing per token: the
+same 4 / 3 bits at 0.25x float16 with a third of `k4v3`'s fidelity cost.
+
 This module neither serializes nor checksums (`codec.py` does); it is pure tensor math.
 """
 
@@ -242,6 +245,12 @@ def _token_groups(x: torch.Tensor, group: int) -> torch.Tensor:
 CODECS: dict[str, KVCodec] = {name: FloatCodec(name) for name in FLOAT_CODECS}
 CODECS.update({"int8": QuantCodec("int8", 8, 8), "int4": QuantCodec("int4", 4, 4),
                "k4v3": QuantCodec("k4v3", 4, 3, key_group=128)})
+
+# Registered here so that `get_codec` knows it; `rotated` imports this module's helpers, all
+# defined above this line.
+from app.store.rotated import RotatedQuantCodec  # noqa: E402
+
+CODECS["h4v3"] = RotatedQuantCodec("h4v3", 4, 3)
 
 
 def get_codec(name: str) -> KVCodec:

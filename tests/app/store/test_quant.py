@@ -32,7 +32,7 @@ def _chunk(kv: torch.Tensor) -> ChunkKV:
 
 
 def test_registry_and_bad_names():
-    assert set(CODECS) == {"float16", "bfloat16", "float32", "int8", "int4", "k4v3"}
+    assert set(CODECS) == {"float16", "bfloat16", "float32", "int8", "int4", "k4v3", "h4v3"}
     with pytest.raises(ValueError, match="k4v3"):
         get_codec("int3")
     with pytest.raises(ValueError):
@@ -42,7 +42,7 @@ def test_registry_and_bad_names():
         StoreConfig(codec="fp8")
 
 
-@pytest.mark.parametrize("name, ratio", [("float16", 1.0), ("int8", 0.52), ("int4", 0.27), ("k4v3", 0.24)])
+@pytest.mark.parametrize("name, ratio", [("float16", 1.0), ("int8", 0.52), ("int4", 0.27), ("k4v3", 0.24), ("h4v3", 0.25)])
 def test_payload_bytes_per_token(name, ratio):
     layer_shape = (2, 3, 256, 64)
     float16_bytes = 2 * 3 * 256 * 64 * 2
@@ -52,10 +52,11 @@ def test_payload_bytes_per_token(name, ratio):
     assert entry.num_bytes == entry.kv.numel() * entry.kv.element_size() == 4 * get_codec(name).layer_bytes(layer_shape)
 
 
-@pytest.mark.parametrize("tokens", [256, 206])
-def test_k4v3_is_at_most_a_quarter_of_float16(tokens):
+@pytest.mark.parametrize("name, tokens", [("k4v3", 256), ("k4v3", 206), ("h4v3", 256), ("h4v3", 206), ("h4v3", 1)])
+def test_four_three_bit_codecs_are_at_most_a_quarter_of_float16(name, tokens):
+    """k4v3 from a key group's worth of tokens on (its per-channel scales); h4v3 at any length."""
     layer_shape = (2, 3, tokens, 64)  # SmolLM2's; 206 tokens: a partial key group
-    assert get_codec("k4v3").layer_bytes(layer_shape) <= 0.25 * get_codec("float16").layer_bytes(layer_shape)
+    assert get_codec(name).layer_bytes(layer_shape) <= 0.25 * get_codec("float16").layer_bytes(layer_shape)
 
 
 def test_int_codecs_payloads_are_unchanged():
@@ -126,7 +127,7 @@ def test_constant_groups_and_float_codecs_round_trip():
                        kv.half().float())
 
 
-@pytest.mark.parametrize("name", ["int8", "int4", "k4v3"])
+@pytest.mark.parametrize("name", ["int8", "int4", "k4v3", "h4v3"])
 def test_quantized_entry_serializes_checksummed_and_decodes_layer_by_layer(tmp_path, name):
     chunk = _chunk(_kv(4))
     entry = entry_from_chunk(chunk, name)

@@ -1,0 +1,61 @@
+"""`bench ingest` on the tiny model: both ingest settings store the same corpus, the prefill row
+is one prompt of about the asked length, and the table's ratios are against those rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.bench.corpus import load_corpus
+from app.bench.ingest import IngestOptions, IngestRow, format_ingest_table, run_ingest_bench
+from app.bench.workload import Server
+from app.cli import build_parser
+from app.cli.bench_ingest import _batch_tokens
+from engine.errors import InvalidRequest
+from tests.conftest import MUSIQUE_SLICE
+
+VALUES = dict(database_url="", store_tiers="disk", chunk_tokens=48, chunk_overlap=8)
+
+
+@pytest.fixture(scope="module")
+def rows(tiny_loaded, embedder, tmp_path_factory):
+    corpus = load_corpus(MUSIQUE_SLICE, 0, 1)
+    options = IngestOptions(work_dir=tmp_path_factory.mktemp("ingest"), batch_tokens=(1, 512), prompt_tokens=300,
+                            prefill_repeats=1, progress=False)
+    opened = []
+
+    def open_services(data_dir, overrides):
+        opened.append(overrides)
+        return Server(tiny_loaded, embedder, {**VALUES, **overrides}).open(data_dir)
+
+    result = run_ingest_bench(corpus, options, open_services, say=lambda _: None)
+    assert opened[:2] == [{"ingest_batch_tokens": 1, "ingest_kv": "eager"}, {"ingest_batch_tokens": 512, "ingest_kv": "eager"}]
+    assert not any(options.work_dir.iterdir())  # scratch data dirs are removed
+    return result
+
+
+def test_every_setting_ingests_the_whole_corpus(rows):
+    one, packed, prefill = rows
+    assert one.tokens == packed.tokens > 0 and one.chunks == packed.chunks > 0
+    assert one.label == "ingest, one chunk per pass" and "512 rows" in packed.label
+    assert one.seconds > 0 and packed.seconds > 0
+
+
+def test_the_prefill_row_is_one_prompt_of_about_the_asked_length(rows):
+    prefill = rows[-1]
+    assert prefill.label.startswith("engine full prefill")
+    assert 300 <= prefill.tokens < 300 + 48 + 200  # whole chunks up to 300 tokens, then the question and template
+
+
+def test_table_ratios_are_against_the_first_and_last_rows():
+    rows = [IngestRow("a", 100, 2, 1.0), IngestRow("b", 100, 2, 0.5), IngestRow("p", 400, 8, 2.0)]
+    lines = format_ingest_table(rows).splitlines()
+    assert lines[2].split()[-2:] == ["2.00x", "1.00x"] and lines[1].split()[-2:] == ["1.00x", "0.50x"]
+
+
+def test_batch_tokens_flag():
+    assert _batch_tokens(None, 2048) == (1, 2048) and _batch_tokens(None, 1) == (1,)
+    assert _batch_tokens("1,64", 2048) == (1, 64)
+    for bad in ("0", "x", ""):
+        with pytest.raises(InvalidRequest):
+            _batch_tokens(bad, 2048)
+    assert build_parser().parse_args(["bench", "ingest", "--batch-tokens", "1,256"]).batch_tokens == "1,256"

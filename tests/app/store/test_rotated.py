@@ -1,0 +1,78 @@
+"""`h4v3`: Hadamard-rotated, per-token 4-bit keys and 3-bit values with a clipped range."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.store.quant import get_codec
+from app.store.rotated import CLIPS, hadamard
+
+SHAPE = (2, 2, 3, 100, 64)  # [layers, 2, kv_heads, tokens, head_dim]
+
+
+def _kv(seed: int, outlier: int = 0) -> torch.Tensor:
+    kv = torch.randn(SHAPE, generator=torch.Generator().manual_seed(seed))
+    kv[:, outlier, :, :, 5] *= 20  # one outlier channel (keys by default, as real models have)
+    return kv
+
+
+def _round_trip(name: str, kv: torch.Tensor) -> torch.Tensor:
+    codec = get_codec(name)
+    return codec.decode(codec.encode(kv), SHAPE[1:], torch.float32)
+
+
+@pytest.mark.parametrize("n", [1, 2, 8, 64, 128])
+def test_hadamard_is_orthonormal_and_its_own_inverse(n):
+    h = hadamard(n)
+    assert torch.allclose(h @ h, torch.eye(n), atol=1e-6) and torch.equal(h, h.T)
+    assert bool(((h.abs() - n ** -0.5).abs() < 1e-7).all())
+
+
+@pytest.mark.parametrize("n", [0, 3, 48, 96])
+def test_hadamard_refuses_other_sizes(n):
+    with pytest.raises(ValueError, match="power-of-two"):
+        hadamard(n)
+
+
+def test_each_rotated_row_is_no_worse_than_min_max_quantization():
+    """The clip search includes the plain range (1.0), so every rotated row's squared error is
+    at most what min/max quantization guarantees: dim * (step / 2)^2."""
+    assert CLIPS[0] == 1.0
+    kv = _kv(1)
+    rotated, decoded = kv @ hadamard(64), _round_trip("h4v3", kv) @ hadamard(64)
+    for part, bits in ((0, 4), (1, 3)):
+        x, y = rotated[:, part], decoded[:, part]
+        step = (x.amax(-1) - x.amin(-1)) / ((1 << bits) - 1)
+        error = (y - x).square().sum(-1)
+        assert bool((error <= 64 * (step * 0.51) ** 2 + 1e-4).all()), part
+
+
+def test_decoding_returns_k_and_v_in_their_own_basis():
+    kv = _kv(2)
+    decoded = _round_trip("h4v3", kv)
+    assert decoded.shape == kv.shape
+    relative = (decoded - kv).square().mean(dim=(0, 2, 3, 4)) / kv.square().mean(dim=(0, 2, 3, 4))
+    assert float(relative[0]) < 0.01 and float(relative[1]) < 0.05  # keys 4 bits, values 3 bits
+
+
+def test_a_value_outlier_channel_costs_less_than_under_per_token_k4v3():
+    """k4v3's values take one range per token, set by the outlier; rotated, it is spread thin."""
+    kv = _kv(3, outlier=1)
+    normal = [c for c in range(64) if c != 5]
+    errors = {name: float((_round_trip(name, kv)[:, 1, ..., normal] - kv[:, 1, ..., normal]).abs().mean())
+              for name in ("k4v3", "h4v3")}
+    assert errors["h4v3"] < 0.5 * errors["k4v3"], errors
+
+
+def test_encoding_is_deterministic_and_refuses_a_wrong_payload():
+    kv, codec = _kv(4), get_codec("h4v3")
+    payload = codec.encode(kv)
+    assert torch.equal(payload, codec.encode(kv.clone())) and payload.dtype == torch.uint8
+    with pytest.raises(ValueError, match="does not fit"):
+        codec.decode_layer(payload[0][:-1], SHAPE[1:], torch.float32)
+
+
+def test_a_head_dim_that_is_not_a_power_of_two_is_refused():
+    with pytest.raises(ValueError, match="power-of-two"):
+        get_codec("h4v3").encode(torch.zeros(1, 2, 1, 4, 48))
