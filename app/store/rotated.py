@@ -17,9 +17,10 @@ Payload per layer, packed like `quant.QuantCodec`'s:
 SmolLM2 (3 KV heads, head_dim 64): per head and token, K 32 B of codes + 4 B, V 24 B + 4 B =
 64 B of float16's 256 B: 5,760 B/token, exactly 0.25x float16, whatever the token count.
 
-First-token KL against full prefill added by the codec (its KV against float16's on the same
-requests, `cacheblend` without the guard, MuSiQue records 0-23, 6 chunks): `h4v3` +0.004,
-`int4` +0.007, `k4v3` +0.018 (records 0-11 only: +0.036). `app/README.md` has the command.
+Why this codec (tuning records, `cacheblend` without the guard, 6 chunks, first-token KL
+against full prefill added by the codec over float16 storage on the same requests): records
+0-11, `h4v3` +0.010, `int4` +0.013, `k4v3` +0.036; records 12-23, `h4v3` -0.001, `int4`
++0.002. Rotating only V, or clipping without rotating, did worse than rotating both.
 """
 
 from __future__ import annotations
