@@ -28,7 +28,7 @@ from retrieval.sources import SourceDocument, SourceError, load_sources
 log = logging.getLogger(__name__)
 
 READY = "snapshot.json"
-SNAPSHOT_FIELDS = ("chunk_tokens", "chunk_overlap", "store_tiers", "store_codec", "store_dtype")
+SNAPSHOT_FIELDS = ("chunk_tokens", "chunk_overlap", "store_tiers", "store_codec", "store_dtype", "ingest_kv")
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,8 @@ def snapshot_key(corpus: Corpus, settings, fingerprint: str) -> str:
     digest = hashlib.sha256()
     for doc in corpus.documents:
         digest.update(hashlib.sha256(f"{doc.title}\n{doc.text}".encode()).digest())
-    # chunking, the KV format and the tiers decide the content; capacities, paths and policies do not
+    # chunking, the KV format, the tiers and eager or lazy KV decide the content; capacities, paths
+    # and policies do not
     decisive = {k: v for k, v in settings.model_dump().items() if k in SNAPSHOT_FIELDS}
     digest.update(repr((fingerprint, sorted(decisive.items()))).encode())
     return digest.hexdigest()[:16]

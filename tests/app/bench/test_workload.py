@@ -83,3 +83,14 @@ def test_report_and_snapshot_reuse(run, tiny_loaded, embedder, tmp_path):
     second = run_workload(again, Server(tiny_loaded, embedder, VALUES), say=lambda _: None)
     assert second.snapshot.reused and second.snapshot.chunks == run.snapshot.chunks
     assert not any((run.options.work_dir / "runs").iterdir())  # finished runs leave no data dir behind
+
+
+def test_eager_and_lazy_ingest_make_different_snapshots(tmp_path):
+    from app.bench.corpus import load_corpus, snapshot_key
+    from app.settings import Settings
+
+    corpus = load_corpus(MUSIQUE_SLICE, 0, 1)
+    keys = {kv: snapshot_key(corpus, Settings(data_dir=tmp_path, ingest_kv=kv), "fp") for kv in ("eager", "lazy")}
+    assert keys["eager"] != keys["lazy"]
+    # a capacity is not part of the snapshot: capped and uncapped cells share one
+    assert snapshot_key(corpus, Settings(data_dir=tmp_path, store_disk_bytes=1 << 20), "fp") == keys["eager"]
