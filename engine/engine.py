@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Generator, Sequence
 from contextlib import AbstractContextManager, closing, nullcontext
@@ -19,6 +20,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.decode import SamplingParams, TextStream, TokenIds, generate_ids, new_generator
+from engine.encode_dtype import model_in, resolve_encode_dtype
 from engine.encoder import DEFAULT_BATCH_TOKENS, ChunkEncoder
 from engine.errors import InvalidRequest, PromptTooLong
 from engine.guard import AnswerCheck, answer_check, check_fidelity, run_guarded
@@ -48,7 +50,8 @@ class Engine:
         self.prompts = PromptBuilder(loaded.tokenizer, config.system_prompt, config.instruction)
         with torch.inference_mode():
             self.prefix_kv = self._encode(self.prompts.prefix_ids, start=0)
-        self.encoder = ChunkEncoder(self.stack, self.prefix_kv, loaded.fingerprint, self.prompts.prefix_digest)
+        self._encoder: ChunkEncoder | None = None  # built on first use: it may hold a model copy
+        self._encoder_lock = threading.Lock()
         self.scheduler = DecodeScheduler(self.stack, config.max_batch, config.max_batch_tokens, config.prefill_slots,
                                          config.batch_invariant) if config.batching else None
         self.selfcheck = rope_shift_selfcheck(self.stack) if config.selfcheck else None
@@ -98,20 +101,39 @@ class Engine:
                 raise InvalidRequest("cannot encode an empty chunk")
             if self.prompts.prefix_len + len(token_ids) > self.loaded.spec.max_positions:
                 raise PromptTooLong("the chunk does not fit in the model's context")
-        encoded = self.encoder.encode([tuple(c) for c in chunks], batch_tokens)
+        encoded = [kv if kv.kv.dtype == self.loaded.dtype else dataclasses.replace(kv, kv=kv.kv.to(self.loaded.dtype))
+                   for kv in self.encoder.encode([tuple(c) for c in chunks], batch_tokens)]
         for kv in encoded:  # metered as if each chunk ran alone after the cached prefix, as encode_chunk does
             rows = torch.zeros(self.prompts.prefix_len + kv.num_tokens, dtype=torch.long)
             rows[self.prompts.prefix_len:] = self.loaded.spec.num_layers
             self.runner.meter.add(rows)
         return encoded
 
-    def _encode(self, token_ids: tuple[int, ...], start: int) -> ChunkKV:
+    @property
+    def encoder(self) -> ChunkEncoder:
+        """The packed encoder of base KV, in `config.encode_dtype` (engine/encode_dtype.py)."""
+        with self._encoder_lock:
+            if self._encoder is None:
+                self._encoder = self._build_encoder()
+            return self._encoder
+
+    def _build_encoder(self) -> ChunkEncoder:
+        loaded = model_in(self.loaded, resolve_encode_dtype(self.config.encode_dtype, self.loaded))
+        stack, prefix_kv = self.stack, self.prefix_kv
+        if loaded is not self.loaded:
+            log.info("base KV is computed in %s by a copy of the model", loaded.dtype)
+            stack = DecoderStack(loaded)
+            with torch.inference_mode():  # the copy's own prefix: its chunks attend to it
+                prefix_kv = self._encode(self.prompts.prefix_ids, start=0, runner=LayerRunner(stack))
+        return ChunkEncoder(stack, prefix_kv, self.loaded.fingerprint, self.prompts.prefix_digest)
+
+    def _encode(self, token_ids: tuple[int, ...], start: int, runner: LayerRunner | None = None) -> ChunkKV:
         """Run prefix[:start] + token_ids with the prefix cached; keep rows [start, end)."""
         ids = torch.tensor(self.prompts.prefix_ids[:start] + token_ids, device=self.device)
         total = ids.numel()
         spans = [CachedSpan(0, self.prefix_kv)] if start else []
         plan = Plan(spans, torch.arange(start, total), pinned=torch.ones(total, dtype=torch.bool))
-        out = self.runner.run(ids, plan, capacity=total, want_logits=False)
+        out = (runner or self.runner).run(ids, plan, capacity=total, want_logits=False)
         return ChunkKV(token_ids=token_ids, kv=out.cache.rows(start, total), base_position=start,
                        fingerprint=self.fingerprint, prefix_digest=self.prompts.prefix_digest)
 

@@ -72,8 +72,11 @@ def tiny_engine(tiny_loaded, tmp_path_factory):
     from engine import EngineConfig
     from engine.engine import Engine
 
-    # fidelity "fast": tests see each mode as it is; the guard has its own tests (test_guard.py)
-    return Engine(EngineConfig(data_dir=tmp_path_factory.mktemp("tiny"), epic_tokens=4, fidelity="fast"), tiny_loaded)
+    # fidelity "fast": tests see each mode as it is; the guard has its own tests (test_guard.py).
+    # encode_dtype "engine": base KV in the engine's own dtype, so that exactness tests hold on
+    # any CPU (bfloat16 encoding has its own tests in test_encoder.py)
+    return Engine(EngineConfig(data_dir=tmp_path_factory.mktemp("tiny"), epic_tokens=4, fidelity="fast",
+                               encode_dtype="engine"), tiny_loaded)
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +84,7 @@ def smol_engine(test_data_dir, smol_checkpoint):
     from engine import EngineConfig
     from engine.engine import Engine
 
-    return Engine.load(EngineConfig(data_dir=test_data_dir, fidelity="fast"))  # modes as they are
+    return Engine.load(EngineConfig(data_dir=test_data_dir, fidelity="fast", encode_dtype="engine"))  # modes as they are
 
 
 @pytest.fixture(scope="session")

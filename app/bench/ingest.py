@@ -4,9 +4,11 @@ same passages one chunk per pass and against the engine's own full-prefill rate,
 Each setting ingests the whole corpus (the workload bench's: a benchmark JSON's records, one
 document per distinct passage) through the server's real ingest path (`Ingestor.ingest`:
 chunk, embed, index, encode base KV, store it in the tiers) into a fresh data dir, with
-`KVMOSAIC_INGEST_KV=eager`. `batch_tokens` 1 encodes every chunk in a pass of its own (how
-ingest worked before packed batches); larger values pack a document's chunks into passes of
-up to that many rows. The prefill row is the engine's full prefill of one prompt of about
+`KVMOSAIC_INGEST_KV=eager`. Each run names its rows per pass and its `encode_dtype`:
+`batch_tokens` 1 encodes every chunk in a pass of its own (how ingest worked before packed
+batches); larger values pack a document's chunks into passes of up to that many rows;
+`engine` computes base KV in the engine's own dtype, `auto` in bfloat16 on CPUs with
+AMX-BF16 (engine/encode_dtype.py). The prefill row is the engine's full prefill of one prompt of about
 `prompt_tokens` tokens made of the corpus's first chunks (median of `prefill_repeats`): the
 rate a request pays to compute KV, which ingest should at least match.
 """
@@ -28,7 +30,7 @@ from app.bench.corpus import Corpus
 @dataclass(frozen=True)
 class IngestOptions:
     work_dir: Path
-    batch_tokens: tuple[int, ...] = (1, 2048)
+    runs: tuple[tuple[int, str], ...] = ((1, "engine"), (2048, "engine"), (2048, "auto"))  # (batch_tokens, encode_dtype)
     prompt_tokens: int = 3800
     prefill_repeats: int = 3
     progress: bool = True
@@ -51,23 +53,29 @@ class IngestRow:
 
 def run_ingest_bench(corpus: Corpus, options: IngestOptions, open_services: Callable[[Path, dict], object],
                      say: Callable[[str], None] = print) -> list[IngestRow]:
-    """Ingest rows (one per `batch_tokens`) then the full-prefill row.
+    """Ingest rows (one per run) then the full-prefill row.
 
     `open_services(data_dir, overrides)` starts the server's services with those settings.
     """
     if not corpus.documents:
         raise ValueError("the corpus has no documents")
-    rows = [_ingest(corpus, batch, options, open_services, say) for batch in options.batch_tokens]
+    rows = [_ingest(corpus, batch, dtype, options, open_services, say) for batch, dtype in options.runs]
     rows.append(_full_prefill(corpus, options, open_services, say))
     return rows
 
 
-def _ingest(corpus: Corpus, batch: int, options: IngestOptions, open_services, say) -> IngestRow:
-    data_dir = options.work_dir / f"ingest-{batch}"
+def _ingest(corpus: Corpus, batch: int, encode_dtype: str, options: IngestOptions, open_services,
+            say) -> IngestRow:
+    from engine.encode_dtype import resolve_encode_dtype
+
+    data_dir = options.work_dir / f"ingest-{batch}-{encode_dtype}"
     shutil.rmtree(data_dir, ignore_errors=True)
-    services = open_services(data_dir, {"ingest_batch_tokens": batch, "ingest_kv": "eager"})
+    services = open_services(data_dir, {"ingest_batch_tokens": batch, "ingest_kv": "eager",
+                                        "encode_dtype": encode_dtype})
     tokens = chunks = 0
     try:
+        engine = services.engine
+        dtype = str(resolve_encode_dtype(engine.config.encode_dtype, engine.loaded)).removeprefix("torch.")
         started = time.perf_counter()
         bar = tqdm(corpus.documents, unit="doc", desc=f"ingest, {batch} rows per pass", disable=not options.progress)
         for doc in bar:
@@ -79,7 +87,7 @@ def _ingest(corpus: Corpus, batch: int, options: IngestOptions, open_services, s
     finally:
         services.close()
         shutil.rmtree(data_dir, ignore_errors=True)
-    label = "ingest, one chunk per pass" if batch == 1 else f"ingest, packed ({batch} rows per pass)"
+    label = ("ingest, one chunk per pass" if batch == 1 else f"ingest, packed ({batch} rows/pass)") + f", {dtype}"
     say(f"  {label}: {tokens} tokens, {chunks} chunks in {seconds:.1f} s")
     return IngestRow(label, tokens, chunks, seconds)
 

@@ -19,8 +19,9 @@ def add_ingest_parser(kinds, add_engine_arguments) -> None:
                    help="a directory of .txt/.md files or a benchmark JSON (default: MuSiQue in ../shared)")
     p.add_argument("--start", type=int, default=100, help="benchmark JSON: first record (default 100)")
     p.add_argument("--records", type=int, default=12, help="benchmark JSON: records pooled (default 12)")
-    p.add_argument("--batch-tokens", default=None,
-                   help="rows per encoding pass to compare, comma-separated (default 1 and KVMOSAIC_INGEST_BATCH_TOKENS)")
+    p.add_argument("--runs", default=None,
+                   help="ingest runs as ROWS_PER_PASS:ENCODE_DTYPE, comma-separated (default 1:engine, then "
+                        "KVMOSAIC_INGEST_BATCH_TOKENS with engine and with KVMOSAIC_ENCODE_DTYPE)")
     p.add_argument("--prompt-tokens", type=int, default=3800, help="full-prefill prompt length (default 3800)")
     p.add_argument("--tiers", default="disk", help="KV store tiers ingest writes to (default disk)")
     p.add_argument("--work-dir", type=Path, default=None, help="scratch data dirs (default <data-dir>/bench-ingest)")
@@ -40,9 +41,9 @@ def run_ingest_command(args) -> int:
 
     values = settings_overrides(args)
     base = Settings(**values)
-    batches = _batch_tokens(args.batch_tokens, base.ingest_batch_tokens)
+    runs = _runs(args.runs, base.ingest_batch_tokens, base.encode_dtype)
     corpus = load_corpus(args.corpus, args.start, args.records)
-    options = IngestOptions(work_dir=args.work_dir or base.data_dir / "bench-ingest", batch_tokens=batches,
+    options = IngestOptions(work_dir=args.work_dir or base.data_dir / "bench-ingest", runs=runs,
                             prompt_tokens=args.prompt_tokens, progress=sys.stderr.isatty())
     if options.prompt_tokens < 1:
         raise InvalidRequest("--prompt-tokens must be at least 1")
@@ -62,15 +63,22 @@ def run_ingest_command(args) -> int:
     return 0
 
 
-def _batch_tokens(text: str | None, configured: int) -> tuple[int, ...]:
+def _runs(text: str | None, batch_tokens: int, encode_dtype: str) -> tuple[tuple[int, str], ...]:
+    """(rows per pass, encode dtype) of each ingest run; InvalidRequest for a bad --runs."""
+    from engine.config import ENCODE_DTYPES
     from engine.errors import InvalidRequest
 
     if text is None:
-        return (1, configured) if configured != 1 else (1,)
-    try:
-        batches = tuple(int(b) for b in text.split(",") if b.strip())
-    except ValueError:
-        raise InvalidRequest(f"--batch-tokens: expected integers like 1,2048, got {text!r}") from None
-    if not batches or min(batches) < 1:
-        raise InvalidRequest("--batch-tokens: every value must be at least 1")
-    return batches
+        runs = [(1, "engine"), (batch_tokens, "engine")] + ([(batch_tokens, encode_dtype)] if encode_dtype != "engine" else [])
+        return tuple(dict.fromkeys(runs))
+    parsed = []
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        rows, _, dtype = item.partition(":")
+        dtype = dtype or "engine"
+        if not rows.isdigit() or int(rows) < 1 or dtype not in ENCODE_DTYPES:
+            raise InvalidRequest(f"--runs: expected ROWS:DTYPE like 1:engine,2048:auto (dtype one of "
+                                 f"{', '.join(ENCODE_DTYPES)}), got {item!r}")
+        parsed.append((int(rows), dtype))
+    if not parsed:
+        raise InvalidRequest("--runs: name at least one run")
+    return tuple(parsed)

@@ -51,3 +51,38 @@ def test_bad_chunks_are_refused(tiny_engine):
         tiny_engine.encode_chunks([(1, 2), ()])
     with pytest.raises(PromptTooLong):
         tiny_engine.encode_chunks([(5,) * (tiny_engine.loaded.spec.max_positions + 1)])
+
+
+def test_bfloat16_encoding_is_close_to_the_engines_and_served_in_its_dtype(tiny_loaded, tmp_path):
+    from engine import EngineConfig
+    from engine.engine import Engine
+
+    exact = Engine(EngineConfig(data_dir=tmp_path, encode_dtype="engine"), tiny_loaded)
+    rounded = Engine(EngineConfig(data_dir=tmp_path, encode_dtype="bfloat16"), tiny_loaded)
+    chunks = _chunks(exact)
+    for a, b in zip(exact.encode_chunks(chunks), rounded.encode_chunks(chunks)):
+        assert b.kv.dtype == a.kv.dtype == torch.float32 and b.kv.shape == a.kv.shape
+        assert (b.fingerprint, b.prefix_digest, b.base_position) == (a.fingerprint, a.prefix_digest, a.base_position)
+        assert not torch.equal(a.kv, b.kv)  # really computed in bfloat16 ...
+        relative = float((a.kv - b.kv).norm() / a.kv.norm())
+        assert relative < 0.05, relative  # ... to bfloat16's rounding, not another model
+    assert next(rounded.encoder.stack.layers.parameters()).dtype == torch.bfloat16
+    assert next(exact.stack.layers.parameters()).dtype == torch.float32  # the engine's own model is untouched
+
+
+def test_auto_encode_dtype_is_bfloat16_only_for_float32_on_an_amx_cpu(tiny_loaded, tmp_path):
+    from engine import EngineConfig
+    from engine.encode_dtype import cpu_has_amx_bf16, resolve_encode_dtype
+
+    assert resolve_encode_dtype("auto", tiny_loaded, amx=True) == torch.bfloat16
+    assert resolve_encode_dtype("auto", tiny_loaded, amx=False) == torch.float32
+    assert resolve_encode_dtype("engine", tiny_loaded, amx=True) == torch.float32
+    assert resolve_encode_dtype("float16", tiny_loaded) == torch.float16
+    with pytest.raises(ValueError, match="encode_dtype"):
+        EngineConfig(data_dir=tmp_path, encode_dtype="int8")
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor : 0\nflags : fpu avx512f amx_bf16 amx_tile\n")
+    assert cpu_has_amx_bf16.__wrapped__(info)
+    info.write_text("processor : 0\nflags : fpu avx512f avx512_bf16\n")
+    assert not cpu_has_amx_bf16.__wrapped__(info)
+    assert not cpu_has_amx_bf16.__wrapped__(tmp_path / "absent")

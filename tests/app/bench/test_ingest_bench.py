@@ -9,7 +9,7 @@ from app.bench.corpus import load_corpus
 from app.bench.ingest import IngestOptions, IngestRow, format_ingest_table, run_ingest_bench
 from app.bench.workload import Server
 from app.cli import build_parser
-from app.cli.bench_ingest import _batch_tokens
+from app.cli.bench_ingest import _runs
 from engine.errors import InvalidRequest
 from tests.conftest import MUSIQUE_SLICE
 
@@ -19,7 +19,7 @@ VALUES = dict(database_url="", store_tiers="disk", chunk_tokens=48, chunk_overla
 @pytest.fixture(scope="module")
 def rows(tiny_loaded, embedder, tmp_path_factory):
     corpus = load_corpus(MUSIQUE_SLICE, 0, 1)
-    options = IngestOptions(work_dir=tmp_path_factory.mktemp("ingest"), batch_tokens=(1, 512), prompt_tokens=300,
+    options = IngestOptions(work_dir=tmp_path_factory.mktemp("ingest"), runs=((1, "engine"), (512, "engine"), (512, "bfloat16")), prompt_tokens=300,
                             prefill_repeats=1, progress=False)
     opened = []
 
@@ -28,15 +28,16 @@ def rows(tiny_loaded, embedder, tmp_path_factory):
         return Server(tiny_loaded, embedder, {**VALUES, **overrides}).open(data_dir)
 
     result = run_ingest_bench(corpus, options, open_services, say=lambda _: None)
-    assert opened[:2] == [{"ingest_batch_tokens": 1, "ingest_kv": "eager"}, {"ingest_batch_tokens": 512, "ingest_kv": "eager"}]
+    assert opened[:3] == [{"ingest_batch_tokens": b, "ingest_kv": "eager", "encode_dtype": d} for b, d in options.runs]
     assert not any(options.work_dir.iterdir())  # scratch data dirs are removed
     return result
 
 
 def test_every_setting_ingests_the_whole_corpus(rows):
-    one, packed, prefill = rows
-    assert one.tokens == packed.tokens > 0 and one.chunks == packed.chunks > 0
-    assert one.label == "ingest, one chunk per pass" and "512 rows" in packed.label
+    one, packed, rounded, prefill = rows
+    assert one.tokens == packed.tokens == rounded.tokens > 0 and one.chunks == packed.chunks == rounded.chunks > 0
+    assert one.label == "ingest, one chunk per pass, float32" and packed.label == "ingest, packed (512 rows/pass), float32"
+    assert rounded.label == "ingest, packed (512 rows/pass), bfloat16"
     assert one.seconds > 0 and packed.seconds > 0
 
 
@@ -52,10 +53,11 @@ def test_table_ratios_are_against_the_first_and_last_rows():
     assert lines[2].split()[-2:] == ["2.00x", "1.00x"] and lines[1].split()[-2:] == ["1.00x", "0.50x"]
 
 
-def test_batch_tokens_flag():
-    assert _batch_tokens(None, 2048) == (1, 2048) and _batch_tokens(None, 1) == (1,)
-    assert _batch_tokens("1,64", 2048) == (1, 64)
-    for bad in ("0", "x", ""):
+def test_runs_flag():
+    assert _runs(None, 2048, "auto") == ((1, "engine"), (2048, "engine"), (2048, "auto"))
+    assert _runs(None, 1, "engine") == ((1, "engine"),)
+    assert _runs("1,64:bfloat16", 2048, "auto") == ((1, "engine"), (64, "bfloat16"))
+    for bad in ("0", "x", "", "64:int8"):
         with pytest.raises(InvalidRequest):
-            _batch_tokens(bad, 2048)
-    assert build_parser().parse_args(["bench", "ingest", "--batch-tokens", "1,256"]).batch_tokens == "1,256"
+            _runs(bad, 2048, "auto")
+    assert build_parser().parse_args(["bench", "ingest", "--runs", "1,256:auto"]).runs == "1,256:auto"
