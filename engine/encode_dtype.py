@@ -6,7 +6,10 @@ On CPUs with AMX-BF16 a bfloat16 product of ingest's shapes runs 5.7-6.3x faster
 float32 (576x1536 weights, 64-2048 rows), and encoding a record's 6 chunks 2.5x faster
 (3.69 s -> 1.47 s). The KV it stores costs nothing measurable: served by the float32 engine
 after float16 storage, first-token KL against full prefill changed by -0.0019 +/- 0.0015
-(`cacheblend`, MuSiQue 0-11) and +0.0058 +/- 0.0034 (`naive`, no recompute at all). So
+(`cacheblend`, MuSiQue 0-11) and +0.0058 +/- 0.0034 (`naive`, no recompute at all); on
+records 100-119 by +0.0018 +/- 0.0015 (`cacheblend`) and +0.0017 +/- 0.0011 (`cachecraft`),
+without the guard. Ingest of the workload corpus (MuSiQue 100-111, 67,274 tokens; `kvmosaic
+bench ingest`): 1,684 tokens/s against 906 packed in float32 and 806 one chunk per pass. So
 "auto" encodes in bfloat16 there and in the engine's own dtype everywhere else (where
 bfloat16 products are emulated and slower). The copy's KV carries the engine's fingerprint:
 it is the same weights, rounded, and the store serves it to the engine like its own.
