@@ -150,11 +150,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--max-batch", type=int, default=EngineConfig.max_batch)
+    parser.add_argument("--dtype", default=EngineConfig.dtype, help="auto, float32, bfloat16 or float16")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    engine_on = Engine.load(EngineConfig(data_dir=args.data_dir, fidelity="fast", max_batch=args.max_batch))
+    engine_on = Engine.load(EngineConfig(data_dir=args.data_dir, fidelity="fast", max_batch=args.max_batch,
+                                         dtype=args.dtype))
     engine_off = Engine(replace(engine_on.config, batching=False), engine_on.loaded)
     chunks = [ChunkInput(i, ids, engine_on.encode_chunk(ids))
               for i, ids in enumerate(engine_on.chunk_ids(text) for text in PASSAGES)]
