@@ -83,6 +83,7 @@ class Settings(BaseSettings):
     craft_full_above: float = engine_setting("craft_full_above")
     craft_stats_layers: Annotated[tuple[int, ...], NoDecode] = engine_setting("craft_stats_layers")
     craft_max_variants: int = engine_setting("craft_max_variants")
+    craft_exact_tail: float = engine_setting("craft_exact_tail")
     craft_build_after: int = engine_setting("craft_build_after")
     craft_traffic_window: int = engine_setting("craft_traffic_window")
     craft_build: str = engine_setting("craft_build")  # "background" or "inline"

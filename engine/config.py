@@ -84,9 +84,10 @@ class EngineConfig:
     dtype: str = "auto"
     # Base KV (ingest, `Engine.encode_chunks`) computed in this dtype by a copy of the model:
     # "engine" (the engine's own), "float32", "bfloat16" or "float16"; "auto" = bfloat16 when
-    # the engine runs float32 on a CPU with AMX-BF16 (2.5x faster ingest on SmolLM2 at no
-    # measurable fidelity cost; see engine/encode_dtype.py), else the engine's own.
-    encode_dtype: str = "auto"
+    # the engine runs float32 on a CPU with AMX-BF16, else the engine's own. bfloat16 ingests
+    # 2.1x faster but its base variants are no longer exact, so `prefix` and the guard's repairs
+    # stop equalling full prefill at near-ties (see engine/encode_dtype.py): opt in.
+    encode_dtype: str = "engine"
     num_threads: int | None = bounded(None, ge=1)  # None: torch's default
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     instruction: str = DEFAULT_INSTRUCTION
@@ -128,6 +129,11 @@ class EngineConfig:
     # prefills the prompt again on idle capacity) or "inline" (the recurring request itself
     # computes its chunks exactly from the first inexact one on, like `prefix`, and keeps them).
     craft_build: str = "background"
+    # Under `balanced`, when the chunks after the leading ones that are exact in this context
+    # hold at most this share of the context's tokens, cachecraft computes them fully: the
+    # state is then full prefill's (nothing to check or repair), at that share of its cost.
+    # 0: never. See engine/planners/cachecraft.py.
+    craft_exact_tail: float = bounded(0.35, ge=0.0, le=1.0)
     # Variants kept per chunk (the least valuable goes first).
     craft_max_variants: int = bounded(5, ge=1)
     # Early termination: from this layer on (None: never), chunks whose share of the

@@ -4,15 +4,21 @@ Ingest is almost all matrix products (SmolLM2, 3 MuSiQue records: 83% of ingest 
 `encode_chunks`, 76% of it in linear layers, at ~75% of the 2-core machine's float32 peak).
 On CPUs with AMX-BF16 a bfloat16 product of ingest's shapes runs 5.7-6.3x faster than
 float32 (576x1536 weights, 64-2048 rows), and encoding a record's 6 chunks 2.5x faster
-(3.69 s -> 1.47 s). The KV it stores costs nothing measurable: served by the float32 engine
+(3.69 s -> 1.47 s). Blended first-token KL does not notice: served by the float32 engine
 after float16 storage, first-token KL against full prefill changed by -0.0019 +/- 0.0015
 (`cacheblend`, MuSiQue 0-11) and +0.0058 +/- 0.0034 (`naive`, no recompute at all); on
 records 100-119 by +0.0018 +/- 0.0015 (`cacheblend`) and +0.0017 +/- 0.0011 (`cachecraft`),
 without the guard. Ingest of the workload corpus (MuSiQue 100-111, 67,274 tokens; `kvmosaic
-bench ingest`): 1,684 tokens/s against 906 packed in float32 and 806 one chunk per pass. So
-"auto" encodes in bfloat16 there and in the engine's own dtype everywhere else (where
-bfloat16 products are emulated and slower). The copy's KV carries the engine's fingerprint:
-it is the same weights, rounded, and the store serves it to the engine like its own.
+bench ingest`): 1,684 tokens/s against 906 packed in float32 and 806 one chunk per pass.
+
+But a bfloat16 base variant is not exact: the first chunk's base variant, which `prefix`
+reuses as is and the guard's repairs keep as exact leading rows, differs from what full
+prefill computes by bfloat16's rounding, so greedy answers split at near-ties. Through the
+server on the workload's default trace (c=1) 3 of 32 `cachecraft` answers differed from
+full's (EM 0.91, ROUGE-L 0.96) where float32 base KV gave 32 of 32. So the default is
+"engine"; "auto" (bfloat16 on such CPUs, the engine's dtype elsewhere, where bfloat16
+products are emulated and slower) and "bfloat16" are opt-in. The copy's KV carries the
+engine's fingerprint: it is the same weights, rounded, and the store serves it like its own.
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ class Engine:
         self._check_fits(layout.total_len, max_new_tokens)
         self._check_sources(chunks)
         request = PlanRequest(layout, tuple(chunks), self.prefix_kv, ratio, config,
-                              self.loaded.spec.num_layers)
+                              self.loaded.spec.num_layers, fidelity)
         with torch.inference_mode(), self._prefill_turn():
             kept = run_guarded(fidelity, config, partial(self._run, request, layout.total_len + max_new_tokens),
                                planner, reference_planner(config),

@@ -28,7 +28,8 @@ from retrieval.sources import SourceDocument, SourceError, load_sources
 log = logging.getLogger(__name__)
 
 READY = "snapshot.json"
-SNAPSHOT_FIELDS = ("chunk_tokens", "chunk_overlap", "store_tiers", "store_codec", "store_dtype", "ingest_kv")
+SNAPSHOT_FIELDS = ("chunk_tokens", "chunk_overlap", "store_tiers", "store_codec", "store_dtype", "ingest_kv",
+                   "encode_dtype")
 
 
 @dataclass(frozen=True)

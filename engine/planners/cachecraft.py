@@ -8,6 +8,16 @@ Per chunk, from the statistics of the variant in its `ChunkInput` (see engine/ca
   (every row up to the check layer, then the top `ratio` by the selection score).
 From `focus_layer` on, chunks that get less than `focus_threshold` of an even share of the
 question's attention stop recomputing; their cached KV serves the remaining layers.
+
+An exact tail (`balanced` only): when the leading chunks are exact in this context (a variant
+computed after exactly the chunks before it, or no cached KV) and the chunks after them hold
+at most `craft_exact_tail` of the context's tokens, those chunks are computed fully ("tail").
+The state is then full prefill's, so the guard neither checks nor repairs it and the harvest
+keeps every chunk as an exact variant. Why: on the workload's tuning trace (MuSiQue 0-11) the
+first-token KL of cachecraft came mostly from requests whose first 4-5 chunks were exact and
+whose last one or two were blended (KL 0.35-0.50 at margins over the guard's threshold);
+blending such a tail costs its check layers and then, three times in four, a repair that
+recomputes the same tail after the first token anyway.
 """
 
 from __future__ import annotations
@@ -39,8 +49,13 @@ class CacheCraftPlanner(BasePlanner):
         fixed = torch.zeros_like(pinned)  # rows recomputed from layer 0 on
         blended = torch.zeros_like(pinned)  # rows planned by deviation at the check layer
         decisions = []
+        tail = exact_tail_start(request)
         for i, (chunk, (start, end)) in enumerate(zip(request.chunks, request.layout.chunk_spans)):
             before = tuple(c.chunk_id for c in request.chunks[:i])
+            if tail is not None and i >= tail and chunk.kv is not None:
+                decisions.append(ChunkDecision("tail", None, tuple(chunk.kv.context)))
+                pinned[start:end] = True  # every row, every layer: early termination may not stop them
+                continue
             decision, offsets = self._decide(chunk, before, end - start)
             decisions.append(decision)
             if decision.strategy == "deviation":
@@ -71,6 +86,25 @@ class CacheCraftPlanner(BasePlanner):
             scores = [float(num_tokens - t) for t in range(num_tokens)]
         offsets = top_token_offsets(scores, recompute_count(value, num_tokens))
         return ChunkDecision("partial", value, context), offsets
+
+
+def exact_tail_start(request: PlanRequest) -> int | None:
+    """The first chunk of an exact tail (see the module docstring), or None: not `balanced`,
+    no leading exact chunk, every chunk exact already, or a tail over `craft_exact_tail`."""
+    share = request.config.craft_exact_tail
+    if request.fidelity != "balanced" or share <= 0 or not request.chunks:
+        return None
+    lead = 0
+    for i, chunk in enumerate(request.chunks):
+        before = tuple(c.chunk_id for c in request.chunks[:i])
+        if chunk.kv is not None and tuple(chunk.kv.context) != before:
+            break
+        lead += 1
+    spans = request.layout.chunk_spans
+    if lead == 0 or lead == len(spans):
+        return None
+    tail_tokens, context_tokens = spans[-1][1] - spans[lead][0], spans[-1][1] - spans[0][0]
+    return lead if tail_tokens <= share * context_tokens else None
 
 
 class CraftPlan(Plan):

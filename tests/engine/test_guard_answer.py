@@ -171,3 +171,53 @@ def test_a_prefill_from_exact_variants_is_neither_rerun_nor_watched(tiny_engine,
     assert torch.allclose(result.logits, full.logits, atol=1e-3)
     one_blended = answer(engine, exact[:2] + chunks[2:], mode="cachecraft")
     assert one_blended.guard.escalated  # a chunk from another context: the state is inexact, the guard acts
+
+
+def _exact_variants(tiny_engine, chunks):
+    import dataclasses
+
+    from engine.variants.harvest import chunk_rows
+
+    full = tiny_engine.prefill(chunks, QUESTION, mode="full")
+    return full, [chunks[0]] + [dataclasses.replace(c, kv=chunk_rows(tiny_engine, full, i))
+                                for i, c in enumerate(chunks) if i > 0]
+
+
+def test_a_short_tail_after_exact_chunks_is_computed_fully_and_the_state_is_exact(tiny_engine, chunks):
+    from engine.variants.harvest import exact_chunks, source_contexts
+
+    full, exact = _exact_variants(tiny_engine, chunks)
+    mixed = exact[:-1] + chunks[-1:]  # the last chunk's base variant: not exact after the others
+    spans = full.layout.chunk_spans
+    share = (spans[-1][1] - spans[-1][0]) / (spans[-1][1] - spans[0][0])
+    engine = engine_with(tiny_engine, guard_margin=1e9, guard_answer_margin=1e9, craft_exact_tail=share)
+    result = answer(engine, mixed, mode="cachecraft")
+    assert [c.strategy for c in result.chunks] == ["reuse"] * (len(chunks) - 1) + ["tail"]
+    assert not result.guard.escalated and result.guard.margin is None and result.answer_check is None
+    assert not result.repaired
+    assert torch.allclose(result.logits, full.logits, atol=1e-3)
+    assert exact_chunks(result, source_contexts(mixed), tiny_engine.loaded.spec.num_layers) == [True] * len(chunks)
+    # just over the limit, or at `fast`: the tail is blended, so the balanced guard acts
+    over = engine_with(tiny_engine, guard_margin=1e9, guard_answer_margin=1e9, craft_exact_tail=share * 0.99)
+    assert answer(over, mixed, mode="cachecraft").guard.escalated
+    fast = answer(engine, mixed, mode="cachecraft", fidelity="fast")
+    assert fast.guard.margin is not None and fast.recompute_share < result.recompute_share
+
+
+def test_no_exact_tail_without_a_leading_exact_chunk_or_when_off(tiny_engine, chunks):
+    from engine.plan import PlanRequest
+    from engine.planners.cachecraft import exact_tail_start
+
+    full, exact = _exact_variants(tiny_engine, chunks)
+
+    def start(inputs, fidelity="balanced", share=1.0):
+        config = EngineConfig(data_dir=tiny_engine.config.data_dir, craft_exact_tail=share)
+        layout = tiny_engine.prompts.layout([tuple(c.token_ids) for c in inputs], QUESTION)
+        return exact_tail_start(PlanRequest(layout, tuple(inputs), tiny_engine.prefix_kv, 0.15, config,
+                                            tiny_engine.loaded.spec.num_layers, fidelity))
+
+    assert start(exact[:-1] + chunks[-1:]) == len(chunks) - 1
+    assert start(exact) is None  # every chunk exact already: nothing to compute
+    assert start(exact[1:2] + chunks[:1]) is None  # a first chunk computed after another one: no lead
+    assert start(exact[:-1] + chunks[-1:], fidelity="fast") is None
+    assert start(exact[:-1] + chunks[-1:], share=0.0) is None
