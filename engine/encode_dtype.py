@@ -1,7 +1,8 @@
 """Which dtype computes base KV (`EngineConfig.encode_dtype`), and the model copy that does it.
 
 Ingest is almost all matrix products (SmolLM2, 3 MuSiQue records: 83% of ingest time in
-`encode_chunks`, 76% of it in linear layers, at ~75% of the 2-core machine's float32 peak).
+`encode_chunks`, 77% of it in linear layers, which run near the rate a lone float32 product
+of these shapes reaches on the 2-core machine: packing cannot buy much more).
 On CPUs with AMX-BF16 a bfloat16 product of ingest's shapes runs 5.7-6.3x faster than
 float32 (576x1536 weights, 64-2048 rows), and encoding a record's 6 chunks 2.5x faster
 (3.69 s -> 1.47 s). Blended first-token KL does not notice: served by the float32 engine
