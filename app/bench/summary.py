@@ -62,6 +62,7 @@ class CellSummary:
     tier_hits: dict
     fidelity: Fidelity | None
     ttfts: list[float]  # every answered request's client TTFT, in trace order (for the CDF)
+    per_request: list[dict]  # `request_rows`: what each answered request did, for analysis
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -107,7 +108,26 @@ def summarize(cell: CellResult, flops_of, reference: dict[int, RequestFacts] | N
         escalated_share=_mean([f.escalated for f in facts]), repaired_share=_mean([f.repaired for f in facts]),
         computed_now=sum(f.computed_now for f in facts), drain_s=cell.drain_s,
         tier_hits=dict(cell.tier_hits),
-        fidelity=fidelity(facts, reference) if reference is not None else None, ttfts=ttfts)
+        fidelity=fidelity(facts, reference) if reference is not None else None, ttfts=ttfts,
+        per_request=request_rows(facts, reference))
+
+
+def request_rows(facts: Sequence[RequestFacts], reference: dict[int, RequestFacts] | None) -> list[dict]:
+    """Per answered request, in answer order: trace index, chunk ids, client TTFT and latency,
+    recompute share, the guard's first-token margin, re-run and repair; with a reference of the same
+    chunk order, first-token KL(full || mode), top-1 agreement and whether the answers match."""
+    rows = []
+    for f in facts:
+        row = {"index": f.index, "chunk_ids": list(f.chunk_ids), "ttft_s": f.ttft_s, "latency_s": f.latency_s,
+               "recompute_share": f.recompute_share,
+               "margin": f.margin, "escalated": f.escalated, "repaired": f.repaired}
+        ref = (reference or {}).get(f.index)
+        if ref is not None and ref.chunk_ids == f.chunk_ids:
+            row.update(first_kl=kl_divergence(ref.first_logits, f.first_logits),
+                       first_top1=bool(same_top1(ref.first_logits, f.first_logits)),
+                       same_answer=normalize_answer(ref.text) == normalize_answer(f.text))
+        rows.append(row)
+    return rows
 
 
 def fidelity(facts: Sequence[RequestFacts], reference: dict[int, RequestFacts]) -> Fidelity | None:
