@@ -8,17 +8,14 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from app.cli.bench_workload import DEFAULT_CORPUS
+from app.cli.bench_workload import add_corpus_arguments
 
 
 def add_ingest_parser(kinds, add_engine_arguments) -> None:
     p = kinds.add_parser("ingest", help="ingest tokens/s: packed vs one chunk per pass vs the engine's full prefill",
                          description=__doc__)
     add_engine_arguments(p)
-    p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS,
-                   help="a directory of .txt/.md files or a benchmark JSON (default: MuSiQue in ../shared)")
-    p.add_argument("--start", type=int, default=100, help="benchmark JSON: first record (default 100)")
-    p.add_argument("--records", type=int, default=12, help="benchmark JSON: records pooled (default 12)")
+    add_corpus_arguments(p)
     p.add_argument("--runs", default=None,
                    help="ingest runs as ROWS_PER_PASS:ENCODE_DTYPE, comma-separated (default 1:engine, then "
                         "KVMOSAIC_INGEST_BATCH_TOKENS with engine and with KVMOSAIC_ENCODE_DTYPE)")

@@ -19,10 +19,7 @@ def add_workload_parser(kinds, add_engine_arguments) -> None:
     p = kinds.add_parser("workload", help="a RAG trace through the server: throughput, TTFT, work, fidelity",
                          description=__doc__)
     add_engine_arguments(p)
-    p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS,
-                   help="a directory of .txt/.md files or a benchmark JSON (default: MuSiQue in ../shared)")
-    p.add_argument("--start", type=int, default=100, help="benchmark JSON: first record (default 100)")
-    p.add_argument("--records", type=int, default=12, help="benchmark JSON: records pooled (default 12)")
+    add_corpus_arguments(p)
     p.add_argument("--trace", type=Path, default=None, help="JSON lines {question, top_k?} (default: generated)")
     p.add_argument("--requests", type=int, default=32, help="generated trace: requests (default 32)")
     p.add_argument("--seed", type=int, default=0, help="generated trace and open-loop arrivals: seed")
@@ -49,6 +46,14 @@ def add_workload_parser(kinds, add_engine_arguments) -> None:
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     p.add_argument("--report", type=Path, default=None, help="write README.md, results.json, trace and plots here")
     p.set_defaults(handler=run_workload_command)
+
+
+def add_corpus_arguments(p) -> None:
+    """The corpus a benchmark ingests (the workload bench's and `bench ingest`'s)."""
+    p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS,
+                   help="a directory of .txt/.md files or a benchmark JSON (default: MuSiQue in ../shared)")
+    p.add_argument("--start", type=int, default=100, help="benchmark JSON: first record (default 100)")
+    p.add_argument("--records", type=int, default=12, help="benchmark JSON: records pooled (default 12)")
 
 
 def workload_options(args, data_dir: Path):

@@ -132,26 +132,18 @@ class QuantCodec(KVCodec):
         values = kv[:, 1]  # [layers, heads, tokens, dim]
         v_min, v_scale = _range(values.amin(dim=3), values.amax(dim=3), value_levels)  # [layers, heads, tokens]
         v_codes = _codes(values, v_min[..., None], v_scale[..., None], value_levels)
-        parts = [k_scale, k_min, v_scale, v_min]
-        payload = [p.reshape(layers, -1).view(torch.uint8) for p in parts]
-        payload += [pack_codes(k_codes.reshape(layers, -1), self.key_bits),
-                    pack_codes(v_codes.reshape(layers, -1), self.value_bits)]
-        return torch.cat(payload, dim=1).contiguous()
+        return join_payload(layers, (k_scale, k_min, v_scale, v_min), (k_codes, self.key_bits),
+                            (v_codes, self.value_bits))
 
     # -- decode --------------------------------------------------------------------------------
 
     def decode_layer(self, payload: torch.Tensor, layer_shape: LayerShape, dtype: torch.dtype) -> torch.Tensor:
         _, heads, tokens, dim = layer_shape
-        sections = self._sections(layer_shape)
-        if payload.dim() != 1 or payload.numel() != sum(sections):
-            raise ValueError(f"{self.name} payload of shape {tuple(payload.shape)} does not fit layer {layer_shape}")
-        ends = torch.tensor(sections).cumsum(0).tolist()
-        starts = [0] + ends[:-1]
-        k_scale, k_min, v_scale, v_min = (payload[s:e].view(torch.float16).to(dtype)
-                                          for s, e in zip(starts[:4], ends[:4]))
+        parts = split_payload(payload, self._sections(layer_shape), f"{self.name} payload", layer_shape)
+        k_scale, k_min, v_scale, v_min = (p.view(torch.float16).to(dtype) for p in parts[:4])
         count = heads * tokens * dim
-        k_codes = unpack_codes(payload[starts[4]:ends[4]], self.key_bits, count).view(heads, tokens, dim)
-        v_codes = unpack_codes(payload[starts[5]:ends[5]], self.value_bits, count).view(heads, tokens, dim)
+        k_codes = unpack_codes(parts[4], self.key_bits, count).view(heads, tokens, dim)
+        v_codes = unpack_codes(parts[5], self.value_bits, count).view(heads, tokens, dim)
         groups = -(-tokens // self.key_group)
         k_scale = k_scale.view(heads, groups, 1, dim).expand(heads, groups, self.key_group, dim)
         k_min = k_min.view(heads, groups, 1, dim).expand(heads, groups, self.key_group, dim)
@@ -160,6 +152,23 @@ class QuantCodec(KVCodec):
         keys = torch.addcmul(k_min, k_codes.to(dtype), k_scale)
         values = torch.addcmul(v_min.view(heads, tokens, 1), v_codes.to(dtype), v_scale.view(heads, tokens, 1))
         return torch.stack([keys, values])  # [2, heads, tokens, dim]
+
+
+def join_payload(layers: int, params: tuple[torch.Tensor, ...], keys: tuple[torch.Tensor, int],
+                 values: tuple[torch.Tensor, int]) -> torch.Tensor:
+    """[layers, bytes] uint8: the float16 `params` (K scale, K min, V scale, V min) as bytes,
+    then the K and V codes (each `(codes, bits)`) packed, layer by layer."""
+    payload = [p.reshape(layers, -1).view(torch.uint8) for p in params]
+    payload += [pack_codes(codes.reshape(layers, -1), bits) for codes, bits in (keys, values)]
+    return torch.cat(payload, dim=1).contiguous()
+
+
+def split_payload(payload: torch.Tensor, sections: list[int], what: str, layer_shape: LayerShape) -> list[torch.Tensor]:
+    """One layer's flat payload cut into `sections` (byte sizes); ValueError when it does not fit."""
+    if payload.dim() != 1 or payload.numel() != sum(sections):
+        raise ValueError(f"{what} of shape {tuple(payload.shape)} does not fit layer {layer_shape}")
+    ends = torch.tensor(sections).cumsum(0).tolist()
+    return [payload[start:end] for start, end in zip([0] + ends[:-1], ends)]
 
 
 def _range(low: torch.Tensor, high: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:

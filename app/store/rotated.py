@@ -29,7 +29,8 @@ import math
 
 import torch
 
-from app.store.quant import KVCodec, LayerShape, _codes, _range, pack_codes, packed_bytes, unpack_codes
+from app.store.quant import (KVCodec, LayerShape, _codes, _range, join_payload, packed_bytes, split_payload,
+                              unpack_codes)
 
 # Range shrink factors tried per row; 1.0 is plain min/max. Finer grids measured no better.
 CLIPS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7)
@@ -78,23 +79,16 @@ class RotatedQuantCodec(KVCodec):
         rotated = kv @ self._rotation(kv.shape[-1], kv.device)
         k_min, k_scale, k_codes = _quantize_rows(rotated[:, 0], self.key_bits)
         v_min, v_scale, v_codes = _quantize_rows(rotated[:, 1], self.value_bits)
-        payload = [p.reshape(layers, -1).view(torch.uint8) for p in (k_scale, k_min, v_scale, v_min)]
-        payload += [pack_codes(k_codes.reshape(layers, -1), self.key_bits),
-                    pack_codes(v_codes.reshape(layers, -1), self.value_bits)]
-        return torch.cat(payload, dim=1).contiguous()
+        return join_payload(layers, (k_scale, k_min, v_scale, v_min), (k_codes, self.key_bits),
+                            (v_codes, self.value_bits))
 
     def decode_layer(self, payload: torch.Tensor, layer_shape: LayerShape, dtype: torch.dtype) -> torch.Tensor:
         _, heads, tokens, dim = layer_shape
-        sections = self._sections(layer_shape)
-        if payload.dim() != 1 or payload.numel() != sum(sections):
-            raise ValueError(f"{self.name} payload of shape {tuple(payload.shape)} does not fit layer {layer_shape}")
-        ends = torch.tensor(sections).cumsum(0).tolist()
-        starts = [0] + ends[:-1]
-        k_scale, k_min, v_scale, v_min = (payload[s:e].view(torch.float16).float().view(heads, tokens, 1)
-                                          for s, e in zip(starts[:4], ends[:4]))
+        parts = split_payload(payload, self._sections(layer_shape), f"{self.name} payload", layer_shape)
+        k_scale, k_min, v_scale, v_min = (p.view(torch.float16).float().view(heads, tokens, 1) for p in parts[:4])
         count = heads * tokens * dim
-        k_codes = unpack_codes(payload[starts[4]:ends[4]], self.key_bits, count).view(heads, tokens, dim)
-        v_codes = unpack_codes(payload[starts[5]:ends[5]], self.value_bits, count).view(heads, tokens, dim)
+        k_codes = unpack_codes(parts[4], self.key_bits, count).view(heads, tokens, dim)
+        v_codes = unpack_codes(parts[5], self.value_bits, count).view(heads, tokens, dim)
         rotated = torch.stack([torch.addcmul(k_min, k_codes.float(), k_scale),
                                torch.addcmul(v_min, v_codes.float(), v_scale)])
         return (rotated @ self._rotation(dim, payload.device)).to(dtype)  # H is its own inverse
