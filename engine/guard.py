@@ -18,7 +18,13 @@ Why the margin and nothing else (SmolLM2, MuSiQue records 0-6, 3 chunks): the sh
 check layer's question-weighted deviation mass left on stale rows was 0.055-0.065 on every
 record whatever its error, so it could not tell records apart, and keeping rows until that
 mass was covered only raised the ratio uniformly; the blended first-token margin is low
-exactly on the records whose first token or answer drifts. The guard works for every mode
+exactly on the records whose first token or answer drifts. Against the other signals of the
+blended logits alone (`python -m engine.bench.guard_signals`, records 0-47, 6 chunks of at most
+256 tokens, cold cacheblend): entropy and top-1 probability rank the records by KL better
+(Spearman 0.75 against the margin's 0.58), but at the re-run budgets the guard spends they
+leave as much KL or more: re-running 10% of requests leaves mean KL 0.151 by margin, 0.207 by
+entropy, 0.202 by top-1 probability (oracle 0.135); 25%: 0.119, 0.109, 0.111 (oracle 0.087),
+because the margin alone catches the rare near-ties whose KL is largest. The guard works for every mode
 through the planner contract alone, never decodes, and never makes a request less faithful
 than its mode.
 """
