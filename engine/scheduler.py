@@ -19,7 +19,8 @@ on their own threads keep every core busy. On 2 vCPUs of an AMD EPYC (AVX-512, n
 `python -m engine.bench.batching --concurrency 4 --max-tokens 48` gave 1.07x the decode
 tokens/s of batching off and 1.74x the tokens per CPU second (the cores left free go to
 prefills). Products of 8 rows do thread (1.4 cores). Splitting each product over two Python
-threads gained 13-27% decode tokens/s there (1 x 4 rows: 27-30 against 24), and transposing it (weights times rows) nothing.
+threads gained 13-27% decode tokens/s there (4 rows: 27-30 against 24 tokens/s), and
+transposing it (weights times rows) nothing.
 
 The scheduler knows nothing about text; it streams token ids (`engine.decode.stream_text`
 turns them into text on the consumer's thread).
