@@ -168,9 +168,11 @@ class Engine:
         request = PlanRequest(layout, tuple(chunks), self.prefix_kv, ratio, config,
                               self.loaded.spec.num_layers, fidelity)
         with torch.inference_mode(), self._prefill_turn():
-            kept = run_guarded(fidelity, config, partial(self._run, request, layout.total_len + max_new_tokens),
+            capacity = layout.total_len + max_new_tokens
+            kept = run_guarded(fidelity, config, partial(self._run, request, capacity),
                                planner, reference_planner(config),
-                               exact_state=lambda out: all(request.exact_chunks(out.layers_computed)))
+                               exact_state=lambda out: all(request.exact_chunks(out.layers_computed)),
+                               rerun=lambda plan, out: self._rerun_exact(request, out, capacity))
         ttft = time.perf_counter() - started
         out = kept.out
         if out.logits is None:  # `_run` always asks the runner for them
@@ -191,25 +193,37 @@ class Engine:
         _synchronize(self.device)
         return plan, out
 
+    def _rerun_exact(self, request: PlanRequest, blended: RunOutput, capacity: int) -> tuple[Plan, RunOutput]:
+        """The guard's re-run inside TTFT: the reference's result, computed after the exact
+        leading rows of the blended run (see `_exact_rerun`)."""
+        exact_rows = _exact_leading_rows(request.layout, request.exact_chunks(blended.layers_computed))
+        return self._exact_rerun(request.layout, blended.cache, exact_rows, capacity)
+
     def _repair(self, layout: PromptLayout, cache: KVCache, exact_rows: int, answer_ids: Sequence[int]) -> RunOutput:
         """The guard's repair while decoding: the exact state of the prompt followed by
-        `answer_ids` in a new cache of the same capacity, and the next token's logits.
+        `answer_ids` in a new cache of the same capacity, and the next token's logits
+        (see `_exact_rerun`)."""
+        layout = dataclasses.replace(layout, question_ids=layout.question_ids + tuple(answer_ids))
+        with torch.inference_mode(), self._prefill_turn():
+            return self._exact_rerun(layout, cache, exact_rows, cache.capacity)[1]
+
+    def _exact_rerun(self, layout: PromptLayout, cache: KVCache, exact_rows: int,
+                     capacity: int) -> tuple[Plan, RunOutput]:
+        """Prefill `layout` as the reference would, into a new cache of `capacity` rows.
 
         Rows [0, exact_rows) of the blended `cache` (the system prefix and the leading chunks
         that were exact in this context) are reused as prefix caching would; every row after
         them is computed through every layer, so the result is what `full` computes, to float
-        tolerance. `cache` is not modified."""
-        layout = dataclasses.replace(layout, question_ids=layout.question_ids + tuple(answer_ids))
+        tolerance. `cache` is not modified; the caller holds the prefill turn."""
         total = layout.total_len
         exact = ChunkKV(token_ids=tuple(layout.token_tensor().tolist()[:exact_rows]),
                         kv=cache.data[:, :, :, :exact_rows], base_position=0,
                         fingerprint=self.fingerprint, prefix_digest=self.prompts.prefix_digest)
         plan = Plan([CachedSpan(0, exact)] if exact_rows else [], torch.arange(exact_rows, total),
                     pinned=torch.ones(total, dtype=torch.bool))
-        with torch.inference_mode(), self._prefill_turn():
-            out = self.runner.run(layout.token_tensor(self.device), plan, capacity=cache.capacity)
-            _synchronize(self.device)
-        return out
+        out = self.runner.run(layout.token_tensor(self.device), plan, capacity=capacity)
+        _synchronize(self.device)
+        return plan, out
 
     def generate(self, result: PrefillResult, params: SamplingParams | None = None) -> TextStream:
         """Stream the answer as text pieces; generated ids collect in result.generated_ids.

@@ -6,8 +6,10 @@ A request names one of `FIDELITIES`:
 - `balanced` (the default): the mode, then two checks. A blended state goes wrong where the
   answer hangs on a near tie. At the first token (inside TTFT): when the log-probability
   margin of the top token over the runner-up is below `guard_margin` nats, the prompt is
-  prefilled again by the reference plan, and that result (equal to `full`'s) is what the
-  request decodes. While decoding (`AnswerCheck`, after the first token has streamed): the
+  prefilled again as the reference plan would, and that result (equal to `full`'s to float
+  tolerance) is what the request decodes. Like a repair, the re-run keeps the blended run's
+  exact leading rows (the system prefix and the leading chunks exact in this context, such as
+  the first chunk's base variant) as prefix caching would, and computes every later row. While decoding (`AnswerCheck`, after the first token has streamed): the
   first answer token within `guard_answer_tokens` whose margin is below
   `guard_answer_margin` stops the blended decode before that token is picked; the prompt
   plus the answer so far is prefilled by the reference plan (`repair`) and decoding goes on
@@ -101,11 +103,15 @@ class Guarded(NamedTuple):
 
 def run_guarded(fidelity: str, config: EngineConfig, run: Callable[[BasePlanner], tuple[Plan, RunOutput]],
                 planner: BasePlanner, reference: BasePlanner,
-                exact_state: Callable[[RunOutput], bool] = lambda out: False) -> Guarded:
+                exact_state: Callable[[RunOutput], bool] = lambda out: False,
+                rerun: Callable[[Plan, RunOutput], tuple[Plan, RunOutput]] | None = None) -> Guarded:
     """Prefill by the request's level; `run(planner)` plans and runs, returning (plan, out).
 
     exact: the reference alone. fast: the mode alone, its estimate reported. balanced: the
-    mode, then the reference when `should_escalate` says the first token is too uncertain.
+    mode, then a re-run when `should_escalate` says the first token is too uncertain:
+    `rerun(plan, out)` of the mode's run (the engine's computes only the rows after the
+    run's exact leading rows, so its result is the reference's to float tolerance), or, when
+    None, the reference plan itself.
     A planner whose plan is exact (the reference itself, a fallback, `prefix`), or a run whose
     state `exact_state` finds exact (every chunk from a variant of this very context, say), is
     never re-run and not watched while decoding (its report has no margin).
@@ -123,7 +129,7 @@ def run_guarded(fidelity: str, config: EngineConfig, run: Callable[[BasePlanner]
     if fidelity == "fast" or not should_escalate(margin, config):
         return Guarded(plan, out, planner.name, report)
     started = time.perf_counter()
-    plan, out = run(reference)
+    plan, out = run(reference) if rerun is None else rerun(plan, out)
     spent = time.perf_counter() - started
     return Guarded(plan, out, reference.name, dataclasses.replace(report, escalated=True, spent_s=spent))
 
