@@ -60,6 +60,8 @@ class ChunkEncoder:
             x = stack.input_norm(layer, hidden)
             k, v = stack.project_kv(layer, x, cos, sin)  # [kv_heads, rows, head_dim]
             kv[layer, 0], kv[layer, 1] = k, v
+            if layer == spec.num_layers - 1:
+                break  # the last layer's attention and MLP feed no KV: skip them (~3% of a pass)
             q = stack.project_q(layer, x, cos, sin)  # [heads, rows, head_dim]
             prefix = self.prefix_kv.layer(layer)  # [2, kv_heads, P, head_dim]
             attn = torch.cat([self._attend(q, k, v, prefix, start, end, layouts[end - start])
