@@ -9,13 +9,17 @@ delta; V is position-free.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
 # A chunk's id: the catalog's row id (benchmarks number their chunks). Contexts, Cache-Craft
 # statistics and reports all use it; only the catalog and the store's metadata hold it as text.
 ChunkId = int
+
+# How a lossy store codec rounded a chunk's V: rows [..., head_dim] -> the same rows as they
+# would read back had they been stored (same dtype and device).
+ValueRounding = Callable[[torch.Tensor], torch.Tensor]
 
 
 class KVSource(Protocol):
@@ -26,6 +30,9 @@ class KVSource(Protocol):
     asks for layers in increasing order and may skip layers.
     `fingerprint` (model) and `prefix_digest` (system prefix) must match the engine's, and
     `context` is the ordered ids of the chunks that preceded the chunk when it was computed.
+    `value_rounding` is how a lossy store codec rounded its V (None: V is as computed, or kept
+    in a float dtype); the check layers round fresh V the same way before comparing, so the
+    codec's noise does not read as deviation (planners/selection.py).
     """
 
     # read-only: a frozen record (ChunkKV) and a lazy reader (LazyChunkKV) both qualify
@@ -39,6 +46,8 @@ class KVSource(Protocol):
     def prefix_digest(self) -> str: ...
     @property
     def context(self) -> tuple[ChunkId, ...]: ...
+    @property
+    def value_rounding(self) -> ValueRounding | None: ...
 
     def layer(self, index: int) -> torch.Tensor: ...
 
@@ -60,6 +69,7 @@ class ChunkKV:
     prefix_digest: str
     context: tuple[ChunkId, ...] = ()
     meta: dict[str, object] = field(default_factory=dict)
+    value_rounding: ValueRounding | None = field(default=None, compare=False, repr=False)
 
     @property
     def num_tokens(self) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from engine.errors import KvMosaicError
-from engine.kv import ChunkId, ChunkKV
+from engine.kv import ChunkId, ChunkKV, ValueRounding
 from app.store.quant import FLOAT_CODECS, KVCodec, LayerShape, get_codec
 
 # Codecs that store the KV as plain floats of this dtype (the others quantize).
@@ -179,11 +179,19 @@ def chunk_from_entry(entry: KVEntry, token_ids: Sequence[int], dtype: torch.dtyp
         raise ValueError("token ids do not belong to this entry")
     meta = entry.meta
     kv = meta.codec.decode(entry.kv.to(device), meta.layer_shape, dtype)
-    return ChunkKV(tuple(token_ids), kv, meta.base_position, meta.fingerprint, meta.prefix_digest, meta.context)
+    return ChunkKV(tuple(token_ids), kv, meta.base_position, meta.fingerprint, meta.prefix_digest, meta.context,
+                   value_rounding=value_rounding(meta))
+
+
+def value_rounding(meta: EntryMeta) -> ValueRounding | None:
+    """How the entry's codec rounded its V, for the check layers (`engine.kv.KVSource`);
+    None for float codecs, whose rounding is far below any deviation that matters."""
+    return meta.codec.round_values if meta.codec.lossy else None
 
 
 def roundtrip(chunk: ChunkKV, codec: str) -> ChunkKV:
     """`chunk` as it comes back from the store under `codec` (same dtype and device)."""
     entry = entry_from_chunk(chunk, codec)
-    return ChunkKV(chunk.token_ids, chunk_from_entry(entry, chunk.token_ids, chunk.kv.dtype, chunk.kv.device).kv,
-                   chunk.base_position, chunk.fingerprint, chunk.prefix_digest, chunk.context, dict(chunk.meta))
+    stored = chunk_from_entry(entry, chunk.token_ids, chunk.kv.dtype, chunk.kv.device)
+    return ChunkKV(chunk.token_ids, stored.kv, chunk.base_position, chunk.fingerprint, chunk.prefix_digest,
+                   chunk.context, dict(chunk.meta), stored.value_rounding)

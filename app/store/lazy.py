@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kv import ChunkKV
+from engine.kv import ChunkKV, ValueRounding
 from app.store.base import EntryReader
-from app.store.entry import CorruptEntry, decode_layer
+from app.store.entry import CorruptEntry, decode_layer, value_rounding
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,11 @@ class LazyChunkKV:
         self._futures: dict[int, Future[tuple[torch.Tensor, float]]] = {}
         self._closed = False
         self._schedule(0)
+
+    @property
+    def value_rounding(self) -> ValueRounding | None:
+        """The codec's rounding of V, until the source falls back to recomputed (exact) KV."""
+        return None if self._fallback_kv is not None else value_rounding(self._meta)
 
     def layer(self, index: int) -> torch.Tensor:
         """Layer `index`: [2, kv_heads, tokens, head_dim] in the engine's dtype and device."""

@@ -69,6 +69,12 @@ class KVCodec(ABC):
     @abstractmethod
     def decode_layer(self, payload: torch.Tensor, layer_shape: LayerShape, dtype: torch.dtype) -> torch.Tensor: ...
 
+    @abstractmethod
+    def round_values(self, values: torch.Tensor) -> torch.Tensor:
+        """V rows [..., head_dim] as this codec would store and decode them (same dtype and
+        device): what a cached V row reads back as, had these values been stored. Every codec
+        here codes V per (head, token) row, so rows round independently of each other."""
+
     def layer_bytes(self, layer_shape: LayerShape) -> int:
         return math.prod(self.payload_shape(layer_shape)) * self.payload_dtype.itemsize
 
@@ -91,6 +97,9 @@ class FloatCodec(KVCodec):
 
     def decode_layer(self, payload: torch.Tensor, layer_shape: LayerShape, dtype: torch.dtype) -> torch.Tensor:
         return payload.to(dtype)
+
+    def round_values(self, values: torch.Tensor) -> torch.Tensor:
+        return values.to(self.payload_dtype).to(values.dtype)
 
 
 class QuantCodec(KVCodec):
@@ -129,11 +138,20 @@ class QuantCodec(KVCodec):
         k_min, k_scale = _range(keys.amin(dim=3), keys.amax(dim=3), key_levels)  # [layers, heads, groups, dim]
         k_codes = _codes(keys, k_min[:, :, :, None], k_scale[:, :, :, None], key_levels)
         k_codes = k_codes.reshape(layers, heads, -1, dim)[:, :, :tokens]  # drop the padded rows
-        values = kv[:, 1]  # [layers, heads, tokens, dim]
-        v_min, v_scale = _range(values.amin(dim=3), values.amax(dim=3), value_levels)  # [layers, heads, tokens]
-        v_codes = _codes(values, v_min[..., None], v_scale[..., None], value_levels)
+        v_min, v_scale, v_codes = self._quantize_values(kv[:, 1])  # [layers, heads, tokens], codes [..., dim]
         return join_payload(layers, (k_scale, k_min, v_scale, v_min), (k_codes, self.key_bits),
                             (v_codes, self.value_bits))
+
+    def _quantize_values(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """float16 minimum and scale [...] and uint8 codes [..., dim] of float32 rows [..., dim]."""
+        levels = (1 << self.value_bits) - 1
+        v_min, v_scale = _range(values.amin(dim=-1), values.amax(dim=-1), levels)
+        return v_min, v_scale, _codes(values, v_min[..., None], v_scale[..., None], levels)
+
+    def round_values(self, values: torch.Tensor) -> torch.Tensor:
+        v_min, v_scale, v_codes = self._quantize_values(values.float())
+        dtype = values.dtype  # decode_layer's arithmetic, in the dtype it decodes to
+        return torch.addcmul(v_min.to(dtype)[..., None], v_codes.to(dtype), v_scale.to(dtype)[..., None])
 
     # -- decode --------------------------------------------------------------------------------
 

@@ -104,6 +104,12 @@ class RotatedQuantCodec(KVCodec):
                                torch.addcmul(v_min, v_codes.float(), v_scale)])
         return (rotated @ self._rotation(dim, payload.device)).to(dtype)  # H is its own inverse
 
+    def round_values(self, values: torch.Tensor) -> torch.Tensor:
+        rotation = self._rotation(values.shape[-1], values.device)
+        v_min, v_scale, v_codes = _quantize_rows(values.float() @ rotation, self.value_bits)
+        rotated = torch.addcmul(v_min.float()[..., None], v_codes.float(), v_scale.float()[..., None])
+        return (rotated @ rotation).to(values.dtype)
+
 
 def _quantize_rows(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per row of x [..., dim]: float16 minimum and scale [...] and uint8 codes [..., dim],

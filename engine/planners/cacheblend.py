@@ -58,4 +58,4 @@ class BlendPlan(Plan):
 
     def select(self, layer: int, view: LayerView) -> torch.Tensor:
         count = math.ceil(self.schedule[layer] * self.num_eligible)
-        return keep_best(view, self.config, self.question, self.eligible, count)
+        return keep_best(view, self.config, self.question, self.eligible, count, self.cached_spans)

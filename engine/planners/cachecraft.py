@@ -128,7 +128,7 @@ class CraftPlan(Plan):
 
     def select(self, layer: int, view: LayerView) -> torch.Tensor:
         count = math.ceil(self.schedule[layer] * self.num_blended)
-        return keep_best(view, self.config, self.question, self.blended, count)
+        return keep_best(view, self.config, self.question, self.blended, count, self.cached_spans)
 
     # -- early termination -------------------------------------------------------------------------
 

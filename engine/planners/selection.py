@@ -13,11 +13,14 @@ Two scores, chosen by `EngineConfig.selection`:
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+
 import torch
 
 from engine import ops
 from engine.config import EngineConfig
-from engine.plan import LayerView, positions
+from engine.plan import CachedSpan, LayerView, positions
 
 def row_scores(view: LayerView, deviation: str, selection: str, question: torch.Tensor) -> torch.Tensor:
     """Score [m] of every active row; `question`: bool [total] marking the question rows."""
@@ -32,10 +35,37 @@ def row_scores(view: LayerView, deviation: str, selection: str, question: torch.
 
 
 def keep_best(view: LayerView, config: EngineConfig, question: torch.Tensor, eligible: torch.Tensor,
-              count: int) -> torch.Tensor:
+              count: int, spans: Sequence[CachedSpan]) -> torch.Tensor:
     """Indices into view.active: every non-eligible row plus the `count` eligible rows of
-    highest score by `config.deviation` / `config.selection`."""
+    highest score by `config.deviation` / `config.selection`. With value deviation, fresh V
+    under `spans` whose source a lossy codec rounded is rounded alike first (`as_stored`)."""
+    if config.deviation == "value":
+        view = as_stored(view, spans)
     return keep_top(view, eligible, count, row_scores(view, config.deviation, config.selection, question))
+
+
+def as_stored(view: LayerView, spans: Sequence[CachedSpan]) -> LayerView:
+    """`view` with the fresh V of each active row under a span whose source has a
+    `value_rounding` passed through that rounding (the view itself when there is none).
+
+    The cached V of such a row went through the store's codec, so comparing it with raw fresh
+    V adds the codec's noise to every row's deviation, and at 3 bits that noise reorders the
+    rows. Rounded alike, a row whose V did not change compares equal, and what is left is the
+    change the context made. Keys are left alone: stored K is rotated to new positions after
+    loading, so it cannot be rounded the same way here.
+    """
+    fresh_v = view.fresh_v
+    for span in spans:
+        rounding = span.source.value_rounding
+        if rounding is None:
+            continue
+        rows = (view.active >= span.start) & (view.active < span.end)
+        if not bool(rows.any()):
+            continue
+        if fresh_v is view.fresh_v:
+            fresh_v = fresh_v.clone()
+        fresh_v[:, rows] = rounding(fresh_v[:, rows])
+    return view if fresh_v is view.fresh_v else dataclasses.replace(view, fresh_v=fresh_v)
 
 
 def keep_top(view: LayerView, eligible: torch.Tensor, count: int, scores: torch.Tensor) -> torch.Tensor:

@@ -143,8 +143,10 @@ def test_quantized_entry_serializes_checksummed_and_decodes_layer_by_layer(tmp_p
     with ThreadPoolExecutor(2) as pool:
         source = LazyChunkKV(tier.open(key), pool, torch.float32, prefetch=1)
         layers = [source.layer(i) for i in range(SHAPE[0])]
+        rounding = source.value_rounding
         source.close()
     assert torch.equal(torch.stack(layers), whole.kv)
+    assert rounding is not None and torch.equal(rounding(chunk.kv[:, 1]), whole.kv[:, 1])
     # one flipped byte inside layer 1: its checksum refuses it, layer 0 still decodes
     path = tier.path(key)
     data = bytearray(path.read_bytes())
@@ -179,3 +181,25 @@ def test_memory_tier_keeps_the_encoded_payload():
     tier.put(key_of("m"), entry)
     assert tier.used_bytes() == entry.num_bytes < entry_from_chunk(_chunk(_kv(6)), "float16").num_bytes / 3
     assert isinstance(tier.get(key_of("m")), KVEntry)
+
+
+@pytest.mark.parametrize("name", ["float16", "int8", "int4", "k4v3", "h4v3"])
+def test_round_values_reads_back_as_the_stored_values(name):
+    """What the check layers compare with: fresh V rounded as the codec would store it equals
+    the V a stored entry decodes to, so unchanged rows compare equal."""
+    kv = _kv(5)
+    codec = get_codec(name)
+    stored = codec.decode(codec.encode(kv), SHAPE[1:], torch.float32)[:, 1]
+    rounded = codec.round_values(kv[:, 1])
+    assert rounded.dtype == torch.float32 and rounded.shape == stored.shape
+    assert torch.equal(rounded, stored)
+    rows = codec.round_values(kv[1, 1, :, 7:9])  # any rows round alike: per (head, token) row
+    assert torch.equal(rows, stored[1, :, 7:9])
+
+
+def test_chunks_from_lossy_entries_carry_their_codec_rounding():
+    chunk = _chunk(_kv(6))
+    assert roundtrip(chunk, "float16").value_rounding is None  # float rounding is left alone
+    rounding = roundtrip(chunk, "h4v3").value_rounding
+    assert rounding is not None
+    assert torch.equal(rounding(chunk.kv[:, 1]), roundtrip(chunk, "h4v3").kv[:, 1])
