@@ -27,11 +27,12 @@ ones named): h4v3 everywhere +0.0095 ± 0.0052; only on layers 3-29 +0.0039 ± 0
 the V of layers 0-2 +0.0117 ± 0.0056; only on the K of layers 0-2 -0.0007 ± 0.0004; layer 0
 alone 0 (the blending modes recompute it). So most of it is the values of the check layers
 (1 and 2), through the selection: the cached V there is what fresh V is compared with, and
-3-bit noise reshuffles which rows get recomputed. Leads measured and not built (records
-0-13 / 0-27): 8-bit values on layers 1 and 2 (+0.0029 ± 0.0027 against h4v3's +0.0082 on
-the same 14; it needs per-layer payload sizes, which the entry format does not have);
-comparing the check layers' fresh V after the same codec rounding (paired -0.0044 ± 0.0028
-over 28, not significant). A scale-only (symmetric) row range was worse: +0.0163 ± 0.0055.
+3-bit noise reshuffles which rows get recomputed. So the check layers now round fresh V by
+the chunk's codec before comparing (`round_values`, `planners/selection.py` `as_stored`):
+records 0-34, h4v3 +0.0077 ± 0.0031 without, +0.0018 ± 0.0026 with (paired -0.0059 ±
+0.0026, better on 22 of 35). Also measured: 8-bit values on layers 1 and 2 (records 0-13,
++0.0029 against h4v3's +0.0082; per-layer payload sizes, which the entry format does not
+have), and a scale-only (symmetric) row range, worse (+0.0163 ± 0.0055).
 """
 
 from __future__ import annotations
