@@ -116,21 +116,22 @@ def _quantize_rows(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tens
     """Per row of x [..., dim]: float16 minimum and scale [...] and uint8 codes [..., dim],
     from the range in `CLIPS` that reconstructs the row with the least squared error (the
     widest among equals). One pass per clip: all clips at once needs 7x the memory and runs
-    slower on a CPU."""
+    slower on a CPU. The passes keep codes as floats and only each row's best range; the codes
+    of that range are computed once at the end (the same values: codes are small integers)."""
     levels = (1 << bits) - 1
     low, high = x.amin(-1), x.amax(-1)
     centre, half = (low + high) / 2, (high - low) / 2
-    best: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    best: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # error, low16, scale16
     for clip in CLIPS:
         low16, scale16 = _range(centre - half * clip, centre + half * clip, levels)
-        codes = _codes(x, low16[..., None], scale16[..., None], levels)
-        error = torch.addcmul(low16.float()[..., None], codes.float(), scale16.float()[..., None]).sub_(x)
-        error = error.square_().sum(-1)
+        low32, scale32 = low16.float()[..., None], scale16.float()[..., None]
+        codes = x.sub(low32).div_(scale32).round_().clamp_(0, levels)  # as `quant._codes`, in float
+        error = torch.addcmul(low32, codes, scale32).sub_(x).square_().sum(-1)
         if best is None:
-            best = (error, low16, scale16, codes)
+            best = (error, low16, scale16)
             continue
         better = error < best[0]
         best = (torch.where(better, error, best[0]), torch.where(better, low16, best[1]),
-                torch.where(better, scale16, best[2]), torch.where(better[..., None], codes, best[3]))
+                torch.where(better, scale16, best[2]))
     assert best is not None  # CLIPS is not empty
-    return best[1], best[2], best[3]
+    return best[1], best[2], _codes(x, best[1][..., None], best[2][..., None], levels)

@@ -59,11 +59,15 @@ def test_four_three_bit_codecs_are_at_most_a_quarter_of_float16(name, tokens):
     assert get_codec(name).layer_bytes(layer_shape) <= 0.25 * get_codec("float16").layer_bytes(layer_shape)
 
 
-def test_int_codecs_payloads_are_unchanged():
-    """Entries stored before k4v3 existed still decode: int8 / int4 bytes are as they were."""
+def test_quantized_payloads_are_unchanged():
+    """Stored entries keep decoding as they did and a chunk's stored bytes stay what its codec
+    wrote: int8 / int4 as before k4v3 existed, k4v3 / h4v3 as when they were added (h4v3's
+    faster clip search picks the same ranges)."""
     kv = _kv(17, shape=(2, 2, 3, 100, 64))
     digests = {"int8": "04cdf82deb3704e5b93f6c148c8c01d61d4d08e5ed497b6af72a1182aed0611f",
-               "int4": "5caf49c90c5e11471756f63fb2a3d35a8ccf6329444b9e9ad36fd3eff37e2c57"}
+               "int4": "5caf49c90c5e11471756f63fb2a3d35a8ccf6329444b9e9ad36fd3eff37e2c57",
+               "k4v3": "704a415f60f23b34eb4b7ad921643736e696243a73f589856baac83ad661f0fd",
+               "h4v3": "fc9b10c1c1091b81407ff16db8324bb298f6c319e39dadc0ac9aba8fe41f3bb9"}
     for name, digest in digests.items():
         payload = get_codec(name).encode(kv)
         assert hashlib.sha256(payload.numpy().tobytes()).hexdigest() == digest, name
