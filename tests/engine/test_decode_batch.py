@@ -77,7 +77,7 @@ def test_rows_of_a_remainder_block_are_checked_too(monkeypatch):
     from engine.decode import _rows_agree
 
     def remainder_kernel(x, weight):
-        out = x @ weight.T
+        out = torch.stack([row @ weight.T for row in x])  # row by row: no count-dependent rounding of its own
         if x.shape[0] > 1 and x.shape[0] % 2:
             out[-1] += 1e-3
         return out
