@@ -12,9 +12,10 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Generator, Sequence
-from contextlib import AbstractContextManager, closing, nullcontext
+from collections.abc import Callable, Generator, Sequence
+from contextlib import closing
 from functools import partial
+from typing import TypeVar
 
 import torch
 
@@ -35,8 +36,12 @@ from engine.result import PrefillResult, chunk_reports
 from engine.runner import LayerRunner, RunOutput
 from engine.scheduler import DecodeScheduler
 from engine.selfcheck import rope_shift_selfcheck
+from engine.threads import in_own_thread
+from engine.work import counted_as, is_background_thread
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class Engine:
@@ -48,13 +53,12 @@ class Engine:
         self.stack = DecoderStack(loaded)
         self.runner = LayerRunner(self.stack)
         self.prompts = PromptBuilder(loaded.tokenizer, config.system_prompt, config.instruction)
-        with torch.inference_mode():
-            self.prefix_kv = self._encode(self.prompts.prefix_ids, start=0)
+        self.scheduler = DecodeScheduler(self.stack, config.max_batch, config.max_batch_tokens, config.prefill_slots,
+                                         config.batch_invariant, config.num_threads) if config.batching else None
+        self.prefix_kv = self._compute(lambda: self._encode(self.prompts.prefix_ids, start=0))
         self._encoder: ChunkEncoder | None = None  # built on first use: it may hold a model copy
         self._encoder_lock = threading.Lock()
-        self.scheduler = DecodeScheduler(self.stack, config.max_batch, config.max_batch_tokens, config.prefill_slots,
-                                         config.batch_invariant) if config.batching else None
-        self.selfcheck = rope_shift_selfcheck(self.stack) if config.selfcheck else None
+        self.selfcheck = self._compute(lambda: rope_shift_selfcheck(self.stack)) if config.selfcheck else None
         if self.selfcheck is not None:
             (log.info if self.selfcheck.ok else log.error)(self.selfcheck.message)
 
@@ -62,7 +66,10 @@ class Engine:
     def load(cls, config: EngineConfig) -> "Engine":
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        return cls(config, load_model(config.data_dir, config.model_path, config.device, config.dtype))
+        # Loaded on a passing thread, so that the caller's thread keeps no OpenMP pool of its own
+        # (see `_compute`); the engine's own compute runs on the scheduler's thread.
+        loaded = in_own_thread(partial(load_model, config.data_dir, config.model_path, config.device, config.dtype))
+        return cls(config, loaded)
 
     # -- facts ---------------------------------------------------------------------------------
 
@@ -73,6 +80,12 @@ class Engine:
     @property
     def reuse_available(self) -> bool:
         return self.selfcheck is None or self.selfcheck.ok
+
+    @property
+    def computes_on_scheduler(self) -> bool:
+        """Whether this engine's compute runs on its scheduler's thread (see `_compute`): the
+        threads that call it then need no cores of their own."""
+        return self.scheduler is not None and self.config.prefill_slots == 1
 
     @property
     def device(self) -> torch.device:
@@ -89,8 +102,7 @@ class Engine:
             raise InvalidRequest("cannot encode an empty chunk")
         if self.prompts.prefix_len + len(token_ids) > self.loaded.spec.max_positions:
             raise PromptTooLong("the chunk does not fit in the model's context")
-        with torch.inference_mode():
-            return self._encode(tuple(token_ids), start=self.prompts.prefix_len)
+        return self._compute(lambda: self._encode(tuple(token_ids), start=self.prompts.prefix_len))
 
     def encode_chunks(self, chunks: Sequence[Sequence[int]], batch_tokens: int = DEFAULT_BATCH_TOKENS) -> list[ChunkKV]:
         """Base variants of many chunks, packed up to `batch_tokens` rows per pass (one matrix
@@ -102,7 +114,7 @@ class Engine:
             if self.prompts.prefix_len + len(token_ids) > self.loaded.spec.max_positions:
                 raise PromptTooLong("the chunk does not fit in the model's context")
         encoded = [kv if kv.kv.dtype == self.loaded.dtype else dataclasses.replace(kv, kv=kv.kv.to(self.loaded.dtype))
-                   for kv in self.encoder.encode([tuple(c) for c in chunks], batch_tokens)]
+                   for kv in self._compute(lambda: self.encoder.encode([tuple(c) for c in chunks], batch_tokens))]
         for kv in encoded:  # metered as if each chunk ran alone after the cached prefix, as encode_chunk does
             rows = torch.zeros(self.prompts.prefix_len + kv.num_tokens, dtype=torch.long)
             rows[self.prompts.prefix_len:] = self.loaded.spec.num_layers
@@ -167,12 +179,11 @@ class Engine:
         self._check_sources(chunks)
         request = PlanRequest(layout, tuple(chunks), self.prefix_kv, ratio, config,
                               self.loaded.spec.num_layers, fidelity)
-        with torch.inference_mode(), self._prefill_turn():
-            capacity = layout.total_len + max_new_tokens
-            kept = run_guarded(fidelity, config, partial(self._run, request, capacity),
-                               planner, reference_planner(config),
-                               exact_state=lambda out: all(request.exact_chunks(out.layers_computed)),
-                               rerun=lambda plan, out: self._rerun_exact(request, out, capacity))
+        capacity = layout.total_len + max_new_tokens
+        kept = self._compute(partial(
+            run_guarded, fidelity, config, partial(self._run, request, capacity), planner, reference_planner(config),
+            exact_state=lambda out: all(request.exact_chunks(out.layers_computed)),
+            rerun=lambda plan, out: self._rerun_exact(request, out, capacity)))
         ttft = time.perf_counter() - started
         out = kept.out
         if out.logits is None:  # `_run` always asks the runner for them
@@ -204,8 +215,7 @@ class Engine:
         `answer_ids` in a new cache of the same capacity, and the next token's logits
         (see `_exact_rerun`)."""
         layout = dataclasses.replace(layout, question_ids=layout.question_ids + tuple(answer_ids))
-        with torch.inference_mode(), self._prefill_turn():
-            return self._exact_rerun(layout, cache, exact_rows, cache.capacity)[1]
+        return self._compute(lambda: self._exact_rerun(layout, cache, exact_rows, cache.capacity)[1])
 
     def _exact_rerun(self, layout: PromptLayout, cache: KVCache, exact_rows: int,
                      capacity: int) -> tuple[Plan, RunOutput]:
@@ -273,9 +283,28 @@ class Engine:
         with closing(self._decode_ids(out.cache, out.logits, rest, None, generator)) as tail:
             yield from tail
 
-    def _prefill_turn(self) -> AbstractContextManager[None]:
-        """While batching: wait for a prefill slot; decode steps pause until the prefill ends."""
-        return self.scheduler.prefill_turn() if self.scheduler is not None else nullcontext()
+    def _compute(self, fn: Callable[[], T]) -> T:
+        """Run the model work `fn` (a prefill, a repair, an encoding) under inference mode.
+
+        While batching with one prefill slot (the default) it runs on the scheduler's thread,
+        before the next decode step, so one thread computes everything: on a CPU each thread
+        that computes keeps its own OpenMP pool, and once the pools outnumber the cores they
+        stop spinning between operations and every small one pays a wake-up (measured on 2
+        vCPUs, see engine/scheduler.py). With more prefill slots it runs on the caller's thread
+        holding a slot (decode steps pause meanwhile); without batching, on the caller's thread.
+        """
+        background = is_background_thread()
+
+        def inference() -> T:
+            with torch.inference_mode(), counted_as(background):
+                return fn()
+
+        if self.scheduler is None:
+            return inference()
+        if not self.computes_on_scheduler:
+            with self.scheduler.prefill_turn():
+                return inference()
+        return self.scheduler.call(inference)
 
     def close(self) -> None:
         """Stop the decode scheduler; requests still decoding end with EngineClosed."""

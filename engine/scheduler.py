@@ -7,19 +7,27 @@ request's next token from its own logits with its own sampling parameters and ra
 generator (so its tokens do not depend on its companions), streams it, then runs one
 `decode_batch` for the requests that go on: linear layers once for all, attention per request.
 
-Prefill keeps priority: while a request is in `prefill_turn()`, no new step starts, so its
-prefill waits at most for the step under way (one token), never for the batch to finish. At
-most `prefill_slots` prefills compute at once; the others wait their turn, first come first
-served (on a CPU, concurrent prefills only share the cores and all finish late).
+The scheduler's thread is also where the engine computes (`call`): prefills, guard repairs and
+base-KV encodings queue there and run before the next step, first come first served, so a
+prefill waits at most for the step under way (one token), never for the batch to finish, and
+one thread computes everything. That matters on a CPU: each thread that runs torch operations
+keeps its own OpenMP pool, and once the pools' threads outnumber the cores libgomp stops
+letting them spin between operations, so each of a step's thousands of small operations pays a
+wake-up (`engine/threads.py`). On 2 vCPUs of a Sapphire Rapids Xeon (AMX), SmolLM2, a 4-row
+step took 89-97 ms in the scheduler thread while requests prefilled on their own threads,
+against 60-65 ms once they prefilled here; `python -m engine.bench.batching --concurrency 4
+--max-tokens 48` went from 1.40-1.43x the decode tokens/s of batching off (28-29 tokens/s) to
+2.09-2.16x (46.5 tokens/s), and TTFT p95 from 1.12-1.27x batching off's to 0.95-0.99x.
+With `prefill_slots` > 1, prefills run on their callers' threads instead, holding a
+`prefill_turn()` (no step starts while one is held or awaited); on a CPU, concurrent prefills
+only share the cores and all finish late.
 
 What batching buys depends on the cores. A step is mostly weight traffic (py-spy: 75% of a
-4-row step in `Linear.forward`), and a product of 2-7 rows runs on one core (MKL does not
-thread it; measured 1.0 cores busy in a scheduler-like thread), while requests decoding alone
-on their own threads keep every core busy. On 2 vCPUs of an AMD EPYC (AVX-512, no AMX):
-`python -m engine.bench.batching --concurrency 4 --max-tokens 48` gave 1.07x the decode
-tokens/s of batching off and 1.74x the tokens per CPU second (the cores left free go to
-prefills). Products of 8 rows do thread (1.4 cores). Splitting each product over two Python
-threads gained 13-27% decode tokens/s there (4 rows: 27-30 against 24 tokens/s), and
+4-row step in `Linear.forward`). On 2 vCPUs of an AMD EPYC (AVX-512, no AMX), with prefills
+still on the request threads, the bench above gave 1.07x the decode tokens/s of batching off
+and 1.74x the tokens per CPU second; a 4-row product there kept 1.0 cores busy in a
+scheduler-like thread, which the pool effect above explains (measured before it was found).
+Splitting each product over two Python threads gained 13-27% decode tokens/s there, and
 transposing it (weights times rows) nothing.
 
 The scheduler knows nothing about text; it streams token ids (`engine.decode.stream_text`
@@ -33,8 +41,9 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -42,8 +51,11 @@ from engine.decode import SamplingParams, StepCheck, decode_batch, new_generator
 from engine.errors import EngineClosed
 from engine.kv import KVCache
 from engine.layers import DecoderStack
+from engine.threads import DEFAULT_THREADS, use_threads
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class _End(enum.Enum):
@@ -104,6 +116,33 @@ class _Sequence:
         self.out.put(error)
 
 
+class _Job(Generic[T]):
+    """A piece of compute (a prefill, an encoding pass) to run on the scheduler thread."""
+
+    def __init__(self, fn: Callable[[], T]):
+        self.fn = fn
+        self.done = threading.Event()
+        self.result: T | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except BaseException as error:  # handed to the caller's thread, which raises it
+            self.error = error
+        self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
+
+    def wait(self) -> T:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.result  # type: ignore[return-value]  # set by run() when error is None
+
+
 class TokenStream:
     """One request's token ids, as the scheduler picks them; `close` cancels the request."""
 
@@ -137,12 +176,14 @@ class DecodeScheduler:
     """Runs the decode steps of every submitted request on one thread; thread-safe."""
 
     def __init__(self, stack: DecoderStack, max_batch: int = 8, max_batch_tokens: int = 65536,
-                 prefill_slots: int = 1, invariant: bool = False):
+                 prefill_slots: int = 1, invariant: bool = False, num_threads: int | None = None):
         if max_batch < 1 or max_batch_tokens < 1 or prefill_slots < 1:
             raise ValueError("max_batch, max_batch_tokens and prefill_slots must be >= 1")
         self.stack = stack
         self.max_batch, self.max_batch_tokens, self.invariant = max_batch, max_batch_tokens, invariant
+        self.num_threads = num_threads or DEFAULT_THREADS  # torch threads of the scheduler thread
         self._cond = threading.Condition()
+        self._jobs: deque[_Job[Any]] = deque()  # compute to run before the next step, in order
         self._waiting: deque[_Sequence] = deque()
         self._active: list[_Sequence] = []  # changed by the scheduler thread only, under the lock
         self._prefills = 0  # requests waiting for or holding a prefill slot
@@ -172,6 +213,26 @@ class DecodeScheduler:
             self._start_thread()
             self._cond.notify_all()
         return TokenStream(self, seq)
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the scheduler thread, before any further decode step and after the jobs
+        queued before it; return its result or raise its error in the caller's thread.
+
+        Engine compute goes through here so that one thread runs it all (see the module
+        docstring: OpenMP pools of several threads slow each other down). Called from the
+        scheduler thread itself (a job that calls again), `fn` runs at once.
+        Raises EngineClosed if the scheduler is closed before `fn` runs.
+        """
+        if threading.current_thread() is self._thread:
+            return fn()
+        job = _Job(fn)
+        with self._cond:
+            if self._closed:
+                raise EngineClosed("the engine is shutting down")
+            self._jobs.append(job)
+            self._start_thread()
+            self._cond.notify_all()
+        return job.wait()
 
     def _cancel(self, seq: _Sequence) -> None:
         seq.cancelled = True  # a no-op once it has stopped
@@ -218,25 +279,34 @@ class DecodeScheduler:
             self._thread.start()
 
     def _loop(self) -> None:
-        while (batch := self._next_batch()) is not None:
-            self._step(batch)
+        use_threads(self.num_threads)  # its own count, whatever helper threads set (engine/threads.py)
+        while (work := self._next_work()) is not None:
+            if isinstance(work, _Job):
+                work.run()
+            else:
+                self._step(work)
         error = EngineClosed("the engine is shutting down")
         with self._cond:
             if not self._closed:
                 return
             for seq in [*self._active, *self._waiting]:
                 seq.fail(error)
-            self._active, self._waiting = [], deque()
+            for job in self._jobs:
+                job.fail(error)
+            self._active, self._waiting, self._jobs = [], deque(), deque()
 
-    def _next_batch(self) -> list[_Sequence] | None:
-        """Wait until there is work and no prefill is pending; admit; None once closed."""
+    def _next_work(self) -> "_Job[Any] | list[_Sequence] | None":
+        """Wait for work: the oldest job first; else, when no prefill turn is held or awaited,
+        the batch for the next step (admitting waiting requests). None once closed or idle."""
         with self._cond:
-            while not self._closed and (self._prefills or not (self._active or self._waiting)):
-                if not self._cond.wait(IDLE_EXIT_S) and not (self._active or self._waiting):
+            while not self._closed and not self._jobs and (self._prefills or not (self._active or self._waiting)):
+                if not self._cond.wait(IDLE_EXIT_S) and not (self._jobs or self._active or self._waiting):
                     self._thread = None  # idle: the thread ends (the next submit starts one)
                     return None
             if self._closed:
                 return None
+            if self._jobs:
+                return self._jobs.popleft()
             self._active = [seq for seq in self._active if not seq.cancelled]
             self._admit()
             return list(self._active)

@@ -16,6 +16,8 @@ same pairs weighted by the keys each row attended over (position + 1).
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +55,23 @@ def mark_background_thread() -> None:
     _thread.background = True
 
 
+def is_background_thread() -> bool:
+    """Whether this thread's work counts as background work."""
+    return bool(getattr(_thread, "background", False))
+
+
+@contextmanager
+def counted_as(background: bool) -> Iterator[None]:
+    """Count this thread's work as background (or not) while inside: work that one thread runs
+    for another (the engine's compute thread) is charged as the requesting thread's would be."""
+    before = is_background_thread()
+    _thread.background = background
+    try:
+        yield
+    finally:
+        _thread.background = before
+
+
 class WorkMeter:
     """Thread-safe running totals of model work (see the module docstring)."""
 
@@ -64,7 +83,7 @@ class WorkMeter:
     def add(self, layers_computed: torch.Tensor) -> None:
         """Count one run in which row p ran `layers_computed[p]` layers."""
         run = work_of(layers_computed)
-        background = getattr(_thread, "background", False)
+        background = is_background_thread()
         with self._lock:
             self._totals = self._totals + run
             if background:

@@ -151,3 +151,91 @@ def test_closing_ends_decoding_requests_and_refuses_new_ones(lively_loaded, tmp_
 def test_bad_bounds_are_refused(lively_loaded, tmp_path_factory):
     with pytest.raises(ValueError, match="max_batch"):
         make_engine(lively_loaded, tmp_path_factory, max_batch=0)
+
+
+def test_engine_compute_runs_on_the_scheduler_thread(engines, chunks, monkeypatch):
+    engine = engines["batched"]
+    threads = []
+    run = engine.runner.run
+
+    def recording_run(*args, **kwargs):
+        threads.append(threading.current_thread())
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(engine.runner, "run", recording_run)
+    prefill(engine, chunks, 0, "cacheblend")
+    engine.encode_chunk(chunks[0].token_ids)
+    assert engine.computes_on_scheduler
+    assert threads and all(t is engine.scheduler._thread for t in threads)
+
+
+def test_a_call_returns_its_value_raises_its_error_and_may_nest(engines):
+    scheduler = engines["batched"].scheduler
+    assert scheduler.call(lambda: threading.current_thread().name) == "kvmosaic-decode"
+    assert scheduler.call(lambda: scheduler.call(lambda: 7) + 1) == 8  # a nested call runs at once
+    with pytest.raises(ZeroDivisionError):
+        scheduler.call(lambda: 1 / 0)
+    assert scheduler.call(lambda: "still serving") == "still serving"
+
+
+def test_calls_run_while_decode_steps_are_paused(engines, chunks):
+    engine = engines["batched"]
+    result = prefill(engine, chunks, 0, "naive")
+    with engine.scheduler.prefill_turn():  # as with more prefill slots: no step starts
+        stream = engine.generate(result, SamplingParams(max_new_tokens=4))
+        steps = engine.scheduler.num_steps
+        assert engine.scheduler.call(lambda: "ran") == "ran"
+        assert engine.scheduler.num_steps == steps
+    list(stream)
+    assert len(result.generated_ids) == 4
+
+
+def test_background_work_run_for_a_marked_thread_counts_as_background(engines, chunks):
+    engine = engines["batched"]
+    meter = engine.runner.meter
+    before, background_before = meter.snapshot(), meter.background_snapshot()
+
+    def builder():
+        from engine.work import mark_background_thread
+        mark_background_thread()
+        prefill(engine, chunks, 1, "full")
+
+    thread = threading.Thread(target=builder)
+    thread.start()
+    thread.join(60)
+    prefill(engine, chunks, 2, "full")
+    background = meter.background_snapshot() - background_before
+    total = meter.snapshot() - before
+    assert background.runs == 1 and total.runs == 2 and 0 < background.layer_rows < total.layer_rows
+
+
+def test_pending_calls_fail_when_the_scheduler_closes(lively_loaded, tmp_path_factory):
+    engine = make_engine(lively_loaded, tmp_path_factory)
+    started, release = threading.Event(), threading.Event()
+    outcome = []
+
+    def blocker():
+        started.set()
+        release.wait(10)
+
+    first = threading.Thread(target=lambda: engine.scheduler.call(blocker))
+    first.start()
+    started.wait(10)
+
+    def second_call():
+        try:
+            engine.scheduler.call(lambda: "never")
+        except EngineClosed as error:
+            outcome.append(error)
+
+    second = threading.Thread(target=second_call)
+    second.start()
+    time.sleep(0.2)  # the second call is queued behind the first
+    closer = threading.Thread(target=engine.scheduler.close, kwargs={"timeout": None})
+    closer.start()
+    release.set()
+    for thread in (first, second, closer):
+        thread.join(10)
+    assert len(outcome) == 1
+    with pytest.raises(EngineClosed):
+        engine.scheduler.call(lambda: "refused")

@@ -1,0 +1,73 @@
+"""Which threads compute, and with how many cores.
+
+On a CPU, PyTorch parallelises an operation with OpenMP, and every thread that runs one keeps
+its own pool of helper threads. While the pools' threads together do not outnumber the cores,
+the helpers spin between operations and the next one starts at once; beyond that, OpenMP
+(libgomp) cuts their spinning to almost nothing, and every operation pays a wake-up. Decode
+steps and blended prefills are thousands of small operations, so this costs them a lot:
+on 2 vCPUs (Sapphire Rapids), SmolLM2, with a second pool alive, a 4-row decode step took
+120-125 ms against 101 ms when one thread computed everything, a 1-row step 67-68 against
+51 ms, and a blended prefill of 6 chunks 618-707 against 571 ms; a full prefill (large
+products) was not slower (`engine/scheduler.py` runs the engine's compute on one thread).
+
+So threads that only help (store loaders, the request workers while the engine's scheduler
+computes for them) run torch single-threaded and never form a pool, and work that needs the
+cores but runs once on some other thread (loading the model) runs on a passing thread, whose
+pool ends with it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+# The compute thread's default count, torch's own default (OMP_NUM_THREADS, else the cores this
+# process may run on), read without `torch.get_num_threads()`, which would pin the importing thread.
+DEFAULT_THREADS = int(os.environ.get("OMP_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
+
+
+def use_threads(count: int) -> None:
+    """Make this thread's torch operations use `count` threads, from now on.
+
+    torch keeps one process-wide count that each thread adopts when it first runs a parallel
+    operation, and `set_num_threads` changes both that count and the calling thread's; reading
+    the count right after setting it makes this thread adopt it at once, so a later change by
+    another thread does not reach it. Threads that adopt the count later get the last one set.
+    """
+    torch.set_num_threads(count)
+    torch.get_num_threads()  # adopts it now (torch's lazy per-thread initialisation)
+
+
+def single_threaded() -> None:
+    """Run this thread's torch operations on it alone (no OpenMP pool): the initializer of
+    helper threads whose torch work is small or off the critical path (see `use_threads`:
+    threads that adopt torch's count after this call run single-threaded too)."""
+    use_threads(1)
+
+
+def in_own_thread(fn: Callable[[], T]) -> T:
+    """Run `fn` on a new thread and return its result (or raise its error) here; the thread's
+    OpenMP pool, if it formed one, ends with it. The thread adopts torch's process-wide count
+    (`use_threads`); the caller's own is not read, which would pin it."""
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(fn())
+        except BaseException as error:  # raised again in the caller's thread
+            failure.append(error)
+
+    thread = threading.Thread(target=run, name="kvmosaic-once")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return outcome[0]
