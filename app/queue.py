@@ -27,11 +27,14 @@ class QueueFull(Exception):
 
 
 class WorkQueue:
-    def __init__(self, workers: int, queue_size: int, retry_after_s: int = 2):
+    def __init__(self, workers: int, queue_size: int, retry_after_s: int = 2,
+                 initializer: Callable[[], None] | None = None):
+        """`initializer` runs once on each worker thread (e.g. `engine.threads.single_threaded`)."""
         self.workers = workers
         self.capacity = workers + queue_size
         self.retry_after_s = retry_after_s
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvmosaic-worker")
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvmosaic-worker",
+                                            initializer=initializer)
         self._lock = threading.Lock()
         self._pending = 0  # running + waiting
         self._running = 0

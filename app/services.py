@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from app.catalog import Catalog
@@ -27,6 +28,7 @@ from app.replica import IndexFollower, LeaseKeeper, PeriodicJob, ReplicaDaemon, 
 from app.rag import Answer, RagService
 from app.settings import Settings
 from engine.engine import Engine
+from engine.threads import DEFAULT_THREADS, in_own_thread, single_threaded, use_threads
 from retrieval import Chunker, Retriever
 from retrieval.embedder import Embedder
 
@@ -65,7 +67,7 @@ class Services:
         engine = engine or Engine.load(settings.engine_config())
         catalog = Catalog.open(settings.catalog_config())
         chunk_cache = open_chunk_cache(settings, catalog, engine)
-        embedder = embedder or Embedder(settings.embedder_path)
+        embedder = embedder or in_own_thread(partial(Embedder, settings.embedder_path))  # no pool left here
         retriever = open_retriever(settings, catalog, embedder)
         chunker = Chunker(token_counter(engine), settings.chunk_tokens, settings.chunk_overlap)
         leases = LeaseKeeper(catalog, settings.replica_id or new_replica_id(), settings.ingest_lease_s)
@@ -80,7 +82,13 @@ class Services:
     @classmethod
     def assemble(cls, settings: Settings, engine: Engine, catalog: Catalog, chunk_cache: ServiceChunkCache,
                  retriever: Retriever, ingestor: Ingestor) -> Services:
-        queue = WorkQueue(settings.workers, settings.queue_size, settings.retry_after_s)
+        # While the engine computes on its scheduler's thread, the workers only retrieve, wait
+        # and stream: single-threaded, they form no OpenMP pools to slow it (engine/threads.py).
+        # Otherwise they compute, with the engine's thread count (set, not inherited: torch's
+        # process-wide count is whatever the last helper thread set).
+        queue = WorkQueue(settings.workers, settings.queue_size, settings.retry_after_s,
+                          single_threaded if engine.computes_on_scheduler
+                          else partial(use_threads, engine.config.num_threads or DEFAULT_THREADS))
         rag = RagService(engine, retriever, catalog, chunk_cache, settings)
         services = cls(settings, engine, catalog, chunk_cache, retriever, ingestor, rag, queue)
         rag.observe = services.observe

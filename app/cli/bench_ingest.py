@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 from app.cli.bench_workload import add_corpus_arguments
@@ -33,6 +34,7 @@ def run_ingest_command(args) -> int:
     from app.cli.bench import settings_overrides
     from app.settings import Settings
     from engine.engine import Engine
+    from engine.threads import in_own_thread
     from engine.errors import InvalidRequest
     from retrieval.embedder import Embedder
 
@@ -46,7 +48,7 @@ def run_ingest_command(args) -> int:
         raise InvalidRequest("--prompt-tokens must be at least 1")
     values.update(database_url="", store_tiers=args.tiers)
     engine = Engine.load(base.engine_config())
-    embedder = Embedder(base.embedder_path)
+    embedder = in_own_thread(partial(Embedder, base.embedder_path))
 
     def open_services(data_dir: Path, overrides: dict):
         return Server(engine.loaded, embedder, {**values, **overrides}).open(data_dir)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,6 +92,7 @@ def run_workload_command(args) -> int:
     from app.cli.bench import settings_overrides
     from app.settings import Settings
     from engine.engine import Engine
+    from engine.threads import in_own_thread
     from retrieval.embedder import Embedder
 
     values = settings_overrides(args)
@@ -104,7 +106,7 @@ def run_workload_command(args) -> int:
     values.setdefault("workers", base.workers)
     values.setdefault("queue_size", base.queue_size)
     engine = Engine.load(base.engine_config())
-    server = Server(engine.loaded, Embedder(base.embedder_path), values)
+    server = Server(engine.loaded, in_own_thread(partial(Embedder, base.embedder_path)), values)
     run = run_workload(options, server, say=lambda line: print(line, flush=True))
     print(format_table(run.summaries))
     command = "kvmosaic " + " ".join(shlex.quote(a) for a in sys.argv[1:])

@@ -38,6 +38,7 @@ from app.store.policy import (
 )
 from app.store.events import EventQueue, StoreListener
 from app.store.stats import CountedReader, CounterBook, TierReport
+from engine.threads import single_threaded
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +89,12 @@ class TieredStore:
         self.retry_s = retry_s
         self.counters = CounterBook(names)
         # Background readers of layers for lazy loading (see app.store.lazy).
-        self.loader = ThreadPoolExecutor(max_workers=load_threads, thread_name_prefix="kv-load")
+        # Single-threaded, so that they take no cores from the engine's compute (engine/threads.py).
+        self.loader = ThreadPoolExecutor(max_workers=load_threads, thread_name_prefix="kv-load",
+                                         initializer=single_threaded)
         # Promotions after a request run here, so they never delay the next request's layer reads.
-        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-promote")
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-promote",
+                                              initializer=single_threaded)
         self._lock = threading.RLock()
         self._usage = UsageBook()
         self._down_until: dict[str, float] = {}

@@ -34,6 +34,7 @@ from engine.config import EngineConfig
 from engine.decode import SamplingParams
 from engine.engine import Engine
 from engine.plan import ChunkInput
+from engine.threads import in_own_thread
 
 PASSAGES = [
     "The Saltcote tide mill was built in 1794 and ground grain with the ebb tide for a century.",
@@ -157,7 +158,9 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     engine_on = Engine.load(EngineConfig(data_dir=args.data_dir, fidelity="fast", max_batch=args.max_batch,
                                          dtype=args.dtype))
-    engine_off = Engine(replace(engine_on.config, batching=False), engine_on.loaded)
+    # Built on a passing thread, as Engine.load is: this thread keeps no OpenMP pool that would
+    # slow the batching engine's compute thread (engine/threads.py).
+    engine_off = in_own_thread(lambda: Engine(replace(engine_on.config, batching=False), engine_on.loaded))
     chunks = [ChunkInput(i, ids, engine_on.encode_chunk(ids))
               for i, ids in enumerate(engine_on.chunk_ids(text) for text in PASSAGES)]
     figures = measure(engine_on, engine_off, chunks, args.concurrency, args.max_tokens, args.mode, args.rounds)

@@ -84,3 +84,21 @@ def test_work_queue_bounds_and_counts():
     assert running.result(5) and waiting.result(5) == "done"
     assert queue.pending == 0 and queue.num_completed == 2 and queue.can_submit()
     queue.shutdown()
+
+
+def test_workers_compute_nothing_while_the_engine_computes_for_them(services, tiny_loaded, embedder, tmp_path):
+    """With batching (one prefill slot) the engine computes on its scheduler's thread, so the
+    workers run torch single-threaded; without batching they compute with the engine's count,
+    whatever a helper thread set last (engine/threads.py)."""
+    import torch
+
+    from tests.app.conftest import start_services
+
+    assert services.engine.computes_on_scheduler
+    assert services.queue.submit(torch.get_num_threads).result(timeout=30) == 1
+    alone = start_services(tiny_loaded, embedder, tmp_path, docs=(), batching=False, num_threads=2)
+    try:
+        assert not alone.engine.computes_on_scheduler
+        assert alone.queue.submit(torch.get_num_threads).result(timeout=30) == 2
+    finally:
+        alone.close()
