@@ -32,7 +32,10 @@ the chunk's codec before comparing (`round_values`, `planners/selection.py` `as_
 records 0-34, h4v3 +0.0077 ± 0.0031 without, +0.0018 ± 0.0026 with (paired -0.0059 ±
 0.0026, better on 22 of 35). Also measured: 8-bit values on layers 1 and 2 (records 0-13,
 +0.0029 against h4v3's +0.0082; per-layer payload sizes, which the entry format does not
-have), and a scale-only (symmetric) row range, worse (+0.0163 ± 0.0055).
+have), and a scale-only (symmetric) row range, worse (+0.0163 ± 0.0055). The same bytes the
+other way round, 3-bit keys and 4-bit values (`h3v4`), were much worse: records 0-11, +0.064
+against h4v3's +0.003 (answer top-1 -0.058 against -0.012); the keys of the deep layers need
+their fourth bit more than the values do.
 """
 
 from __future__ import annotations
