@@ -55,10 +55,10 @@ class Engine:
         self.prompts = PromptBuilder(loaded.tokenizer, config.system_prompt, config.instruction)
         self.scheduler = DecodeScheduler(self.stack, config.max_batch, config.max_batch_tokens, config.prefill_slots,
                                          config.batch_invariant, config.num_threads) if config.batching else None
-        self.prefix_kv = self._compute(lambda: self._encode(self.prompts.prefix_ids, start=0))
+        self.prefix_kv = self.compute(lambda: self._encode(self.prompts.prefix_ids, start=0))
         self._encoder: ChunkEncoder | None = None  # built on first use: it may hold a model copy
         self._encoder_lock = threading.Lock()
-        self.selfcheck = self._compute(lambda: rope_shift_selfcheck(self.stack)) if config.selfcheck else None
+        self.selfcheck = self.compute(lambda: rope_shift_selfcheck(self.stack)) if config.selfcheck else None
         if self.selfcheck is not None:
             (log.info if self.selfcheck.ok else log.error)(self.selfcheck.message)
 
@@ -67,7 +67,7 @@ class Engine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         # Loaded on a passing thread, so that the caller's thread keeps no OpenMP pool of its own
-        # (see `_compute`); the engine's own compute runs on the scheduler's thread.
+        # (see `compute`); the engine's own compute runs on the scheduler's thread.
         loaded = in_own_thread(partial(load_model, config.data_dir, config.model_path, config.device, config.dtype))
         return cls(config, loaded)
 
@@ -83,7 +83,7 @@ class Engine:
 
     @property
     def computes_on_scheduler(self) -> bool:
-        """Whether this engine's compute runs on its scheduler's thread (see `_compute`): the
+        """Whether this engine's compute runs on its scheduler's thread (see `compute`): the
         threads that call it then need no cores of their own."""
         return self.scheduler is not None and self.config.prefill_slots == 1
 
@@ -102,7 +102,7 @@ class Engine:
             raise InvalidRequest("cannot encode an empty chunk")
         if self.prompts.prefix_len + len(token_ids) > self.loaded.spec.max_positions:
             raise PromptTooLong("the chunk does not fit in the model's context")
-        return self._compute(lambda: self._encode(tuple(token_ids), start=self.prompts.prefix_len))
+        return self.compute(lambda: self._encode(tuple(token_ids), start=self.prompts.prefix_len))
 
     def encode_chunks(self, chunks: Sequence[Sequence[int]], batch_tokens: int = DEFAULT_BATCH_TOKENS) -> list[ChunkKV]:
         """Base variants of many chunks, packed up to `batch_tokens` rows per pass (one matrix
@@ -114,7 +114,7 @@ class Engine:
             if self.prompts.prefix_len + len(token_ids) > self.loaded.spec.max_positions:
                 raise PromptTooLong("the chunk does not fit in the model's context")
         encoded = [kv if kv.kv.dtype == self.loaded.dtype else dataclasses.replace(kv, kv=kv.kv.to(self.loaded.dtype))
-                   for kv in self._compute(lambda: self.encoder.encode([tuple(c) for c in chunks], batch_tokens))]
+                   for kv in self.compute(lambda: self.encoder.encode([tuple(c) for c in chunks], batch_tokens))]
         for kv in encoded:  # metered as if each chunk ran alone after the cached prefix, as encode_chunk does
             rows = torch.zeros(self.prompts.prefix_len + kv.num_tokens, dtype=torch.long)
             rows[self.prompts.prefix_len:] = self.loaded.spec.num_layers
@@ -180,7 +180,7 @@ class Engine:
         request = PlanRequest(layout, tuple(chunks), self.prefix_kv, ratio, config,
                               self.loaded.spec.num_layers, fidelity)
         capacity = layout.total_len + max_new_tokens
-        kept = self._compute(partial(
+        kept = self.compute(partial(
             run_guarded, fidelity, config, partial(self._run, request, capacity), planner, reference_planner(config),
             exact_state=lambda out: all(request.exact_chunks(out.layers_computed)),
             rerun=lambda plan, out: self._rerun_exact(request, out, capacity)))
@@ -215,7 +215,7 @@ class Engine:
         `answer_ids` in a new cache of the same capacity, and the next token's logits
         (see `_exact_rerun`)."""
         layout = dataclasses.replace(layout, question_ids=layout.question_ids + tuple(answer_ids))
-        return self._compute(lambda: self._exact_rerun(layout, cache, exact_rows, cache.capacity)[1])
+        return self.compute(lambda: self._exact_rerun(layout, cache, exact_rows, cache.capacity)[1])
 
     def _exact_rerun(self, layout: PromptLayout, cache: KVCache, exact_rows: int,
                      capacity: int) -> tuple[Plan, RunOutput]:
@@ -283,8 +283,9 @@ class Engine:
         with closing(self._decode_ids(out.cache, out.logits, rest, None, generator)) as tail:
             yield from tail
 
-    def _compute(self, fn: Callable[[], T]) -> T:
-        """Run the model work `fn` (a prefill, a repair, an encoding) under inference mode.
+    def compute(self, fn: Callable[[], T]) -> T:
+        """Run the model work `fn` (a prefill, a repair, an encoding, a benchmark's forced
+        pass) under inference mode, and return its result.
 
         While batching with one prefill slot (the default) it runs on the scheduler's thread,
         before the next decode step, so one thread computes everything: on a CPU each thread

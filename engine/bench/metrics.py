@@ -127,15 +127,19 @@ def guarded_logits(result: PrefillResult, logits: torch.Tensor, reference_logits
     return torch.cat([logits[:fired], reference_logits[fired:].to(logits.dtype)])
 
 
-@torch.inference_mode()
 def forced_logits(engine: Engine, result: PrefillResult, ids: Sequence[int]) -> torch.Tensor:
     """Logits [len(ids), vocab] float32 (CPU) predicting ids[i] after the prompt and ids[:i].
 
     Row 0 is the prefill's first-token logits; rows 1.. come from one pass of ids[:-1] at
     positions prompt_len.. through every layer, attending to the cache the mode's prefill
     produced (`prefill_cache` after a guard repair, else `cache`; written in place: those
-    rows of the cache are the teacher's tokens afterwards).
+    rows of the cache are the teacher's tokens afterwards). The pass runs on the engine's
+    compute thread (`Engine.compute`), like the requests' own work.
     """
+    return engine.compute(lambda: _forced_logits(engine, result, ids))
+
+
+def _forced_logits(engine: Engine, result: PrefillResult, ids: Sequence[int]) -> torch.Tensor:
     stack, start = engine.stack, result.layout.total_len
     cache = result.prefill_cache if result.prefill_cache is not None else result.cache
     fed = list(ids)[:-1]
