@@ -68,6 +68,8 @@ class Services:
         catalog = Catalog.open(settings.catalog_config())
         chunk_cache = open_chunk_cache(settings, catalog, engine)
         embedder = embedder or in_own_thread(partial(Embedder, settings.embedder_path))  # no pool left here
+        if engine.computes_on_scheduler:  # embeddings too run on the engine's compute thread
+            embedder = embedder.running_on(engine.compute)
         retriever = open_retriever(settings, catalog, embedder)
         chunker = Chunker(token_counter(engine), settings.chunk_tokens, settings.chunk_overlap)
         leases = LeaseKeeper(catalog, settings.replica_id or new_replica_id(), settings.ingest_lease_s)

@@ -6,11 +6,13 @@ downloaded: the model directory comes from the package (or an explicit path).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -39,6 +41,15 @@ class Embedder:
         self.dim = int(dim)
         # The tokenizer is not safe under concurrent calls; embedding is cheap next to prefill.
         self._lock = threading.Lock()
+        self._run: Callable[[Callable[[], Any]], Any] = _call
+
+    def running_on(self, run: Callable[[Callable[[], Any]], Any]) -> "Embedder":
+        """A view of this embedder (the same model, lock and name) whose encodings are run by
+        `run(fn)`, which returns fn's result: the application passes the LLM engine's compute
+        (`Engine.compute`), so that one thread runs all model work (engine/threads.py)."""
+        view = copy.copy(self)
+        view._run = run
+        return view
 
     @property
     def name(self) -> str:
@@ -55,6 +66,11 @@ class Embedder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         with self._lock:
-            vectors = self.model.encode(list(texts), batch_size=self.batch_size, convert_to_numpy=True,
-                                        normalize_embeddings=True, show_progress_bar=False)
+            vectors = self._run(lambda: self.model.encode(list(texts), batch_size=self.batch_size,
+                                                          convert_to_numpy=True, normalize_embeddings=True,
+                                                          show_progress_bar=False))
         return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+def _call(fn: Callable[[], Any]) -> Any:
+    return fn()

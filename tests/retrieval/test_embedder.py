@@ -28,3 +28,25 @@ def test_paraphrase_is_closer_than_unrelated_text(embedder):
 def test_no_texts_and_stable_name(embedder):
     assert embedder.encode([]).shape == (0, embedder.dim)
     assert embedder.name == Embedder(embedder.model_path).name
+
+
+def test_a_view_runs_its_encodings_through_the_given_runner(embedder):
+    import threading
+
+    ran_on = []
+
+    def runner(fn):
+        ran_on.append(threading.current_thread())
+        box = []
+        thread = threading.Thread(target=lambda: box.append(fn()))
+        thread.start()
+        thread.join()
+        return box[0]
+
+    view = embedder.running_on(runner)
+    texts = ["The tide mill ground grain.", "Bees dance."]
+    assert view.name == embedder.name and view.dim == embedder.dim
+    assert np.array_equal(view.encode(texts), embedder.encode(texts))
+    assert len(ran_on) == 1  # the view's encode went through the runner; the original's did not
+    assert view.encode([]).shape == (0, embedder.dim)  # nothing to run for no texts
+    assert len(ran_on) == 1
