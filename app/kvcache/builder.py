@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from app.kvcache.variants import ChunkVariants
 from engine.kv import ChunkId
 from engine.result import PrefillResult
+from engine.threads import single_threaded
 from engine.work import mark_background_thread
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,9 @@ class VariantBuilder:
 
     def _work(self) -> None:
         _lower_priority()
+        # Its builds run here, beside the engine's compute thread, at low priority: on one
+        # thread, so that it forms no OpenMP pool to slow that thread (engine/threads.py).
+        single_threaded()
         mark_background_thread()  # benchmarks tell this work from the requests' own
         while True:
             job = self._jobs.get()
