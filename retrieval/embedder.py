@@ -11,6 +11,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +66,17 @@ class Embedder:
         """float32 [len(texts), dim], each row of unit length (zeros for no texts)."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        items = list(texts)
+        # Through a runner, one batch per call, so that a long document's embedding never holds
+        # the runner (the engine's compute thread) for more than one batch at a time.
+        step = self.batch_size if self._run is not _call else len(items)
         with self._lock:
-            vectors = self._run(lambda: self.model.encode(list(texts), batch_size=self.batch_size,
-                                                          convert_to_numpy=True, normalize_embeddings=True,
-                                                          show_progress_bar=False))
-        return np.ascontiguousarray(vectors, dtype=np.float32)
+            parts = [self._run(partial(self._encode, items[i:i + step])) for i in range(0, len(items), step)]
+        return np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
+
+    def _encode(self, texts: list[str]) -> npt.NDArray[np.float32]:
+        return np.asarray(self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
+                                            normalize_embeddings=True, show_progress_bar=False))
 
 
 def _call(fn: Callable[[], Any]) -> Any:

@@ -50,3 +50,6 @@ def test_a_view_runs_its_encodings_through_the_given_runner(embedder):
     assert len(ran_on) == 1  # the view's encode went through the runner; the original's did not
     assert view.encode([]).shape == (0, embedder.dim)  # nothing to run for no texts
     assert len(ran_on) == 1
+    many = [f"Passage number {i} about tide mills and bees." for i in range(2 * embedder.batch_size + 3)]
+    assert np.allclose(view.encode(many), embedder.encode(many), atol=1e-5)
+    assert len(ran_on) == 1 + 3  # one batch per call: the runner is never held for a whole document
