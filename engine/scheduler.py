@@ -17,7 +17,8 @@ wake-up (`engine/threads.py`). On 2 vCPUs of a Sapphire Rapids Xeon (AMX), SmolL
 step took 89-97 ms in the scheduler thread while requests prefilled on their own threads,
 against 60-65 ms once they prefilled here; `python -m engine.bench.batching --concurrency 4
 --max-tokens 48` went from 1.40-1.43x the decode tokens/s of batching off (28-29 tokens/s) to
-2.09-2.16x (46.5 tokens/s), and TTFT p95 from 1.12-1.27x batching off's to 0.95-0.99x.
+2.09-2.16x (46-50 tokens/s), and TTFT p95 from 1.12-1.27x batching off's to 0.95-0.99x; with
+`--dtype bfloat16`, from 1.60x to 2.53x (same answers both ways).
 With `prefill_slots` > 1, prefills run on their callers' threads instead, holding a
 `prefill_turn()` (no step starts while one is held or awaited); on a CPU, concurrent prefills
 only share the cores and all finish late.
