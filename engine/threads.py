@@ -15,6 +15,9 @@ base-KV encodings, embeddings through `Embedder.running_on`); threads that only 
 loaders, the request workers, the low-priority variant builder, whose builds run beside it)
 run torch single-threaded and never form a pool; and work that needs the cores but runs once
 on some other thread (loading the models) runs on a passing thread, whose pool ends with it.
+Nothing enforces this: any other thread of the process that runs parallel torch operations
+forms a pool and brings the throttling back (a benchmark that built a second engine on its
+main thread took batched decode from 46.5 back to 28.7 tokens/s).
 Measured on the ingest bench (`kvmosaic bench ingest --runs 2048:engine`, same machine): with
 embeddings still on the calling thread, packed ingest fell from 884 to 715 tokens/s (the
 calling thread's pool and the compute thread's throttled each other); with them on the
