@@ -207,12 +207,7 @@ class DecodeScheduler:
         Raises EngineClosed if the scheduler has been closed.
         """
         seq = _Sequence(cache, first_logits, params, eos_ids, check, generator)
-        with self._cond:
-            if self._closed:
-                raise EngineClosed("the engine is shutting down")
-            self._waiting.append(seq)
-            self._start_thread()
-            self._cond.notify_all()
+        self._enqueue(self._waiting, seq)
         return TokenStream(self, seq)
 
     def call(self, fn: Callable[[], T]) -> T:
@@ -227,13 +222,18 @@ class DecodeScheduler:
         if threading.current_thread() is self._thread:
             return fn()
         job = _Job(fn)
+        self._enqueue(self._jobs, job)
+        return job.wait()
+
+    def _enqueue(self, line: "deque[Any]", item: object) -> None:
+        """Append `item` to one of the scheduler's lines and wake its thread (starting one if
+        none runs); EngineClosed once the scheduler is closed."""
         with self._cond:
             if self._closed:
                 raise EngineClosed("the engine is shutting down")
-            self._jobs.append(job)
+            line.append(item)
             self._start_thread()
             self._cond.notify_all()
-        return job.wait()
 
     def _cancel(self, seq: _Sequence) -> None:
         seq.cancelled = True  # a no-op once it has stopped
