@@ -76,6 +76,7 @@ class Settings(BaseSettings):
     check_multipliers: Annotated[tuple[float, ...] | None, NoDecode] = None
     deviation: str = engine_setting("deviation")  # "value" or "key"
     selection: str = engine_setting("selection")
+    blend_head_tokens: int = engine_setting("blend_head_tokens")
     epic_tokens: int = engine_setting("epic_tokens")
     craft_alpha: float = engine_setting("craft_alpha")
     craft_novelty: bool = engine_setting("craft_novelty")

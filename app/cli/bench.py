@@ -80,6 +80,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deviation", choices=["value", "key"], default=None)
     parser.add_argument("--selection", choices=SELECTIONS, default=None,
                         help="how check layers rank rows")
+    parser.add_argument("--blend-head-tokens", type=int, default=None,
+                        help="opening rows of each chunk cached in another context recomputed first")
     parser.add_argument("--epic-tokens", type=int, default=None)
     parser.add_argument("--craft-alpha", type=float, default=None)
     parser.add_argument("--craft-novelty", choices=["true", "false"], default=None)
@@ -91,6 +93,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 _OVERRIDES = {"data_dir": "data_dir", "model": "model_path", "device": "device", "dtype": "dtype",
               "threads": "num_threads", "check_layers": "check_layers", "check_multipliers": "check_multipliers",
               "deviation": "deviation", "selection": "selection", "epic_tokens": "epic_tokens",
+              "blend_head_tokens": "blend_head_tokens",
               "craft_alpha": "craft_alpha", "craft_novelty": "craft_novelty", "focus_layer": "focus_layer",
               "focus_threshold": "focus_threshold"}
 

@@ -3,7 +3,8 @@
 Layers below the first check layer run every non-prefix row. At each check layer the fresh
 K/V of the active rows is compared with the cached rows, and only the rows of highest
 deviation stay active: `ceil(min(1, ratio * multiplier) * context_tokens)` of the context,
-plus the pinned rows (question, uncached chunks). With several check layers and decreasing
+plus the pinned rows (question, uncached chunks); the first `blend_head_tokens` rows of each
+chunk cached in another context come first in that count. With several check layers and decreasing
 multipliers this is the paper's gradual filtering (section 4.3). `EngineConfig.selection`
 chooses the score: plain deviation, or deviation weighted by the question's attention.
 """
@@ -31,7 +32,8 @@ class CacheBlendPlanner(BasePlanner):
         schedule = blend_schedule(self.config, request.ratio, request.num_layers)
         return BlendPlan(request.all_cached_spans(), positions(pinned | context), pinned,
                          eligible=context, schedule=schedule, config=self.config,
-                         question=request.question_mask())
+                         question=request.question_mask(),
+                         heads=request.chunk_heads(self.config.blend_head_tokens) & context)
 
 
 def blend_schedule(config: EngineConfig, ratio: float, num_layers: int) -> dict[int, float]:
@@ -41,21 +43,24 @@ def blend_schedule(config: EngineConfig, ratio: float, num_layers: int) -> dict[
 
 
 class BlendPlan(Plan):
-    """Keeps `ceil(share * |eligible|)` eligible rows at each check layer, by score."""
+    """Keeps `ceil(share * |eligible|)` eligible rows at each check layer: `heads` first
+    (the opening rows of chunks cached in another context), then by score."""
 
     def __init__(self, cached_spans: list[CachedSpan], initial_active: torch.Tensor, pinned: torch.Tensor, *,
                  eligible: torch.Tensor,
-                 schedule: dict[int, float], config: EngineConfig, question: torch.Tensor):
+                 schedule: dict[int, float], config: EngineConfig, question: torch.Tensor,
+                 heads: torch.Tensor | None = None):
         super().__init__(cached_spans, initial_active, pinned)
         self.eligible = eligible
         self.num_eligible = int(eligible.sum())
         self.schedule = schedule
         self.config = config
         self.question = question
+        self.heads = heads
 
     def selects_at(self, layer: int) -> bool:
         return layer in self.schedule
 
     def select(self, layer: int, view: LayerView) -> torch.Tensor:
         count = math.ceil(self.schedule[layer] * self.num_eligible)
-        return keep_best(view, self.config, self.question, self.eligible, count, self.cached_spans)
+        return keep_best(view, self.config, self.question, self.eligible, count, self.cached_spans, self.heads)

@@ -5,7 +5,8 @@ Per chunk, from the statistics of the variant in its `ChunkInput` (see engine/ca
 - CFO above `craft_full_above`: recompute every token;
 - otherwise recompute the ⌈CFO·|chunk|⌉ tokens of highest stored inter-attention, in every layer;
 - a variant with no statistics (a base variant seen only alone): plan it like `cacheblend`
-  (every row up to the check layer, then the top `ratio` by the selection score).
+  (every row up to the check layer, then the top `ratio`: its first `blend_head_tokens` rows,
+  then by the selection score).
 From `focus_layer` on, chunks that get less than `focus_threshold` of an even share of the
 question's attention stop recomputing; their cached KV serves the remaining layers.
 
@@ -114,6 +115,7 @@ class CraftPlan(Plan):
         self.num_blended = int(blended.sum())
         self.schedule = blend_schedule(config, request.ratio, request.num_layers) if self.num_blended else {}
         self.question = request.question_mask()
+        self.heads = request.chunk_heads(config.blend_head_tokens) & blended
         self.spans = request.layout.chunk_spans
         active = torch.zeros_like(self.pinned)
         active[self.initial_active] = True
@@ -128,7 +130,7 @@ class CraftPlan(Plan):
 
     def select(self, layer: int, view: LayerView) -> torch.Tensor:
         count = math.ceil(self.schedule[layer] * self.num_blended)
-        return keep_best(view, self.config, self.question, self.blended, count, self.cached_spans)
+        return keep_best(view, self.config, self.question, self.blended, count, self.cached_spans, self.heads)
 
     # -- early termination -------------------------------------------------------------------------
 

@@ -35,13 +35,17 @@ def row_scores(view: LayerView, deviation: str, selection: str, question: torch.
 
 
 def keep_best(view: LayerView, config: EngineConfig, question: torch.Tensor, eligible: torch.Tensor,
-              count: int, spans: Sequence[CachedSpan]) -> torch.Tensor:
-    """Indices into view.active: every non-eligible row plus the `count` eligible rows of
+              count: int, spans: Sequence[CachedSpan], heads: torch.Tensor | None = None) -> torch.Tensor:
+    """Indices into view.active: every non-eligible row plus `count` eligible rows: the active
+    rows under `heads` (bool [total], see `PlanRequest.chunk_heads`) first, then those of
     highest score by `config.deviation` / `config.selection`. With value deviation, fresh V
     under `spans` whose source a lossy codec rounded is rounded alike first (`as_stored`)."""
     if config.deviation == "value":
         view = as_stored(view, spans)
-    return keep_top(view, eligible, count, row_scores(view, config.deviation, config.selection, question))
+    scores = row_scores(view, config.deviation, config.selection, question)
+    if heads is not None:
+        scores = scores.masked_fill(heads.to(scores.device)[view.active], float("inf"))
+    return keep_top(view, eligible, count, scores)
 
 
 def as_stored(view: LayerView, spans: Sequence[CachedSpan]) -> LayerView:

@@ -86,3 +86,16 @@ def test_sources_without_rounding_leave_the_view_alone():
     view, _ = _noisy_view()
     assert as_stored(view, [CachedSpan(10, _source())]) is view
     assert as_stored(view, [CachedSpan(0, _source(_to_halves))]) is view  # rows 0-3: none active
+
+
+def test_head_rows_come_first_and_count_in_the_budget():
+    view = make_view(torch.ones(5))
+    eligible = torch.zeros(15, dtype=torch.bool)
+    eligible[10:14] = True
+    heads = torch.zeros(15, dtype=torch.bool)
+    heads[13] = True  # the row of lowest deviation but one
+    config = EngineConfig(selection="deviation")
+    question = torch.zeros(15, dtype=torch.bool)
+    assert keep_best(view, config, question, eligible, 2, [], heads).tolist() == [1, 3, 4]
+    assert keep_best(view, config, question, eligible, 2, []).tolist() == [1, 2, 4]
+    assert keep_best(view, config, question, eligible, 0, [], heads).tolist() == [4]  # ratio 0: none
