@@ -46,6 +46,12 @@ def parse_bytes(text: str) -> int:
 ENGINE_DEFAULTS: Mapping[str, Any] = {f.name: f.default for f in fields(EngineConfig)}
 
 
+def _list_items(text: str) -> list[str]:
+    """The items of a list setting: comma- or semicolon-separated (`1,2,6` or `1;2;6`; the
+    semicolon fits inside a benchmark mode spec, whose items are separated by commas)."""
+    return [item.strip() for item in text.replace(";", ",").split(",") if item.strip()]
+
+
 def engine_setting(name: str) -> Any:
     """The pydantic field of the setting for `EngineConfig.<name>`: the dataclass's default.
 
@@ -162,14 +168,14 @@ class Settings(BaseSettings):
     @classmethod
     def _split_layers(cls, value: object) -> object:
         if isinstance(value, str):
-            return tuple(int(x) for x in value.split(",") if x.strip())
+            return tuple(int(x) for x in _list_items(value))
         return value
 
     @field_validator("check_multipliers", mode="before")
     @classmethod
     def _split_floats(cls, value: object) -> object:
         if isinstance(value, str):
-            return tuple(float(x) for x in value.split(",") if x.strip()) or None
+            return tuple(float(x) for x in _list_items(value)) or None
         return value
 
     @field_validator("focus_layer", mode="before")

@@ -6,7 +6,8 @@
 
 A spec's settings are `KVMOSAIC_*` setting names (lower case, without the prefix) and are
 applied to the whole server of that run; `ratio` is short for `recompute_ratio`. In a
-comma-separated list, a `key=value` item belongs to the spec before it.
+comma-separated list, a `key=value` item belongs to the spec before it, so a list setting
+separates its items by semicolons there (`cacheblend:check_layers=1;2;6`).
 """
 
 from __future__ import annotations

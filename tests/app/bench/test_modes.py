@@ -17,6 +17,15 @@ def test_settings_attach_to_the_mode_before_them():
     assert specs[0] == ModeSpec("full") and specs[3].name == "cacheblend"
 
 
+def test_a_list_setting_in_a_spec_takes_semicolons():
+    (spec,) = parse_modes("cacheblend:check_layers=1;2;6,check_multipliers=4;2;1,ratio=0.2")
+    assert spec.overrides() == {"check_layers": "1;2;6", "check_multipliers": "4;2;1", "recompute_ratio": "0.2"}
+    from app.settings import Settings
+
+    engine = Settings(**spec.overrides()).engine_config()
+    assert engine.check_layers == (1, 2, 6) and engine.check_ratio_multipliers == (4.0, 2.0, 1.0)
+
+
 def test_preset_keeps_its_name():
     (spec,) = parse_modes("cacheblend-paper")
     assert spec.name == "cacheblend-paper"
