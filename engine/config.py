@@ -93,12 +93,19 @@ class EngineConfig:
     instruction: str = DEFAULT_INSTRUCTION
     # cacheblend: layers below the first check layer run fully; at each check layer the
     # top ratio * multiplier of the still-active context tokens (by KV deviation) stay active.
-    # Default: gradual filtering, 2r kept at layer 1 and r from layer 2 on. On MuSiQue 0-39
-    # (SmolLM2, r = 0.15) against one check at layer 1: mean KL 0.059 vs 0.075, top-1 0.975
-    # vs 0.925, compute floor 4.63x vs 4.84x.
-    check_layers: tuple[int, ...] = (1, 2)
-    check_ratio_multipliers: tuple[float, ...] = (2.0, 1.0)
-    recompute_ratio: float = bounded(0.15, ge=0.0, le=1.0)
+    # Default: gradual filtering over three checks, 3r kept at layer 1, 2r at layer 2 and r
+    # from layer 6 on, so the last choice is made on deviations and question attention six
+    # layers deep. Measured on the workload bench's tuning trace (MuSiQue 48-59, 32 requests,
+    # `cacheblend` at `fast`, r = 0.15, first-token KL / work vs full): checks (1, 2): 0.190 /
+    # 0.20; (1, 4): 0.161 / 0.22; (1, 2, 4): 0.168 / 0.21; (1, 2, 6): 0.116 / 0.23; (1, 2, 8):
+    # 0.108 / 0.24; (1, 2, 6, 12): 0.080 / 0.29; one check pair at r = 0.3: 0.085 / 0.36. On
+    # records 24-35: (1, 2) 0.158, (1, 2, 6) 0.148, (1, 2, 8) 0.132 (median 0.111 -> 0.084).
+    # r = 0.13 with these checks computes what r = 0.15 did with checks (1, 2) (0.185 against
+    # 0.183 of a chunk's layer-rows, `variants.policy.blend_cost`). Earlier, on MuSiQue 0-39:
+    # checks (1, 2) against layer 1 alone, mean KL 0.059 vs 0.075.
+    check_layers: tuple[int, ...] = (1, 2, 6)
+    check_ratio_multipliers: tuple[float, ...] = (3.0, 2.0, 1.0)
+    recompute_ratio: float = bounded(0.13, ge=0.0, le=1.0)
     # Which cached tensor the deviation compares: "value" or "key".
     deviation: str = "value"
     # How check layers rank rows: "deviation" (CacheBlend) or "question_weighted"
@@ -148,7 +155,11 @@ class EngineConfig:
     craft_max_variants: int = bounded(5, ge=1)
     # Early termination: from this layer on (None: never), chunks whose share of the
     # question's attention is below `focus_threshold` times an even share stop recomputing.
-    focus_layer: int | None = bounded(10, ge=0)
+    # Off by default: with the checks at layers 1, 2 and 6 it cost more fidelity than it saved
+    # (workload bench, MuSiQue 48-59, cachecraft `balanced`, first-token KL: from layer 10,
+    # 0.069 at checks (1, 2) and 0.064 at (1, 2, 6); off, 0.067 and 0.039; recompute share
+    # 0.11-0.13 on, 0.14 off).
+    focus_layer: int | None = bounded(None, ge=0)
     focus_threshold: float = bounded(0.5, ge=0.0)
     # Fidelity guard (engine/guard.py): the level of requests that name none ("fast",
     # "balanced" or "exact"); under "balanced" a first token whose log-probability margin over

@@ -37,9 +37,14 @@ class CacheBlendPlanner(BasePlanner):
 
 
 def blend_schedule(config: EngineConfig, ratio: float, num_layers: int) -> dict[int, float]:
-    """{check layer: share of the eligible rows kept there}."""
-    return {layer: min(1.0, ratio * mult)
-            for layer, mult in zip(config.check_layers, config.check_ratio_multipliers) if layer < num_layers}
+    """{check layer: share of the eligible rows kept there}.
+
+    Check layers past the model's last are left out, and the ones left take the last
+    multipliers, so from the last check on a model of any depth keeps `ratio` times the last
+    multiplier (with the default (1, 2, 6), a 4-layer model checks at 1 and 2 keeping 2r, r)."""
+    layers = [layer for layer in config.check_layers if layer < num_layers]
+    multipliers = config.check_ratio_multipliers[len(config.check_ratio_multipliers) - len(layers):]
+    return {layer: min(1.0, ratio * mult) for layer, mult in zip(layers, multipliers)}
 
 
 class BlendPlan(Plan):

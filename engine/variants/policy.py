@@ -22,6 +22,7 @@ from engine.cachecraft.choice import Candidate, choose_variant
 from engine.config import EngineConfig
 from engine.kv import ChunkId
 from engine.planners import planner_class
+from engine.planners.cacheblend import blend_schedule
 from engine.planners.base import VariantUse, VariantYield
 from engine.variants.traffic import RecentTraffic
 
@@ -32,7 +33,7 @@ def blend_cost(config: EngineConfig, num_layers: int, ratio: float | None = None
     (gradual filtering). Counted like `PrefillResult.layers_computed`: a check layer's rows
     that are dropped there count only their K/V projection, which is left out."""
     ratio = config.recompute_ratio if ratio is None else ratio
-    shares = {layer: min(1.0, ratio * mult) for layer, mult in zip(config.check_layers, config.check_ratio_multipliers)}
+    shares = blend_schedule(config, ratio, num_layers)
     share, total = 1.0, 0.0
     for layer in range(num_layers):
         share = shares.get(layer, share)

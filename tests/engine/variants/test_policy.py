@@ -17,6 +17,7 @@ from engine.errors import UnknownMode
 from engine.planners import PLANNERS
 from engine.planners.base import VariantUse, VariantYield
 from engine.variants.harvest import exact_chunks, source_contexts
+from engine.planners.cacheblend import blend_schedule
 from engine.variants.policy import VariantPolicy, blend_cost
 from engine.variants.traffic import RecentTraffic
 from tests.engine.helpers import QUESTION, chunk_inputs
@@ -49,10 +50,20 @@ def test_every_mode_declares_its_policy():
 
 
 def test_blend_cost_counts_the_rows_of_each_layer():
-    # r = 0.15, checks at layers 1 and 2 keeping 2r then r: layer 0 all, 1 → 0.3, 2.. → 0.15
-    assert blend_cost(EngineConfig(), LAYERS) == pytest.approx((1 + 0.3 + 28 * 0.15) / LAYERS)
+    # r = 0.13, checks at layers 1, 2 and 6 keeping 3r, 2r, r: layer 0 all, 1 → 0.39, 2-5 → 0.26, 6.. → 0.13
+    assert blend_cost(EngineConfig(), LAYERS) == pytest.approx((1 + 0.39 + 4 * 0.26 + 24 * 0.13) / LAYERS)
+    two_checks = EngineConfig(check_layers=(1, 2), check_ratio_multipliers=(2.0, 1.0))
+    assert blend_cost(two_checks, LAYERS, 0.15) == pytest.approx((1 + 0.3 + 28 * 0.15) / LAYERS)
     assert blend_cost(EngineConfig(check_layers=(1,), check_ratio_multipliers=(1.0,)), 4, 0.5) == pytest.approx(
         (1 + 3 * 0.5) / 4)
+
+
+def test_a_shallow_model_keeps_the_ratio_from_its_last_check():
+    config = EngineConfig()  # checks at 1, 2 and 6 keeping 3r, 2r, r
+    assert blend_schedule(config, 0.1, LAYERS) == pytest.approx({1: 0.3, 2: 0.2, 6: 0.1})
+    # a 4-layer model has no layer 6: it checks at 1 and 2 and still ends at r
+    assert blend_schedule(config, 0.1, 4) == pytest.approx({1: 0.2, 2: 0.1})
+    assert blend_cost(config, 4, 0.1) == pytest.approx((1 + 0.2 + 2 * 0.1) / 4)
 
 
 def test_blend_cost_is_what_a_cacheblend_prefill_computes(engine):
