@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention import QUERY_BLOCK, QueryLayout, causal_attention
+from engine.attention import QUERY_BLOCK, QueryLayout, attend_each, causal_attention
 
 
 def reference(q, k, v, q_pos, scale):
@@ -68,3 +68,21 @@ def test_split_blocks_keep_low_precision_dtypes():
     assert got.dtype == torch.bfloat16
     expected = reference(q.float(), k.float(), v.float(), q_pos, 0.25)
     torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3)])
+def test_a_decode_row_with_grouped_heads_matches_the_reference(heads, kv_heads):
+    """The last row alone folds its query heads per key head (`_one_row_attention`); batched
+    rows each over their own cache (`attend_each`) must give the same output as alone."""
+    torch.manual_seed(11)
+    lengths = (70, 33)
+    q = torch.randn(heads, len(lengths) + 1, 16)  # one padding row
+    keys = [torch.randn(kv_heads, n, 16) for n in lengths]
+    values = [torch.randn(kv_heads, n, 16) for n in lengths]
+    batched = attend_each(q, keys, values, 0.25)
+    for i, n in enumerate(lengths):
+        alone = causal_attention(q[:, i:i + 1], keys[i], values[i], QueryLayout(torch.tensor([n - 1]), n, q.dtype), 0.25)
+        torch.testing.assert_close(alone, reference(q[:, i:i + 1], keys[i], values[i], torch.tensor([n - 1]), 0.25),
+                                   rtol=1e-4, atol=1e-5)
+        assert torch.equal(batched[i], alone[0])
+    assert not batched[len(lengths)].any()
