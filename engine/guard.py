@@ -26,9 +26,15 @@ blended logits alone (`python -m engine.bench.guard_signals`, records 0-47, 6 ch
 (Spearman 0.75 against the margin's 0.58), but at the re-run budgets the guard spends they
 leave as much KL or more: re-running 10% of requests leaves mean KL 0.151 by margin, 0.207 by
 entropy, 0.202 by top-1 probability (oracle 0.135); 25%: 0.119, 0.109, 0.111 (oracle 0.087),
-because the margin alone catches the rare near-ties whose KL is largest. The guard works for every mode
-through the planner contract alone, never decodes, and never makes a request less faithful
-than its mode.
+because the margin alone catches the rare near-ties whose KL is largest. Re-measured with checks
+1, 2, 6 at r = 0.13 (cold cacheblend@fast, the distinct chunk lists of workload traces 0, 24
+and 48, 64 requests): entropy ranks by KL better (Spearman 0.73 against 0.60) and leaves less
+KL at a 20-30% re-run budget (0.066 / 0.049 against 0.076 / 0.055), the same at 40% (0.038);
+but on the reporting trace (MuSiQue 100-111, 23 lists) no signal of the blended logits ranks
+KL at all (margin -0.02, entropy 0.24, top-1 probability 0.14): its blends are uniformly
+worse (mean KL 0.155), so a better threshold cannot buy what a better blend would.
+The guard works for every mode through the planner contract alone, never decodes, and never
+makes a request less faithful than its mode.
 """
 
 from __future__ import annotations
