@@ -17,9 +17,9 @@ import torch
 # statistics and reports all use it; only the catalog and the store's metadata hold it as text.
 ChunkId = int
 
-# How a lossy store codec rounded a chunk's V: rows [..., head_dim] -> the same rows as they
-# would read back had they been stored (same dtype and device).
-ValueRounding = Callable[[torch.Tensor], torch.Tensor]
+# How a lossy store codec rounded a chunk's V: (rows [..., head_dim] of one layer, that layer's
+# number) -> the same rows as they would read back had they been stored (same dtype and device).
+ValueRounding = Callable[[torch.Tensor, int], torch.Tensor]
 
 
 class KVSource(Protocol):

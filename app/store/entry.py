@@ -161,15 +161,17 @@ def entry_from_chunk(chunk: ChunkKV, codec: str) -> KVEntry:
     return KVEntry(meta, payload)
 
 
-def decode_layer(meta: EntryMeta, payload: torch.Tensor, dtype: torch.dtype,
+def decode_layer(meta: EntryMeta, payload: torch.Tensor, layer: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu") -> torch.Tensor:
-    """One stored layer as KV [2, kv_heads, tokens, head_dim] in `dtype` on `device`.
+    """Stored layer number `layer` as KV [2, kv_heads, tokens, head_dim] in `dtype` on `device`.
 
     The payload moves to `device` first, so a quantized layer crosses to a GPU compressed.
     """
     if tuple(payload.shape) != meta.payload_shape or payload.dtype != meta.torch_dtype:
         raise CorruptEntry(f"stored layer {tuple(payload.shape)} {payload.dtype} does not match its meta")
-    return meta.codec.decode_layer(payload.to(device), meta.layer_shape, dtype)
+    if not 0 <= layer < meta.num_layers:
+        raise ValueError(f"layer {layer} is not among the entry's {meta.num_layers}")
+    return meta.codec.decode_layer(payload.to(device), meta.layer_shape, dtype, layer)
 
 
 def chunk_from_entry(entry: KVEntry, token_ids: Sequence[int], dtype: torch.dtype,

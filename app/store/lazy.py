@@ -142,7 +142,7 @@ class LazyChunkKV:
         """Layer `index` decoded for the engine, and the seconds it took (background thread)."""
         started = time.perf_counter()
         stored = self._reader.layer(index)  # verified payload of the entry's codec
-        tensor = decode_layer(self._meta, stored, self._dtype, self._device)
+        tensor = decode_layer(self._meta, stored, index, self._dtype, self._device)
         return tensor, time.perf_counter() - started
 
     def _switch_to_fallback(self, index: int, exc: CorruptEntry) -> torch.Tensor:

@@ -67,20 +67,23 @@ class KVCodec(ABC):
     def encode(self, kv: torch.Tensor) -> torch.Tensor: ...
 
     @abstractmethod
-    def decode_layer(self, payload: torch.Tensor, layer_shape: LayerShape, dtype: torch.dtype) -> torch.Tensor: ...
+    def decode_layer(self, payload: torch.Tensor, layer_shape: LayerShape, dtype: torch.dtype,
+                     layer: int) -> torch.Tensor:
+        """Layer number `layer`'s payload decoded (a codec may code layers differently)."""
 
     @abstractmethod
-    def round_values(self, values: torch.Tensor) -> torch.Tensor:
-        """V rows [..., head_dim] as this codec would store and decode them (same dtype and
-        device): what a cached V row reads back as, had these values been stored. Every codec
-        here codes V per (head, token) row, so rows round independently of each other."""
+    def round_values(self, values: torch.Tensor, layer: int) -> torch.Tensor:
+        """V rows [..., head_dim] of layer number `layer` as this codec would store and decode
+        them (same dtype and device): what a cached V row reads back as, had these values been
+        stored. Every codec here codes V per (head, token) row, so rows round independently
+        of each other."""
 
     def layer_bytes(self, layer_shape: LayerShape) -> int:
         return math.prod(self.payload_shape(layer_shape)) * self.payload_dtype.itemsize
 
     def decode(self, payload: torch.Tensor, layer_shape: LayerShape, dtype: torch.dtype) -> torch.Tensor:
         """Every layer: [layers, 2, kv_heads, tokens, head_dim]."""
-        return torch.stack([self.decode_layer(payload[i], layer_shape, dtype) for i in range(payload.shape[0])])
+        return torch.stack([self.decode_layer(payload[i], layer_shape, dtype, i) for i in range(payload.shape[0])])
 
 
 class FloatCodec(KVCodec):
@@ -95,23 +98,25 @@ class FloatCodec(KVCodec):
     def encode(self, kv: torch.Tensor) -> torch.Tensor:
         return kv.detach().to(device="cpu", dtype=self.payload_dtype).contiguous()
 
-    def decode_layer(self, payload: torch.Tensor, layer_shape: LayerShape, dtype: torch.dtype) -> torch.Tensor:
+    def decode_layer(self, payload: torch.Tensor, layer_shape: LayerShape, dtype: torch.dtype,
+                     layer: int) -> torch.Tensor:
         return payload.to(dtype)
 
-    def round_values(self, values: torch.Tensor) -> torch.Tensor:
+    def round_values(self, values: torch.Tensor, layer: int) -> torch.Tensor:
         return values.to(self.payload_dtype).to(values.dtype)
 
 
 class QuantCodec(KVCodec):
     """KIVI-style asymmetric quantization: keys to `key_bits` per channel over `key_group`
-    tokens, values to `value_bits` per token (each of 8, 4 or 3); see the module docstring."""
+    tokens, values to `value_bits` per token (1 to 8 bits each); see the module docstring."""
 
     payload_dtype = torch.uint8
     lossy = True
 
     def __init__(self, name: str, key_bits: int, value_bits: int, key_group: int = KEY_GROUP):
-        if key_bits not in PACKING or value_bits not in PACKING or key_group < 1:
-            raise ValueError(f"bits must be among {tuple(PACKING)} and key_group >= 1")
+        if key_group < 1:
+            raise ValueError("key_group must be >= 1")
+        packing(key_bits), packing(value_bits)  # ValueError unless 1-8 bits
         self.name, self.key_bits, self.value_bits, self.key_group = name, key_bits, value_bits, key_group
 
     # -- sizes ---------------------------------------------------------------------------------
@@ -148,14 +153,15 @@ class QuantCodec(KVCodec):
         v_min, v_scale = _range(values.amin(dim=-1), values.amax(dim=-1), levels)
         return v_min, v_scale, _codes(values, v_min[..., None], v_scale[..., None], levels)
 
-    def round_values(self, values: torch.Tensor) -> torch.Tensor:
+    def round_values(self, values: torch.Tensor, layer: int) -> torch.Tensor:
         v_min, v_scale, v_codes = self._quantize_values(values.float())
         dtype = values.dtype  # decode_layer's arithmetic, in the dtype it decodes to
         return torch.addcmul(v_min.to(dtype)[..., None], v_codes.to(dtype), v_scale.to(dtype)[..., None])
 
     # -- decode --------------------------------------------------------------------------------
 
-    def decode_layer(self, payload: torch.Tensor, layer_shape: LayerShape, dtype: torch.dtype) -> torch.Tensor:
+    def decode_layer(self, payload: torch.Tensor, layer_shape: LayerShape, dtype: torch.dtype,
+                     layer: int) -> torch.Tensor:
         _, heads, tokens, dim = layer_shape
         parts = split_payload(payload, self._sections(layer_shape), f"{self.name} payload", layer_shape)
         k_scale, k_min, v_scale, v_min = (p.view(torch.float16).to(dtype) for p in parts[:4])
@@ -207,14 +213,25 @@ def _codes(x: torch.Tensor, low: torch.Tensor, scale: torch.Tensor, levels: int)
 # -- bit packing ---------------------------------------------------------------------------------
 
 # bits per code -> (codes per word, bytes per word): a word is the smallest whole number of
-# bytes holding a whole number of codes
-PACKING = {8: (1, 1), 4: (2, 1), 3: (8, 3)}
+def packing(bits: int) -> tuple[int, int]:
+    """(codes per word, bytes per word): the shortest run of whole bytes that holds a whole
+    number of `bits`-bit codes (4-bit: 2 in 1 byte; 3-bit: 8 in 3; 5-bit: 8 in 5)."""
+    if not 1 <= bits <= 8:
+        raise ValueError(f"codes are 1 to 8 bits wide; got {bits}")
+    common = math.gcd(8, bits)
+    return 8 // common, bits // common
 
 
 def packed_bytes(count: int, bits: int) -> int:
     """Bytes of `count` codes of `bits` bits packed (a last partial word is padded)."""
-    per_word, word_bytes = PACKING[bits]
+    per_word, word_bytes = packing(bits)
     return -(-count // per_word) * word_bytes
+
+
+def _word_dtype(word_bytes: int) -> torch.dtype:
+    """The integer type that holds a word: uint8 for one byte, else int32 up to 3 bytes and
+    int64 above (a 5-byte word needs 40 bits)."""
+    return torch.uint8 if word_bytes == 1 else torch.int32 if word_bytes <= 3 else torch.int64
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -224,14 +241,14 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     of the word holds its bits [8j, 8j+8); a last partial word is padded with zero codes.
     4-bit is thus low nibble first, and 3-bit packs 8 codes into 3 bytes.
     """
-    per_word, word_bytes = PACKING[bits]
+    per_word, word_bytes = packing(bits)
     if per_word == 1:
         return codes
     rows = codes.shape[0]
     pad = -codes.shape[1] % per_word
     if pad:
         codes = torch.cat([codes, codes.new_zeros(rows, pad)], dim=1)
-    dtype = torch.uint8 if word_bytes == 1 else torch.int32  # a 3-byte word needs 24 bits
+    dtype = _word_dtype(word_bytes)
     shifts = torch.arange(0, per_word * bits, bits, dtype=dtype, device=codes.device)
     words = (codes.view(rows, -1, per_word).to(dtype) << shifts).sum(-1, dtype=dtype)  # disjoint bits: sum == or
     if word_bytes == 1:
@@ -243,12 +260,12 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
 def unpack_codes(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     """The inverse of `pack_codes` for one row: [packed_bytes(count, bits)] uint8 -> [count]
     uint8 codes, on `packed`'s device."""
-    per_word, word_bytes = PACKING[bits]
+    per_word, word_bytes = packing(bits)
     if per_word == 1:
         return packed[:count]
     words = packed
-    if word_bytes > 1:  # little-endian bytes -> int32 words
-        columns = packed.view(-1, word_bytes).to(torch.int32)
+    if word_bytes > 1:  # little-endian bytes -> integer words
+        columns = packed.view(-1, word_bytes).to(_word_dtype(word_bytes))
         words = columns[:, 0]
         for j in range(1, word_bytes):
             words = words | (columns[:, j] << 8 * j)

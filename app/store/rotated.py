@@ -41,11 +41,12 @@ their fourth bit more than the values do.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 
-from app.store.quant import (KVCodec, LayerShape, _codes, _range, join_payload, packed_bytes, split_payload,
-                              unpack_codes)
+from app.store.quant import (KVCodec, LayerShape, _codes, _range, join_payload, packed_bytes, packing,
+                              split_payload, unpack_codes)
 
 # Range shrink factors tried per row; 1.0 is plain min/max. Finer grids measured no better.
 CLIPS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7)
@@ -63,24 +64,43 @@ def hadamard(n: int) -> torch.Tensor:
 
 class RotatedQuantCodec(KVCodec):
     """Hadamard-rotated rows of K and V, each quantized per (head, token) row to `key_bits` /
-    `value_bits` with the least-error clipped range of `CLIPS`; see the module docstring."""
+    `value_bits` with the least-error clipped range of `CLIPS`; see the module docstring.
+
+    `layer_bits` {layer: (key bits, value bits)} codes some layers with another split of the
+    same bits: each pair must add up to key_bits + value_bits, so every layer's payload has
+    the same size (the entry format's layers are all alike) and the codec's bytes per token
+    do not change.
+    """
 
     payload_dtype = torch.uint8
     lossy = True
 
-    def __init__(self, name: str, key_bits: int, value_bits: int):
+    def __init__(self, name: str, key_bits: int, value_bits: int,
+                 layer_bits: Mapping[int, tuple[int, int]] | None = None):
         self.name, self.key_bits, self.value_bits = name, key_bits, value_bits
+        self.layer_bits = dict(layer_bits or {})
+        for layer, (keys, values) in self.layer_bits.items():
+            packing(keys), packing(values)  # ValueError unless 1-8 bits each
+            if keys + values != key_bits + value_bits:
+                raise ValueError(f"layer {layer} splits {keys + values} bits; every layer of {name} "
+                                 f"has {key_bits + value_bits} (key + value bits), so its payload keeps its size")
         self._rotations: dict[tuple[int, str], torch.Tensor] = {}
 
-    def _sections(self, layer_shape: LayerShape) -> list[int]:
-        """Byte sizes of [K scale, K min, V scale, V min, K codes, V codes]."""
+    def bits(self, layer: int) -> tuple[int, int]:
+        """(key bits, value bits) of layer number `layer`."""
+        return self.layer_bits.get(layer, (self.key_bits, self.value_bits))
+
+    def _sections(self, layer_shape: LayerShape, layer: int) -> list[int]:
+        """Byte sizes of [K scale, K min, V scale, V min, K codes, V codes] of one layer."""
         _, heads, tokens, dim = layer_shape
         row_params = heads * tokens * 2
         count = heads * tokens * dim
-        return [row_params] * 4 + [packed_bytes(count, self.key_bits), packed_bytes(count, self.value_bits)]
+        key_bits, value_bits = self.bits(layer)
+        return [row_params] * 4 + [packed_bytes(count, key_bits), packed_bytes(count, value_bits)]
 
     def payload_shape(self, layer_shape: LayerShape) -> tuple[int, ...]:
-        return (sum(self._sections(layer_shape)),)
+        # the same for every layer: head_dim (a power of two, >= 8) makes every split a whole number of bytes
+        return (sum(self._sections(layer_shape, -1)),)
 
     def _rotation(self, dim: int, device: torch.device) -> torch.Tensor:
         key = (dim, str(device))
@@ -90,27 +110,36 @@ class RotatedQuantCodec(KVCodec):
 
     def encode(self, kv: torch.Tensor) -> torch.Tensor:
         kv = kv.detach().to(device="cpu", dtype=torch.float32)  # [layers, 2, heads, tokens, dim]
-        layers = kv.shape[0]
         rotated = kv @ self._rotation(kv.shape[-1], kv.device)
-        k_min, k_scale, k_codes = _quantize_rows(rotated[:, 0], self.key_bits)
-        v_min, v_scale, v_codes = _quantize_rows(rotated[:, 1], self.value_bits)
-        return join_payload(layers, (k_scale, k_min, v_scale, v_min), (k_codes, self.key_bits),
-                            (v_codes, self.value_bits))
+        layers, _, heads, tokens, dim = kv.shape
+        splits: dict[tuple[int, int], list[int]] = {}  # layers coded alike are coded together
+        for layer in range(layers):
+            splits.setdefault(self.bits(layer), []).append(layer)
+        payload = torch.empty((layers, *self.payload_shape((2, heads, tokens, dim))), dtype=torch.uint8)
+        for (key_bits, value_bits), members in splits.items():
+            index = torch.tensor(members)
+            k_min, k_scale, k_codes = _quantize_rows(rotated[index, 0], key_bits)
+            v_min, v_scale, v_codes = _quantize_rows(rotated[index, 1], value_bits)
+            payload[index] = join_payload(len(members), (k_scale, k_min, v_scale, v_min), (k_codes, key_bits),
+                                          (v_codes, value_bits))
+        return payload
 
-    def decode_layer(self, payload: torch.Tensor, layer_shape: LayerShape, dtype: torch.dtype) -> torch.Tensor:
+    def decode_layer(self, payload: torch.Tensor, layer_shape: LayerShape, dtype: torch.dtype,
+                     layer: int) -> torch.Tensor:
         _, heads, tokens, dim = layer_shape
-        parts = split_payload(payload, self._sections(layer_shape), f"{self.name} payload", layer_shape)
+        key_bits, value_bits = self.bits(layer)
+        parts = split_payload(payload, self._sections(layer_shape, layer), f"{self.name} payload", layer_shape)
         k_scale, k_min, v_scale, v_min = (p.view(torch.float16).float().view(heads, tokens, 1) for p in parts[:4])
         count = heads * tokens * dim
-        k_codes = unpack_codes(parts[4], self.key_bits, count).view(heads, tokens, dim)
-        v_codes = unpack_codes(parts[5], self.value_bits, count).view(heads, tokens, dim)
+        k_codes = unpack_codes(parts[4], key_bits, count).view(heads, tokens, dim)
+        v_codes = unpack_codes(parts[5], value_bits, count).view(heads, tokens, dim)
         rotated = torch.stack([torch.addcmul(k_min, k_codes.float(), k_scale),
                                torch.addcmul(v_min, v_codes.float(), v_scale)])
         return (rotated @ self._rotation(dim, payload.device)).to(dtype)  # H is its own inverse
 
-    def round_values(self, values: torch.Tensor) -> torch.Tensor:
+    def round_values(self, values: torch.Tensor, layer: int) -> torch.Tensor:
         rotation = self._rotation(values.shape[-1], values.device)
-        v_min, v_scale, v_codes = _quantize_rows(values.float() @ rotation, self.value_bits)
+        v_min, v_scale, v_codes = _quantize_rows(values.float() @ rotation, self.bits(layer)[1])
         rotated = torch.addcmul(v_min.float()[..., None], v_codes.float(), v_scale.float()[..., None])
         return (rotated @ rotation).to(values.dtype)
 

@@ -68,7 +68,7 @@ def as_stored(view: LayerView, spans: Sequence[CachedSpan]) -> LayerView:
             continue
         if fresh_v is view.fresh_v:
             fresh_v = fresh_v.clone()
-        fresh_v[:, rows] = rounding(fresh_v[:, rows])
+        fresh_v[:, rows] = rounding(fresh_v[:, rows], view.layer)
     return view if fresh_v is view.fresh_v else dataclasses.replace(view, fresh_v=fresh_v)
 
 

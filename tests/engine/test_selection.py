@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from engine.config import EngineConfig
@@ -47,9 +49,10 @@ def _source(rounding=None) -> ChunkKV:
     return ChunkKV((1,) * 4, torch.zeros(1, 2, 2, 4, 4), 0, "fp", "p", value_rounding=rounding)
 
 
-def _to_halves(v: torch.Tensor) -> torch.Tensor:
-    """A coarse codec: V rounded to multiples of 0.5."""
-    return (v * 2).round() / 2
+def _to_halves(v: torch.Tensor, layer: int = 2) -> torch.Tensor:
+    """A coarse codec at layer 2 (the views' layer): V rounded to multiples of 0.5; every
+    other layer is kept exact."""
+    return (v * 2).round() / 2 if layer == 2 else v
 
 
 def _noisy_view() -> tuple[LayerView, torch.Tensor]:
@@ -77,6 +80,8 @@ def test_fresh_values_are_rounded_like_the_cached_ones_before_comparing():
     assert raw[0] > raw[1] > raw[3] > 0  # the codec's error alone outranks the one real change
     assert keep_best(view, config, question, eligible, 1, []).tolist() == [0, 4]
     rounded = as_stored(view, spans)
+    at_layer_3 = as_stored(dataclasses.replace(view, layer=3), spans)  # rounded as that layer is stored
+    assert torch.equal(at_layer_3.fresh_v, view.fresh_v) and not torch.equal(rounded.fresh_v, view.fresh_v)
     assert torch.equal(view.fresh_v[:, 4], rounded.fresh_v[:, 4])  # the question row is not under the span
     torch.testing.assert_close(row_scores(rounded, "value", "deviation", question), torch.tensor([0, 0.25, 0, 0, 0]))
     assert keep_best(view, config, question, eligible, 1, spans).tolist() == [1, 4]

@@ -36,7 +36,7 @@ def test_registry_and_bad_names():
     with pytest.raises(ValueError, match="k4v3"):
         get_codec("int3")
     with pytest.raises(ValueError):
-        QuantCodec("k4v2", 4, 2)
+        QuantCodec("k4v9", 4, 9)
     assert StoreConfig(codec="k4v3").codec == "k4v3"
     with pytest.raises(ValueError):
         StoreConfig(codec="fp8")
@@ -94,7 +94,7 @@ def test_quantization_error_is_within_half_a_step(name, tokens):
     assert bool(((decoded[:, 1] - values).abs() <= value_step * (0.5 + slack) + 1e-3).all())
 
 
-@pytest.mark.parametrize("bits", [3, 4, 8])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 6, 7, 8])
 @pytest.mark.parametrize("count", [1, 7, 8, 9, 13, 24, 1001])
 def test_pack_and_unpack_codes(bits, count):
     generator = torch.Generator().manual_seed(count)
@@ -111,6 +111,19 @@ def test_three_bit_packing_is_little_endian_eight_codes_in_three_bytes():
     expected = list(word.to_bytes(3, "little")) + [5, 0, 0]  # the ninth code, padded to a word
     assert pack_codes(codes, 3)[0].tolist() == expected
     assert packed_bytes(9, 3) == 6 and packed_bytes(8, 3) == 3 and packed_bytes(9, 4) == 5
+
+
+def test_five_bit_packing_is_little_endian_eight_codes_in_five_bytes():
+    codes = torch.tensor([[31, 1, 30, 2, 29, 3, 28, 4]], dtype=torch.uint8)
+    word = sum(int(c) << 5 * i for i, c in enumerate(codes[0].tolist()))
+    assert pack_codes(codes, 5)[0].tolist() == list(word.to_bytes(5, "little"))
+    assert packed_bytes(8, 5) == 5 and packed_bytes(9, 5) == 10 and packed_bytes(9, 2) == 3
+
+
+@pytest.mark.parametrize("bits", [0, 9])
+def test_codes_wider_than_a_byte_or_empty_are_refused(bits):
+    with pytest.raises(ValueError, match="1 to 8 bits"):
+        packed_bytes(8, bits)
 
 
 @pytest.mark.parametrize("name", ["int4", "k4v3"])
@@ -150,7 +163,8 @@ def test_quantized_entry_serializes_checksummed_and_decodes_layer_by_layer(tmp_p
         rounding = source.value_rounding
         source.close()
     assert torch.equal(torch.stack(layers), whole.kv)
-    assert rounding is not None and torch.equal(rounding(chunk.kv[:, 1]), whole.kv[:, 1])
+    assert rounding is not None
+    assert all(torch.equal(rounding(chunk.kv[layer, 1], layer), whole.kv[layer, 1]) for layer in range(SHAPE[0]))
     # one flipped byte inside layer 1: its checksum refuses it, layer 0 still decodes
     path = tier.path(key)
     data = bytearray(path.read_bytes())
@@ -158,7 +172,7 @@ def test_quantized_entry_serializes_checksummed_and_decodes_layer_by_layer(tmp_p
     data[layout.offsets[1][0] + 3] ^= 0x40
     path.write_bytes(bytes(data))
     with tier.open(key) as reader:
-        assert torch.equal(decode_layer(reader.meta, reader.layer(0), torch.float32), whole.kv[0])
+        assert torch.equal(decode_layer(reader.meta, reader.layer(0), 0, torch.float32), whole.kv[0])
         with pytest.raises(CorruptEntry):
             reader.layer(1)
 
@@ -166,10 +180,10 @@ def test_quantized_entry_serializes_checksummed_and_decodes_layer_by_layer(tmp_p
 def test_decode_layer_refuses_a_payload_of_the_wrong_shape():
     entry = entry_from_chunk(_chunk(_kv(5)), "int4")
     with pytest.raises(CorruptEntry):
-        decode_layer(entry.meta, entry.kv[0][:-2], torch.float32)
+        decode_layer(entry.meta, entry.kv[0][:-2], 0, torch.float32)
     meta = EntryMeta("fp", "prefix", "0" * 64, 0, "int8", SHAPE)  # claims int8, holds int4 bytes
     with pytest.raises(CorruptEntry):
-        decode_layer(meta, entry.kv[0], torch.float32)
+        decode_layer(meta, entry.kv[0], 0, torch.float32)
 
 
 def test_meta_names_an_unknown_codec_as_corrupt():
@@ -194,10 +208,10 @@ def test_round_values_reads_back_as_the_stored_values(name):
     kv = _kv(5)
     codec = get_codec(name)
     stored = codec.decode(codec.encode(kv), SHAPE[1:], torch.float32)[:, 1]
-    rounded = codec.round_values(kv[:, 1])
+    rounded = torch.stack([codec.round_values(kv[layer, 1], layer) for layer in range(kv.shape[0])])
     assert rounded.dtype == torch.float32 and rounded.shape == stored.shape
     assert torch.equal(rounded, stored)
-    rows = codec.round_values(kv[1, 1, :, 7:9])  # any rows round alike: per (head, token) row
+    rows = codec.round_values(kv[1, 1, :, 7:9], 1)  # any rows round alike: per (head, token) row
     assert torch.equal(rows, stored[1, :, 7:9])
 
 
@@ -206,4 +220,5 @@ def test_chunks_from_lossy_entries_carry_their_codec_rounding():
     assert roundtrip(chunk, "float16").value_rounding is None  # float rounding is left alone
     rounding = roundtrip(chunk, "h4v3").value_rounding
     assert rounding is not None
-    assert torch.equal(rounding(chunk.kv[:, 1]), roundtrip(chunk, "h4v3").kv[:, 1])
+    stored = roundtrip(chunk, "h4v3").kv[:, 1]
+    assert all(torch.equal(rounding(chunk.kv[layer, 1], layer), stored[layer]) for layer in range(stored.shape[0]))

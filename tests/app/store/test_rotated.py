@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from app.store.quant import get_codec
-from app.store.rotated import CLIPS, hadamard
+from app.store.rotated import CLIPS, RotatedQuantCodec, hadamard
 
 SHAPE = (2, 2, 3, 100, 64)  # [layers, 2, kv_heads, tokens, head_dim]
 
@@ -70,9 +70,36 @@ def test_encoding_is_deterministic_and_refuses_a_wrong_payload():
     payload = codec.encode(kv)
     assert torch.equal(payload, codec.encode(kv.clone())) and payload.dtype == torch.uint8
     with pytest.raises(ValueError, match="does not fit"):
-        codec.decode_layer(payload[0][:-1], SHAPE[1:], torch.float32)
+        codec.decode_layer(payload[0][:-1], SHAPE[1:], torch.float32, 0)
 
 
 def test_a_head_dim_that_is_not_a_power_of_two_is_refused():
     with pytest.raises(ValueError, match="power-of-two"):
         get_codec("h4v3").encode(torch.zeros(1, 2, 1, 4, 48))
+
+
+def test_a_layer_may_split_the_same_bits_otherwise():
+    """A layer coded with 2-bit keys and 5-bit values: the payload keeps its size, that
+    layer's V comes back closer and its K coarser than the default split's, the other layer
+    is coded exactly as plain h4v3 codes it, and fresh V rounds as each layer stores it."""
+    kv = _kv(11)
+    plain = get_codec("h4v3")
+    split = RotatedQuantCodec("split", 4, 3, layer_bits={1: (2, 5)})
+    payload = split.encode(kv)
+    assert payload.shape == plain.encode(kv).shape
+    assert torch.equal(payload[0], plain.encode(kv)[0])
+    decoded, coarse = split.decode(payload, SHAPE[1:], torch.float32), _round_trip("h4v3", kv)
+    assert torch.equal(decoded[0], coarse[0])
+
+    def error(x: torch.Tensor, part: int) -> float:
+        return float((x[1, part] - kv[1, part]).square().mean())
+
+    assert error(decoded, 1) < error(coarse, 1) / 4 and error(decoded, 0) > error(coarse, 0) * 2
+    for layer in range(SHAPE[0]):
+        assert torch.equal(split.round_values(kv[layer, 1], layer), decoded[layer, 1])
+
+
+@pytest.mark.parametrize("layer_bits", [{1: (3, 3)}, {0: (4, 4)}, {1: (0, 7)}, {1: (7, 0)}])
+def test_a_layer_split_must_keep_the_bits_per_element(layer_bits):
+    with pytest.raises(ValueError):
+        RotatedQuantCodec("bad", 4, 3, layer_bits=layer_bits)
