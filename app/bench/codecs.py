@@ -80,6 +80,16 @@ class CodecRow:
         return _mean_known(self.answer_kl)
 
 
+def paired_kl_change(row: CodecRow, baseline: CodecRow) -> tuple[float, float]:
+    """Mean change of first-token KL from `baseline` over the same records, and its standard
+    error (0 with fewer than two records). On a blend, any perturbation of the cached KV can
+    reorder which rows are recomputed, so per-record changes scatter both ways: a mean change
+    smaller than about two standard errors is not a measured cost."""
+    changes = [a - b for a, b in zip(row.kl, baseline.kl, strict=True)]
+    error = statistics.stdev(changes) / math.sqrt(len(changes)) if len(changes) > 1 else 0.0
+    return statistics.fmean(changes), error
+
+
 def _mean_known(values: list[float]) -> float:
     known = [v for v in values if not math.isnan(v)]
     return statistics.fmean(known) if known else float("nan")
@@ -150,15 +160,16 @@ def format_codec_table(report: CodecReport) -> str:
     guard re-ran in full (those match full: a codec that trips the guard more looks closer to
     full here and pays in TTFT)."""
     base = report.codecs[0]
-    header = (f"{'mode':<11} {'codec':<9} {'B/token':>8} {'vs ' + base:>11} {'KL':>8} {'dKL':>8} "
+    header = (f"{'mode':<11} {'codec':<9} {'B/token':>8} {'vs ' + base:>11} {'KL':>8} {'dKL':>8} {'s.e.':>7} "
               f"{'top1':>6} {'dtop1':>7} {'ans top1':>8} {'dans':>7} {'ans KL':>7} {'dansKL':>8} {'guard':>6}")
     lines = [header, "-" * len(header)]
     for mode in dict.fromkeys(r.mode for r in report.rows):
         reference = report.row(base, mode)
         for codec in report.codecs:
             row, size = report.row(codec, mode), report.bytes_per_token[codec]
+            change, error = paired_kl_change(row, reference)
             lines.append(f"{mode:<11} {codec:<9} {size:>8.0f} {size / report.bytes_per_token[base]:>10.3f}x "
-                         f"{row.mean_kl:>8.4f} {row.mean_kl - reference.mean_kl:>+8.4f} "
+                         f"{row.mean_kl:>8.4f} {change:>+8.4f} {error:>7.4f} "
                          f"{row.top1_agreement:>6.3f} {row.top1_agreement - reference.top1_agreement:>+7.3f} "
                          f"{row.answer_top1_agreement:>8.3f} "
                          f"{row.answer_top1_agreement - reference.answer_top1_agreement:>+7.3f} "
@@ -168,8 +179,10 @@ def format_codec_table(report: CodecReport) -> str:
 
 
 def codec_json(report: CodecReport) -> dict:
+    base = report.codecs[0]
     return {"codecs": list(report.codecs), "bytes_per_token": report.bytes_per_token,
             "rows": [{"codec": r.codec, "mode": r.mode, "mean_kl": r.mean_kl, "top1_agreement": r.top1_agreement,
+                      "kl_change_standard_error": paired_kl_change(r, report.row(base, r.mode))[1],
                       "answer_top1_agreement": r.answer_top1_agreement, "mean_answer_kl": r.mean_answer_kl,
                       "escalated_share": r.escalated_share, "escalated": r.escalated,
                       "kl": r.kl, "top1": r.top1, "answer_top1": r.answer_top1, "answer_kl": r.answer_kl}

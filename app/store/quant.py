@@ -295,6 +295,9 @@ CODECS.update({"int8": QuantCodec("int8", 8, 8), "int4": QuantCodec("int4", 4, 4
 from app.store.rotated import RotatedQuantCodec  # noqa: E402
 
 CODECS["h4v3"] = RotatedQuantCodec("h4v3", 4, 3)
+# the same bytes, split for the engine's default check layers (1, 2, 6), whose stored V the
+# selection compares with fresh V: 5-bit V there (6: 4-bit), paid for by those layers' keys
+CODECS["h4v3c"] = RotatedQuantCodec("h4v3c", 4, 3, layer_bits={1: (2, 5), 2: (2, 5), 6: (3, 4)})
 
 
 def get_codec(name: str) -> KVCodec:

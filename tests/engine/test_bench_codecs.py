@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from app.bench.codecs import CodecOptions, format_codec_table, run_codec_fidelity
+from app.bench.codecs import CodecOptions, format_codec_table, paired_kl_change, run_codec_fidelity
 from tests.conftest import MUSIQUE_SLICE
 
 
@@ -28,7 +28,11 @@ def test_codecs_run_the_same_requests_and_report_their_cost(tiny_engine):
     naive = [report.row(c, "naive").kl for c in options.codecs]
     assert naive[0] != naive[2]  # int4 changed the reused KV, so the naive logits moved
     table = format_codec_table(report)
-    assert "k4v3" in table and "dKL" in table and "ans top1" in table and "guard" in table
+    assert "k4v3" in table and "dKL" in table and "s.e." in table and "ans top1" in table and "guard" in table
+    change, error = paired_kl_change(report.row("int4", "naive"), report.row("float32", "naive"))
+    first, second = (a - b for a, b in zip(naive[2], naive[0]))
+    assert change == pytest.approx((first + second) / 2) and error == pytest.approx(abs(first - second) / 2)
+    assert paired_kl_change(report.row("float32", "naive"), report.row("float32", "naive")) == (0.0, 0.0)
     fast = run_codec_fidelity(tiny_engine, dataclasses.replace(options, n=1, fidelity="fast"), progress=False)
     assert not any(any(r.escalated) for r in fast.rows)  # `fast` never re-runs in full
 
