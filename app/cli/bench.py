@@ -12,7 +12,7 @@ from app.cli.bench_workload import add_workload_parser
 from engine.config import FIDELITIES, SELECTIONS
 
 # app.store.quant.CODECS (a test keeps them equal), named here so that parsing imports no torch
-STORE_CODECS = ("float16", "bfloat16", "float32", "int8", "int4", "k4v3", "h4v3", "h4v3c")
+STORE_CODECS = ("float16", "bfloat16", "float32", "int8", "int4", "k4v3", "h4v3", "h4v3c", "ch4v3", "ch4v3c")
 
 
 def add_parser(subparsers) -> None:

@@ -298,6 +298,8 @@ CODECS["h4v3"] = RotatedQuantCodec("h4v3", 4, 3)
 # the same bytes, split for the engine's default check layers (1, 2, 6), whose stored V the
 # selection compares with fresh V: 5-bit V there (6: 4-bit), paid for by those layers' keys
 CODECS["h4v3c"] = RotatedQuantCodec("h4v3c", 4, 3, layer_bits={1: (2, 5), 2: (2, 5), 6: (3, 4)})
+CODECS["ch4v3"] = RotatedQuantCodec("ch4v3", 4, 3, centre_keys=True)
+CODECS["ch4v3c"] = RotatedQuantCodec("ch4v3c", 4, 3, layer_bits={1: (2, 5), 2: (2, 5), 6: (3, 4)}, centre_keys=True)
 
 
 def get_codec(name: str) -> KVCodec:

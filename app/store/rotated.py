@@ -70,14 +70,22 @@ class RotatedQuantCodec(KVCodec):
     same bits: each pair must add up to key_bits + value_bits, so every layer's payload has
     the same size (the entry format's layers are all alike) and the codec's bytes per token
     do not change.
+
+    `centre_keys` subtracts each (head, channel)'s mean over the chunk's tokens from K before
+    quantizing (stored once per layer in float16) and codes each K row symmetrically about it
+    (a scale, no minimum): keys carry large per-channel offsets, so centred K rows are close
+    to zero-mean after the rotation and their range shrinks. The means cost heads x head_dim x
+    2 bytes per layer and chunk, the dropped minimums 2 bytes per K row, so such an entry is
+    no larger than the plain one from 64 tokens on.
     """
 
     payload_dtype = torch.uint8
     lossy = True
 
     def __init__(self, name: str, key_bits: int, value_bits: int,
-                 layer_bits: Mapping[int, tuple[int, int]] | None = None):
+                 layer_bits: Mapping[int, tuple[int, int]] | None = None, centre_keys: bool = False):
         self.name, self.key_bits, self.value_bits = name, key_bits, value_bits
+        self.centre_keys = centre_keys
         self.layer_bits = dict(layer_bits or {})
         for layer, (keys, values) in self.layer_bits.items():
             packing(keys), packing(values)  # ValueError unless 1-8 bits each
@@ -91,12 +99,14 @@ class RotatedQuantCodec(KVCodec):
         return self.layer_bits.get(layer, (self.key_bits, self.value_bits))
 
     def _sections(self, layer_shape: LayerShape, layer: int) -> list[int]:
-        """Byte sizes of [K scale, K min, V scale, V min, K codes, V codes] of one layer."""
+        """Byte sizes of one layer's [K scale, K min, V scale, V min, K codes, V codes], or with
+        `centre_keys` [K scale, V scale, V min, K channel means, K codes, V codes]."""
         _, heads, tokens, dim = layer_shape
         row_params = heads * tokens * 2
         count = heads * tokens * dim
         key_bits, value_bits = self.bits(layer)
-        return [row_params] * 4 + [packed_bytes(count, key_bits), packed_bytes(count, value_bits)]
+        params = [row_params] * 3 + [heads * dim * 2] if self.centre_keys else [row_params] * 4
+        return params + [packed_bytes(count, key_bits), packed_bytes(count, value_bits)]
 
     def payload_shape(self, layer_shape: LayerShape) -> tuple[int, ...]:
         # the same for every layer: head_dim (a power of two, >= 8) makes every split a whole number of bytes
@@ -118,10 +128,17 @@ class RotatedQuantCodec(KVCodec):
         payload = torch.empty((layers, *self.payload_shape((2, heads, tokens, dim))), dtype=torch.uint8)
         for (key_bits, value_bits), members in splits.items():
             index = torch.tensor(members)
-            k_min, k_scale, k_codes = _quantize_rows(rotated[index, 0], key_bits)
             v_min, v_scale, v_codes = _quantize_rows(rotated[index, 1], value_bits)
-            payload[index] = join_payload(len(members), (k_scale, k_min, v_scale, v_min), (k_codes, key_bits),
-                                          (v_codes, value_bits))
+            params: tuple[torch.Tensor, ...]
+            if self.centre_keys:
+                # the mean of rotated rows is the rotated mean (H is linear): centre in either basis
+                k_mean = rotated[index, 0].mean(2, keepdim=True).to(torch.float16)
+                k_scale, k_codes = _quantize_rows_symmetric(rotated[index, 0] - k_mean.float(), key_bits)
+                params = (k_scale, v_scale, v_min, k_mean)
+            else:
+                k_min, k_scale, k_codes = _quantize_rows(rotated[index, 0], key_bits)
+                params = (k_scale, k_min, v_scale, v_min)
+            payload[index] = join_payload(len(members), params, (k_codes, key_bits), (v_codes, value_bits))
         return payload
 
     def decode_layer(self, payload: torch.Tensor, layer_shape: LayerShape, dtype: torch.dtype,
@@ -129,12 +146,17 @@ class RotatedQuantCodec(KVCodec):
         _, heads, tokens, dim = layer_shape
         key_bits, value_bits = self.bits(layer)
         parts = split_payload(payload, self._sections(layer_shape, layer), f"{self.name} payload", layer_shape)
-        k_scale, k_min, v_scale, v_min = (p.view(torch.float16).float().view(heads, tokens, 1) for p in parts[:4])
         count = heads * tokens * dim
-        k_codes = unpack_codes(parts[4], key_bits, count).view(heads, tokens, dim)
+        k_codes = unpack_codes(parts[4], key_bits, count).view(heads, tokens, dim).float()
         v_codes = unpack_codes(parts[5], value_bits, count).view(heads, tokens, dim)
-        rotated = torch.stack([torch.addcmul(k_min, k_codes.float(), k_scale),
-                               torch.addcmul(v_min, v_codes.float(), v_scale)])
+        if self.centre_keys:
+            k_scale, v_scale, v_min = (p.view(torch.float16).float().view(heads, tokens, 1) for p in parts[:3])
+            k_mean = parts[3].view(torch.float16).float().view(heads, 1, dim)
+            keys = k_codes.sub_(((1 << key_bits) - 1) / 2).mul_(k_scale).add_(k_mean)
+        else:
+            k_scale, k_min, v_scale, v_min = (p.view(torch.float16).float().view(heads, tokens, 1) for p in parts[:4])
+            keys = torch.addcmul(k_min, k_codes, k_scale)
+        rotated = torch.stack([keys, torch.addcmul(v_min, v_codes.float(), v_scale)])
         return (rotated @ self._rotation(dim, payload.device)).to(dtype)  # H is its own inverse
 
     def round_values(self, values: torch.Tensor, layer: int) -> torch.Tensor:
@@ -142,6 +164,29 @@ class RotatedQuantCodec(KVCodec):
         v_min, v_scale, v_codes = _quantize_rows(values.float() @ rotation, self.bits(layer)[1])
         rotated = torch.addcmul(v_min.float()[..., None], v_codes.float(), v_scale.float()[..., None])
         return (rotated @ rotation).to(values.dtype)
+
+
+def _quantize_rows_symmetric(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of x [..., dim], codes about zero: float16 scale [...] and uint8 codes [...,
+    dim] that decode as (code - levels / 2) * scale (no code is zero: the levels straddle it),
+    from the clipped range of `CLIPS` with the least squared error (the widest among equals)."""
+    levels = (1 << bits) - 1
+    amax = x.abs().amax(-1)
+    best: tuple[torch.Tensor, torch.Tensor] | None = None  # error, scale16
+    for clip in CLIPS:
+        scale = (amax * (2 * clip / levels)).to(torch.float16)
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row: any scale
+        scale32 = scale.float()[..., None]
+        codes = (x / scale32 + levels / 2).round_().clamp_(0, levels)
+        error = codes.sub_(levels / 2).mul_(scale32).sub_(x).square_().sum(-1)
+        if best is None:
+            best = (error, scale)
+            continue
+        better = error < best[0]
+        best = (torch.where(better, error, best[0]), torch.where(better, scale, best[1]))
+    assert best is not None  # CLIPS is not empty
+    scale32 = best[1].float()[..., None]
+    return best[1], (x / scale32 + levels / 2).round_().clamp_(0, levels).to(torch.uint8)
 
 
 def _quantize_rows(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -32,7 +32,7 @@ def _chunk(kv: torch.Tensor) -> ChunkKV:
 
 
 def test_registry_and_bad_names():
-    assert set(CODECS) == {"float16", "bfloat16", "float32", "int8", "int4", "k4v3", "h4v3", "h4v3c"}
+    assert set(CODECS) == {"float16", "bfloat16", "float32", "int8", "int4", "k4v3", "h4v3", "h4v3c", "ch4v3", "ch4v3c"}
     with pytest.raises(ValueError, match="k4v3"):
         get_codec("int3")
     with pytest.raises(ValueError):
@@ -42,7 +42,7 @@ def test_registry_and_bad_names():
         StoreConfig(codec="fp8")
 
 
-@pytest.mark.parametrize("name, ratio", [("float16", 1.0), ("int8", 0.52), ("int4", 0.27), ("k4v3", 0.24), ("h4v3", 0.25), ("h4v3c", 0.25)])
+@pytest.mark.parametrize("name, ratio", [("float16", 1.0), ("int8", 0.52), ("int4", 0.27), ("k4v3", 0.24), ("h4v3", 0.25), ("h4v3c", 0.25), ("ch4v3", 0.244), ("ch4v3c", 0.244)])
 def test_payload_bytes_per_token(name, ratio):
     layer_shape = (2, 3, 256, 64)
     float16_bytes = 2 * 3 * 256 * 64 * 2
@@ -52,7 +52,7 @@ def test_payload_bytes_per_token(name, ratio):
     assert entry.num_bytes == entry.kv.numel() * entry.kv.element_size() == 4 * get_codec(name).layer_bytes(layer_shape)
 
 
-@pytest.mark.parametrize("name, tokens", [("k4v3", 256), ("k4v3", 206), ("h4v3", 256), ("h4v3", 206), ("h4v3", 1), ("h4v3c", 206)])
+@pytest.mark.parametrize("name, tokens", [("k4v3", 256), ("k4v3", 206), ("h4v3", 256), ("h4v3", 206), ("h4v3", 1), ("h4v3c", 206), ("ch4v3", 206), ("ch4v3c", 64)])
 def test_four_three_bit_codecs_are_at_most_a_quarter_of_float16(name, tokens):
     """k4v3 from a key group's worth of tokens on (its per-channel scales); h4v3 at any length."""
     layer_shape = (2, 3, tokens, 64)  # SmolLM2's; 206 tokens: a partial key group
@@ -144,7 +144,7 @@ def test_constant_groups_and_float_codecs_round_trip():
                        kv.half().float())
 
 
-@pytest.mark.parametrize("name", ["int8", "int4", "k4v3", "h4v3", "h4v3c"])
+@pytest.mark.parametrize("name", ["int8", "int4", "k4v3", "h4v3", "h4v3c", "ch4v3c"])
 def test_quantized_entry_serializes_checksummed_and_decodes_layer_by_layer(tmp_path, name):
     chunk = _chunk(_kv(4))
     entry = entry_from_chunk(chunk, name)
@@ -201,7 +201,7 @@ def test_memory_tier_keeps_the_encoded_payload():
     assert isinstance(tier.get(key_of("m")), KVEntry)
 
 
-@pytest.mark.parametrize("name", ["float16", "int8", "int4", "k4v3", "h4v3", "h4v3c"])
+@pytest.mark.parametrize("name", ["float16", "int8", "int4", "k4v3", "h4v3", "h4v3c", "ch4v3", "ch4v3c"])
 def test_round_values_reads_back_as_the_stored_values(name):
     """What the check layers compare with: fresh V rounded as the codec would store it equals
     the V a stored entry decodes to, so unchanged rows compare equal."""

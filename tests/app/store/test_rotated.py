@@ -103,3 +103,44 @@ def test_a_layer_may_split_the_same_bits_otherwise():
 def test_a_layer_split_must_keep_the_bits_per_element(layer_bits):
     with pytest.raises(ValueError):
         RotatedQuantCodec("bad", 4, 3, layer_bits=layer_bits)
+
+
+def test_centred_keys_take_a_per_channel_offset_out_of_the_range():
+    """Keys with a large per-channel offset (as real models' keys have): centred, their error
+    is well below plain h4v3's; values are coded exactly as h4v3 codes them."""
+    kv = _kv(12)
+    kv[:, 0] += torch.linspace(-30, 30, 64)  # an offset per channel, the same for every token
+    plain, centred = _round_trip("h4v3", kv), _round_trip("ch4v3", kv)
+
+    def error(x: torch.Tensor) -> float:
+        return float((x[:, 0] - kv[:, 0]).square().mean())
+
+    assert error(centred) < 0.25 * error(plain), (error(centred), error(plain))
+    assert torch.equal(centred[:, 1], plain[:, 1])
+
+
+def test_centred_keys_round_each_row_about_the_channel_means():
+    """Each centred, rotated K row's squared error is at most what rounding over its symmetric
+    range guarantees (dim x (step / 2)^2; the clip search includes the full range), and a
+    chunk whose keys are all alike comes back as its mean (float16 rounding)."""
+    codec = get_codec("ch4v3")
+    kv = _kv(13)
+    decoded = codec.decode(codec.encode(kv), SHAPE[1:], torch.float32)
+    rotated = kv[:, 0] @ hadamard(64)
+    step = 2 * (rotated - rotated.mean(2, keepdim=True)).abs().amax(-1) / 15
+    error = (decoded[:, 0] @ hadamard(64) - rotated).square().sum(-1)
+    assert bool((error <= 64 * (step * 0.51) ** 2 + 1e-3).all())
+    alike = torch.zeros(SHAPE)
+    alike[:, 0] = torch.randn(64)
+    back = codec.decode(codec.encode(alike), SHAPE[1:], torch.float32)
+    assert torch.allclose(back[:, 0], alike[:, 0], atol=1e-2)
+
+
+@pytest.mark.parametrize("tokens, at_most_a_quarter", [(64, True), (256, True), (1024, True), (32, False)])
+def test_centred_keys_pay_their_means_with_the_dropped_minimums(tokens, at_most_a_quarter):
+    """The channel means (heads x head_dim float16 per layer) cost what the K rows' minimums
+    saved at 64 tokens: from there on the entry is within 0.25x float16."""
+    layer_shape = (2, 3, tokens, 64)
+    quarter = 0.25 * get_codec("float16").layer_bytes(layer_shape)
+    assert (get_codec("ch4v3").layer_bytes(layer_shape) <= quarter) is at_most_a_quarter
+    assert get_codec("ch4v3c").layer_bytes(layer_shape) == get_codec("ch4v3").layer_bytes(layer_shape)
