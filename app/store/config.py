@@ -30,9 +30,11 @@ class StoreConfig:
     codec: how KV is stored in every tier (`app/store/quant.py`): `float16` (the default;
       half of float32), `bfloat16`, `float32`, or quantized `int8` (0.53x float16's bytes),
       `int4` (0.28x) and `k4v3` (0.24x: 4-bit keys, 3-bit values), keys per channel and
-      values per token (KIVI), or `h4v3` (0.25x: the same bits per token after a Hadamard
-      rotation, with a third of k4v3's fidelity cost; `app/store/rotated.py`). Entries are decoded to the engine's dtype layer by layer when
-      loaded; tiers keep and count the encoded bytes [KVMOSAIC_STORE_CODEC].
+      values per token (KIVI), or after a Hadamard rotation (`app/store/rotated.py`) `h4v3`
+      (0.25x), `h4v3c` (its bits split toward the check layers' values), `ch4v3` (0.244x:
+      keys centred per channel first; the compressed codec recommended) and `ch4v3c`.
+      Entries are decoded to the engine's dtype layer by layer when loaded; tiers keep and
+      count the encoded bytes [KVMOSAIC_STORE_CODEC].
     eviction: `lru`, `lfu` or `value` (expected savings x access frequency / size)
       [KVMOSAIC_STORE_EVICTION].
     load_threads: background threads that read layers ahead of the compute.

@@ -3,7 +3,7 @@
 A `KVEntry` is the unit every tier stores. Its `EntryMeta` says which model, system prefix
 and token ids the KV belongs to, so a reader can refuse an entry that does not match what it
 asked for (`EntryExpectation.mismatch`) — such an entry is a miss, never served — and which
-codec (`app.store.quant`: float16, bfloat16, float32, int8, int4, k4v3, h4v3) encoded it. Tiers keep
+codec (`app.store.quant.CODECS`) encoded it. Tiers keep
 and move the encoded payload; only `decode_layer` / `chunk_from_entry` turn it back into KV.
 """
 
@@ -59,7 +59,7 @@ def token_ids_hash(token_ids: Sequence[int]) -> str:
 @dataclass(frozen=True)
 class EntryMeta:
     """Identity and shape of a stored KV. shape: [layers, 2, kv_heads, tokens, head_dim] (the
-    decoded KV); `dtype` names the codec (a float dtype or `int8` / `int4` / `k4v3` / `h4v3`)."""
+    decoded KV); `dtype` names the codec (a float dtype or a quantized codec, `app.store.quant.CODECS`)."""
 
     fingerprint: str
     prefix_digest: str

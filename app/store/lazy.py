@@ -6,7 +6,7 @@ threads, waits for layer i only, and drops reads of layers it has passed. Right 
 construction layers 0 .. prefetch are already on their way, so while the runner computes
 layer i of the request, the reads of layer i + 1 of every chunk run in parallel.
 
-Decoding (dequantizing, for `int8` / `int4` / `k4v3` / `h4v3` entries) happens on those background
+Decoding (dequantizing, for quantized entries) happens on those background
 threads too, on the engine's device, so it hides behind the compute like the read itself.
 
 A layer that fails its checksum is never returned: the source reports the entry as corrupt
