@@ -144,3 +144,34 @@ def test_centred_keys_pay_their_means_with_the_dropped_minimums(tokens, at_most_
     quarter = 0.25 * get_codec("float16").layer_bytes(layer_shape)
     assert (get_codec("ch4v3").layer_bytes(layer_shape) <= quarter) is at_most_a_quarter
     assert get_codec("ch4v3c").layer_bytes(layer_shape) == get_codec("ch4v3").layer_bytes(layer_shape)
+
+
+def test_a_centred_payload_decodes_by_its_documented_layout():
+    """The entry format of `ch4v3`, written by hand: [K scale][V scale][V min][K channel means]
+    (float16) then the K codes (4-bit, low nibble first) and V codes (3-bit, eight in three
+    bytes, little-endian); K row = (code - 7.5) * scale + mean, V row = min + code * scale,
+    both rotated back by H. Pins the layout that stored entries were written in."""
+    heads, tokens, dim = 1, 2, 8
+    generator = torch.Generator().manual_seed(5)
+    k_codes = torch.randint(0, 16, (tokens, dim), generator=generator)
+    v_codes = torch.randint(0, 8, (tokens, dim), generator=generator)
+    k_scale, v_scale, v_min = torch.tensor([0.5, 0.25]), torch.tensor([0.125, 1.0]), torch.tensor([-1.0, 2.0])
+    k_mean = torch.arange(dim, dtype=torch.float32) / 4
+
+    def as_bytes(x: torch.Tensor) -> list[int]:
+        return x.to(torch.float16).view(torch.uint8).tolist()
+
+    flat_k, flat_v = k_codes.flatten().tolist(), v_codes.flatten().tolist()
+    k_bytes = [flat_k[i] | flat_k[i + 1] << 4 for i in range(0, len(flat_k), 2)]
+    v_bytes = []
+    for i in range(0, len(flat_v), 8):
+        word = sum(code << 3 * j for j, code in enumerate(flat_v[i:i + 8]))
+        v_bytes += [word & 0xFF, word >> 8 & 0xFF, word >> 16]
+    payload = torch.tensor(as_bytes(k_scale) + as_bytes(v_scale) + as_bytes(v_min) + as_bytes(k_mean)
+                           + k_bytes + v_bytes, dtype=torch.uint8)
+    decoded = get_codec("ch4v3").decode_layer(payload, (2, heads, tokens, dim), torch.float32, 0)
+    keys = (k_codes - 7.5) * k_scale[:, None] + k_mean
+    values = v_min[:, None] + v_codes * v_scale[:, None]
+    h = hadamard(dim)
+    assert torch.allclose(decoded[0, 0], keys @ h, atol=1e-5)
+    assert torch.allclose(decoded[1, 0], values @ h, atol=1e-5)
