@@ -118,8 +118,9 @@ def run_guarded(fidelity: str, config: EngineConfig, run: Callable[[BasePlanner]
     `rerun(plan, out)` of the mode's run (the engine's computes only the rows after the
     run's exact leading rows, so its result is the reference's to float tolerance), or, when
     None, the reference plan itself.
-    A planner whose plan is exact (the reference itself, a fallback, `prefix`), or a run whose
-    state `exact_state` finds exact (every chunk from a variant of this very context, say), is
+    A planner whose plan is exact (the reference itself, a fallback), or a run whose state
+    `exact_state` finds exact (`prefix` over float KV, every chunk from a float variant of
+    this very context), is
     never re-run and not watched while decoding (its report has no margin).
     """
     if fidelity == "exact":

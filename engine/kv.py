@@ -52,6 +52,16 @@ class KVSource(Protocol):
     def layer(self, index: int) -> torch.Tensor: ...
 
 
+def exact_context(kv: KVSource | None) -> tuple[ChunkId, ...] | None:
+    """The context after which `kv`'s rows equal a full prefill's (to float tolerance): its
+    `context`, or None when there is no KV or a lossy store codec rounded it. A lossy copy of
+    an exact variant is close, not exact: its rows count as exact only once recomputed, so
+    the fidelity guard checks such requests and re-runs start before such chunks."""
+    if kv is None or kv.value_rounding is not None:
+        return None
+    return tuple(kv.context)
+
+
 @dataclass
 class ChunkKV:
     """One chunk's cached KV in memory, with what is needed to reuse it safely.

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import EngineConfig
-from engine.kv import ChunkId, KVSource
+from engine.kv import ChunkId, KVSource, exact_context
 from engine.prompt import PromptLayout
 from engine.variant_stats import VariantStats
 
@@ -119,7 +119,7 @@ class PlanRequest:
     def exact_chunks(self, layers_computed: torch.Tensor | None) -> list[bool]:
         """Per chunk, whether a prefill that computed `layers_computed` layers per row left
         its rows exact in this prompt (see `exact_in_context`)."""
-        contexts = [None if c.kv is None else tuple(getattr(c.kv, "context", ()) or ()) for c in self.chunks]
+        contexts = [exact_context(c.kv) for c in self.chunks]
         return exact_in_context([c.chunk_id for c in self.chunks], contexts, self.layout.chunk_spans,
                                 layers_computed, self.num_layers)
 
@@ -207,9 +207,10 @@ def exact_in_context(chunk_ids: Sequence[ChunkId], contexts: Sequence[tuple[Chun
                      spans: Sequence[tuple[int, int]], layers_computed: torch.Tensor | None,
                      num_layers: int) -> list[bool]:
     """Per chunk, whether its rows equal a full prefill's of the same prompt (to float
-    tolerance): every chunk before it is exact, and either its cached KV was computed after
-    exactly those chunks (contexts[i], None: no cached KV) or every one of its rows ran every
-    layer (a row recomputed over exact inputs is exact; a blended one is not)."""
+    tolerance): every chunk before it is exact, and either its cached KV is exact after
+    exactly those chunks (contexts[i], from `engine.kv.exact_context`; None: no cached KV, or
+    a lossy codec's copy) or every one of its rows ran every layer (a row recomputed over
+    exact inputs is exact; a blended one is not)."""
     exact, out = True, []
     for i, (context, (start, end)) in enumerate(zip(contexts, spans)):
         from_exact_source = context is not None and tuple(context) == tuple(chunk_ids[:i])

@@ -26,7 +26,7 @@ from engine.plan import ChunkInput
 from engine.result import PrefillResult
 from engine.variant_stats import VariantStats
 from engine.variants.build import build_variants
-from engine.variants.harvest import harvest, source_contexts
+from engine.variants.harvest import harvest
 from engine.variants.policy import VariantPolicy
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class ChunkVariants:
         if not self.policy.harvests(result.mode):
             return 0
         stored = 0
-        for chunk_id, kv in harvest(self.engine, result, source_contexts(inputs)):
+        for chunk_id, kv in harvest(self.engine, result, inputs):
             stats = VariantStats(expected_savings=self.policy.prior_savings(kv.num_tokens))
             stored += self.put(chunk_id, kv, stats) is not None
             self._prune(chunk_id)

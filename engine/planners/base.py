@@ -38,8 +38,10 @@ class BasePlanner(ABC):
     name: ClassVar[str]
     # False only for the reference `full`, which ignores every cache.
     reuses_cache: ClassVar[bool] = True
-    # True when the plan's KV equals the reference prefill's (exact-context reuse only, as
-    # `prefix`): the fidelity guard has nothing to check and never re-runs such a request.
+    # True when the plan's KV equals the reference prefill's whatever KV it is given (the
+    # reference): the fidelity guard has nothing to check and never re-runs such a request.
+    # A plan that is exact only over exact sources (`prefix`) leaves it False; the engine's
+    # per-request `exact_state` (`PlanRequest.exact_chunks`) says when its state is exact.
     exact: ClassVar[bool] = False
     variant_use: ClassVar[VariantUse] = VariantUse.BASE
     leaves: ClassVar[VariantYield] = VariantYield.NONE

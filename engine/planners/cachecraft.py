@@ -11,7 +11,8 @@ From `focus_layer` on, chunks that get less than `focus_threshold` of an even sh
 question's attention stop recomputing; their cached KV serves the remaining layers.
 
 An exact tail (`balanced` only): when the leading chunks are exact in this context (a variant
-computed after exactly the chunks before it, or no cached KV) and the chunks after them hold
+computed after exactly the chunks before it and kept in a float codec, or no cached KV; see
+`engine.kv.exact_context`) and the chunks after them hold
 at most `craft_exact_tail` of the context's tokens, those chunks are computed fully ("tail").
 The state is then full prefill's, so the guard neither checks nor repairs it and the harvest
 keeps every chunk as an exact variant. Why: on the workload's tuning trace (MuSiQue 0-11) the
@@ -31,7 +32,7 @@ from engine.attention import attention_mass
 from engine.cachecraft.choice import Candidate, variant_cfo
 from engine.cachecraft.scores import recompute_count, top_token_offsets
 from engine.config import EngineConfig
-from engine.kv import ChunkId
+from engine.kv import ChunkId, exact_context
 from engine.planners import register
 from engine.plan import ChunkDecision, ChunkInput, LayerView, Plan, PlanRequest, QueryView, positions
 from engine.planners.base import BasePlanner, VariantUse, VariantYield
@@ -98,7 +99,7 @@ def exact_tail_start(request: PlanRequest) -> int | None:
     lead = 0
     for i, chunk in enumerate(request.chunks):
         before = tuple(c.chunk_id for c in request.chunks[:i])
-        if chunk.kv is not None and tuple(chunk.kv.context) != before:
+        if chunk.kv is not None and exact_context(chunk.kv) != before:
             break
         lead += 1
     spans = request.layout.chunk_spans

@@ -3,6 +3,9 @@
 The system prefix is always exact. A leading chunk extends the exact prefix when its cached
 KV was computed at the same position after exactly the same chunks (for the base variant:
 the first chunk, computed alone after the system prefix). Everything after is computed.
+A prefix read back through a lossy store codec is reused all the same (as vLLM reuses an
+fp8 KV cache), but the state is then not exact: the fidelity guard judges such a request
+(`engine.kv.exact_context`), where over float KV it has nothing to check.
 
 Like vLLM's automatic prefix caching, what a request computes is kept: every chunk computed
 here is exact in its context, so the request leaves it as an exact-context variant at no
@@ -20,7 +23,6 @@ from engine.plan import CachedSpan, Plan, PlanRequest
 @register
 class PrefixPlanner(BasePlanner):
     name = "prefix"
-    exact = True
     variant_use = VariantUse.EXACT
     leaves = VariantYield.HARVEST
 

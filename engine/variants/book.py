@@ -85,7 +85,7 @@ class VariantBook:
         ids = [c.chunk_id for c in inputs]
         added = 0
         if self.policy.harvests(result.mode):
-            for chunk_id, kv in harvest(self.engine, result, contexts):
+            for chunk_id, kv in harvest(self.engine, result, inputs):
                 self.add(chunk_id, kv, _prior(self.policy, kv))
                 added += 1
         if self.policy.should_build(result.mode, ids):

@@ -2,8 +2,9 @@
 
 A chunk's rows equal what a full prefill of the same prompt computes (to float tolerance)
 when every chunk before it is exact and either its cached KV was itself computed after
-exactly those chunks (the base variant, for the first chunk) or every one of its rows ran
-every layer: a row recomputed over exact inputs is exact, a blended one is not. `prefix`
+exactly those chunks (the base variant, for the first chunk) and kept in a float codec, or
+every one of its rows ran every layer: a row recomputed over exact inputs is exact, a blended
+one is not, and neither is a lossy codec's copy of an exact variant (`engine.kv.exact_context`). `prefix`
 requests compute everything after their exact prefix this way, so all of what they computed
 can be kept at no extra compute; a `cachecraft` request usually only its leading chunks, or
 all of them when the fidelity guard repaired its decode (its cache is then the reference's).
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from engine.kv import ChunkId, ChunkKV
+from engine.kv import ChunkId, ChunkKV, exact_context
 from engine.plan import ChunkInput, exact_in_context
 from engine.result import PrefillResult
 
@@ -23,8 +24,9 @@ if TYPE_CHECKING:  # annotations only: the engine imports this module
 
 
 def source_contexts(inputs: Sequence[ChunkInput]) -> list[tuple[ChunkId, ...] | None]:
-    """Per chunk input, the context its cached KV was computed after (None: not cached)."""
-    return [None if c.kv is None else tuple(getattr(c.kv, "context", ()) or ()) for c in inputs]
+    """Per chunk input, the context its cached KV is exact in (None: not cached, or rounded
+    by a lossy store codec; see `engine.kv.exact_context`)."""
+    return [exact_context(c.kv) for c in inputs]
 
 
 def exact_chunks(result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] | None], num_layers: int) -> list[bool]:
@@ -39,14 +41,16 @@ def exact_chunks(result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] |
                             result.layers_computed, num_layers)
 
 
-def harvest(engine: Engine, result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] | None]) -> list[tuple[ChunkId, ChunkKV]]:
+def harvest(engine: Engine, result: PrefillResult, inputs: Sequence[ChunkInput]) -> list[tuple[ChunkId, ChunkKV]]:
     """(chunk id, KV in this context) of every chunk the prefill computed exactly and that did
-    not come from a variant of this very context already. Copies rows; computes nothing."""
+    not load a variant of this very context already (a lossy copy included: storing the same
+    variant again gains nothing). `inputs`: the request's chunks, as the prefill got them.
+    Copies rows; computes nothing."""
     ids = [report.chunk_id for report in result.chunks]
-    exact = exact_chunks(result, contexts, engine.loaded.spec.num_layers)
+    exact = exact_chunks(result, source_contexts(inputs), engine.loaded.spec.num_layers)
     kept = []
-    for i, (is_exact, context) in enumerate(zip(exact, contexts)):
-        if not is_exact or (context is not None and tuple(context) == tuple(ids[:i])):
+    for i, (is_exact, chunk) in enumerate(zip(exact, inputs)):
+        if not is_exact or (chunk.kv is not None and tuple(chunk.kv.context) == tuple(ids[:i])):
             continue
         kept.append((ids[i], chunk_rows(engine, result, i)))
     return kept

@@ -148,7 +148,7 @@ def test_a_repaired_request_leaves_every_chunk_exact(tiny_engine, chunks):
     result = answer(engine_with(tiny_engine, guard_answer_margin=1e9), chunks, mode="cachecraft")
     assert result.repaired
     assert exact_chunks(result, source_contexts(chunks), layers) == [True] * len(chunks)
-    kept = harvest(tiny_engine, result, source_contexts(chunks))
+    kept = harvest(tiny_engine, result, chunks)
     assert [chunk_id for chunk_id, _ in kept] == [c.chunk_id for c in chunks[1:]]  # the first was exact already
     full = tiny_engine.prefill(chunks, QUESTION, mode="full")
     for chunk_id, kv in kept:
@@ -221,3 +221,42 @@ def test_no_exact_tail_without_a_leading_exact_chunk_or_when_off(tiny_engine, ch
     assert start(exact[1:2] + chunks[:1]) is None  # a first chunk computed after another one: no lead
     assert start(exact[:-1] + chunks[-1:], fidelity="fast") is None
     assert start(exact[:-1] + chunks[-1:], share=0.0) is None
+
+
+def test_a_lossy_copy_of_exact_variants_is_checked_and_re_run_not_taken_for_exact(tiny_engine, chunks):
+    """A context variant read back through a lossy store codec is close to exact, not exact:
+    the guard must judge it (and here re-run it), and a harvest must not store it again."""
+    import dataclasses
+
+    from app.store.entry import roundtrip
+    from engine.variants.harvest import exact_chunks, harvest, source_contexts
+
+    full, exact = _exact_variants(tiny_engine, chunks)
+    lossy = [dataclasses.replace(c, kv=roundtrip(c.kv, "int8")) for c in exact]
+    assert all(c.kv.value_rounding is not None for c in lossy)
+    layers = tiny_engine.loaded.spec.num_layers
+    engine = engine_with(tiny_engine, guard_margin=1e9, guard_answer_margin=1e9)  # escalate whenever asked
+    as_stored = answer(engine, exact, mode="cachecraft")
+    assert as_stored.guard.margin is None and not as_stored.guard.escalated  # exact: never judged
+    rounded = answer(engine, lossy, mode="cachecraft")
+    assert rounded.guard.margin is not None and rounded.guard.escalated
+    assert "tail" not in [c.strategy for c in rounded.chunks]  # no exact lead to start a tail after
+    assert torch.allclose(rounded.logits, full.logits, atol=1e-3)  # the re-run is full prefill's
+    assert exact_chunks(rounded, source_contexts(lossy), layers) == [True] * len(chunks)
+    assert harvest(engine, rounded, lossy) == []  # every chunk loaded a variant of its context
+    blended = engine.prefill(lossy, QUESTION, mode="cachecraft", fidelity="fast")
+    assert exact_chunks(blended, source_contexts(lossy), layers) == [False] * len(chunks)
+
+
+def test_prefix_over_a_lossy_prefix_is_judged_and_over_a_float_one_is_not(tiny_engine, chunks):
+    import dataclasses
+
+    from app.store.entry import roundtrip
+
+    engine = engine_with(tiny_engine, guard_margin=1e9, guard_answer_margin=1e9)
+    as_computed = engine.prefill(chunks, QUESTION, mode="prefix")
+    assert as_computed.guard.margin is None and not as_computed.guard.escalated
+    lossy = [dataclasses.replace(c, kv=roundtrip(c.kv, "int8")) for c in chunks]
+    rounded = engine.prefill(lossy, QUESTION, mode="prefix")
+    assert rounded.guard.margin is not None and rounded.guard.escalated
+    assert torch.allclose(rounded.logits, as_computed.logits, atol=1e-3)  # re-run: the reference's
