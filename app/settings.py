@@ -144,6 +144,7 @@ class Settings(BaseSettings):
     # KVMOSAIC_STORE_CODEC (KVMOSAIC_STORE_DTYPE, its former name, is still read)
     store_codec: str = Field(default=StoreConfig.codec, validation_alias=AliasChoices(
         "KVMOSAIC_STORE_CODEC", "KVMOSAIC_STORE_DTYPE", "store_codec"))
+    store_variant_codec: str = StoreConfig.variant_codec  # KVMOSAIC_STORE_VARIANT_CODEC
     store_eviction: str = StoreConfig.eviction
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_prefix: str = Field(default=StoreConfig.redis_prefix, min_length=1)
@@ -211,7 +212,8 @@ class Settings(BaseSettings):
                            disk_bytes=self.store_disk_bytes, redis_bytes=self.store_redis_bytes,
                            disk_dir=self.store_disk_dir or self.data_dir / "kv", redis_url=self.redis_url,
                            redis_prefix=self.redis_prefix,
-                           codec=self.store_codec, eviction=self.store_eviction)
+                           codec=self.store_codec, variant_codec=self.store_variant_codec,
+                           eviction=self.store_eviction)
 
     def index_config(self) -> IndexConfig:
         return IndexConfig(approx_above=self.index_approx_above, nprobe=self.index_nprobe)

@@ -42,10 +42,12 @@ class ChunkKVCache:
 
     @classmethod
     def open(cls, engine: Engine, store: TieredStore, catalog: Catalog, storage_dtype: str = "float16",
-             prefetch_layers: int = 2, base_tier: str | None = None) -> ChunkKVCache:
-        """The four parts over one engine, store and catalog. `base_tier`: where base variants
-        computed on use are stored (None: the first tier); see `ChunkLoader`."""
-        keys = VariantKeys(engine, storage_dtype)
+             prefetch_layers: int = 2, base_tier: str | None = None,
+             variant_dtype: str | None = None) -> ChunkKVCache:
+        """The four parts over one engine, store and catalog. `storage_dtype`: the codec of
+        base variants; `variant_dtype`: of context variants (None: the same); `base_tier`:
+        where base variants computed on use are stored (None: the first tier); see `ChunkLoader`."""
+        keys = VariantKeys(engine, storage_dtype, variant_dtype)
         variants = ChunkVariants(engine, store, catalog, keys)
         loader = ChunkLoader(engine, store, catalog, variants, prefetch_layers, base_tier)
         return cls(engine, store, catalog, keys, variants, loader, KVMaintenance(store, catalog))

@@ -198,7 +198,8 @@ def open_chunk_cache(settings: Settings, catalog: Catalog, engine: Engine) -> Se
     # Base KV computed on use goes where ingest puts it, so a cleared or cold cache is
     # persistent again after one use instead of living in RAM only.
     cache = ChunkKVCache.open(engine, store, catalog, storage_dtype=config.codec, prefetch_layers=config.prefetch_layers,
-                         base_tier=first_persistent_tier(store.names))
+                              base_tier=first_persistent_tier(store.names),
+                              variant_dtype=config.context_variant_codec)
     cache.maintenance.reconcile(settings.kv_orphan_grace_s)
     return ServiceChunkCache(cache, settings.ingest_batch_tokens)
 

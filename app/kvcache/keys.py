@@ -1,8 +1,9 @@
 """Where a chunk variant's KV lives in the store, and what a reader must find there.
 
 A key hashes everything that makes KV reusable: the model fingerprint, the system prefix,
-the storage dtype, the chunk's token ids and its context (the ordered ids of the chunks it
-was computed after). Two replicas of one model compute the same key for the same variant.
+the storage codec (base and context variants may differ), the chunk's token ids and its
+context (the ordered ids of the chunks it was computed after). Two replicas of one model
+compute the same key for the same variant.
 """
 
 from __future__ import annotations
@@ -19,16 +20,22 @@ from engine.kv import ChunkId
 
 
 class VariantKeys:
-    """Keys and read expectations of chunk variants for one engine and storage dtype."""
+    """Keys and read expectations of chunk variants for one engine: base variants stored in
+    `storage_dtype`, context variants in `variant_dtype` (default: the same codec)."""
 
-    def __init__(self, engine: Engine, storage_dtype: str):
+    def __init__(self, engine: Engine, storage_dtype: str, variant_dtype: str | None = None):
         self.engine = engine
         self.storage_dtype = storage_dtype
+        self.variant_dtype = variant_dtype or storage_dtype
+
+    def codec(self, context: Sequence[ChunkId] = ()) -> str:
+        """The codec a variant of `context` is stored in (empty context: the base variant)."""
+        return self.variant_dtype if context else self.storage_dtype
 
     def key(self, token_ids: Sequence[int], context: Sequence[ChunkId] = ()) -> str:
-        """Hash of model fingerprint, prefix digest, dtype, context and token ids (32 hex digits)."""
+        """Hash of model fingerprint, prefix digest, codec, context and token ids (32 hex digits)."""
         h = hashlib.sha256()
-        for part in (self.engine.fingerprint, self.engine.prompts.prefix_digest, self.storage_dtype,
+        for part in (self.engine.fingerprint, self.engine.prompts.prefix_digest, self.codec(context),
                      context_signature(context)):
             h.update(part.encode())
             h.update(b"\0")
@@ -38,4 +45,4 @@ class VariantKeys:
     def expectation(self, token_ids: Sequence[int], context: Sequence[ChunkId] = ()) -> EntryExpectation:
         """What an entry read under `key(token_ids, context)` must say about itself."""
         return EntryExpectation(self.engine.fingerprint, self.engine.prompts.prefix_digest,
-                                token_ids_hash(token_ids), self.storage_dtype, tuple(context))
+                                token_ids_hash(token_ids), self.codec(context), tuple(context))

@@ -78,7 +78,7 @@ class ChunkVariants:
     def _usable(self, chunk_id: ChunkId, num_tokens: int) -> list[VariantRecord]:
         return [v for v in self.catalog.variants_of_chunk(chunk_id, self.engine.fingerprint)
                 if v.prefix_digest == self.engine.prompts.prefix_digest
-                and v.storage_dtype == self.keys.storage_dtype and v.num_tokens == num_tokens]
+                and v.storage_dtype == self.keys.codec(v.context) and v.num_tokens == num_tokens]
 
     def record_savings(self, result: PrefillResult, inputs: Sequence[ChunkInput]) -> None:
         """Fold what each context variant of a finished request saved into its running mean
@@ -139,7 +139,7 @@ class ChunkVariants:
         service puts ingested base variants in a persistent tier so they survive a restart)."""
         if kv.fingerprint != self.engine.fingerprint or kv.prefix_digest != self.engine.prompts.prefix_digest:
             raise InvalidRequest("this KV belongs to another model or system prefix")
-        entry = entry_from_chunk(kv, self.keys.storage_dtype)
+        entry = entry_from_chunk(kv, self.keys.codec(kv.context))
         return self.put_entry(chunk_id, self.keys.key(kv.token_ids, kv.context), entry, stats or VariantStats(), tier)
 
     def put_entry(self, chunk_id: ChunkId, key: str, entry: KVEntry, stats: VariantStats,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.store.quant import CODECS
+from app.store.quant import CODECS, get_codec
 
 GiB = 1 << 30
 KNOWN_TIERS = ("gpu", "cpu", "disk", "redis")
@@ -35,6 +35,12 @@ class StoreConfig:
       keys centred per channel first; the compressed codec recommended) and `ch4v3c`.
       Entries are decoded to the engine's dtype layer by layer when loaded; tiers keep and
       count the encoded bytes [KVMOSAIC_STORE_CODEC].
+    variant_codec: how context variants (a chunk's KV computed after other chunks: harvests
+      and Cache-Craft's builds) are stored; base variants use `codec`. `auto` (the default):
+      `codec` when it is a float codec, else `float16`, because a lossy copy of an exact
+      variant is no longer exact (the guard must then judge and often re-run the request) and
+      variants are the few hot entries, where bases are the whole corpus; any codec name
+      forces that codec [KVMOSAIC_STORE_VARIANT_CODEC].
     eviction: `lru`, `lfu` or `value` (expected savings x access frequency / size)
       [KVMOSAIC_STORE_EVICTION].
     load_threads: background threads that read layers ahead of the compute.
@@ -53,6 +59,7 @@ class StoreConfig:
     redis_timeout_s: float = 2.0
     redis_retry_s: float = 30.0
     codec: str = "float16"
+    variant_codec: str = "auto"
     # lfu by measurement: `kvmosaic bench store --capacity` (300 entries, Zipf 1.0, 3000 lookups)
     # hit rate at 10 / 25 / 50% capacity: lfu 0.590 / 0.727 / 0.849, lru 0.499 / 0.689 / 0.833,
     # value 0.537 / 0.643 / 0.726
@@ -69,10 +76,19 @@ class StoreConfig:
                 raise ValueError(f"{tier}_bytes must be >= 0")
         if self.codec not in CODECS:
             raise ValueError(f"codec must be one of {tuple(CODECS)}")
+        if self.variant_codec != "auto" and self.variant_codec not in CODECS:
+            raise ValueError(f"variant_codec must be 'auto' or one of {tuple(CODECS)}")
         if self.eviction not in KNOWN_POLICIES:
             raise ValueError(f"eviction must be one of {KNOWN_POLICIES}")
         if self.load_threads < 1 or self.prefetch_layers < 1:
             raise ValueError("load_threads and prefetch_layers must be >= 1")
+
+    @property
+    def context_variant_codec(self) -> str:
+        """The codec context variants are stored in (`variant_codec` with `auto` resolved)."""
+        if self.variant_codec != "auto":
+            return self.variant_codec
+        return "float16" if get_codec(self.codec).lossy else self.codec
 
     def capacity(self, tier: str) -> int:
         return int(getattr(self, f"{tier}_bytes"))

@@ -74,6 +74,8 @@ def build_variants(engine: Engine, result: PrefillResult, contexts: Sequence[tup
                                           all_layers=True, exact_chunks=leading)
     drafts = []
     for i, stats in zip(range(skip, len(ids)), measured):
+        if i == 0:  # its base variant, inexact only as a lossy codec's copy: storing it again gains nothing
+            continue
         start, end = result.layout.chunk_spans[i]
         kv = ChunkKV(token_ids=result.layout.chunk_ids[i], kv=out.cache.rows(start, end), base_position=start,
                      fingerprint=engine.fingerprint, prefix_digest=engine.prompts.prefix_digest,

@@ -34,7 +34,9 @@ def refs(tiny_engine, catalog) -> list[ChunkRef]:
 def make_cache(engine, catalog, tmp_path, **config) -> ChunkKVCache:
     settings = dict(tiers=("cpu", "disk"), disk_dir=tmp_path / "kv", disk_fsync=False)
     settings.update(config)
-    return ChunkKVCache.open(engine, create_store(StoreConfig(**settings)), catalog)
+    store_config = StoreConfig(**settings)
+    return ChunkKVCache.open(engine, create_store(store_config), catalog, storage_dtype=store_config.codec,
+                             variant_dtype=store_config.context_variant_codec)
 
 
 def prefill_logits(engine, cache, refs, mode="cacheblend"):

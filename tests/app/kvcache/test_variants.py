@@ -128,3 +128,35 @@ def test_inline_builds_through_the_store(tiny_engine, catalog, refs, tmp_path): 
     finally:
         engine.config = original
         cache.store.close()
+
+
+@pytest.mark.parametrize("variant_codec, stored_as", [("auto", "float16"), ("int8", "int8")])
+def test_context_variants_of_a_lossy_store_are_kept_in_float16_unless_told(tiny_engine, catalog, refs, tmp_path,  # noqa: F811
+                                                                         variant_codec, stored_as):
+    engine = tiny_engine
+    cache = make_cache(engine, catalog, tmp_path, codec="int8", variant_codec=variant_codec)
+    first, chosen, inputs = craft_request(engine, cache, refs, mode="prefix")
+    assert all(c.kv.value_rounding is not None for c in inputs)  # int8 bases
+    assert first.guard.margin is not None  # over a lossy prefix the state is not exact: judged
+    assert cache.variants.harvest(first, inputs) == 0  # nor are the rows computed after it
+    first, chosen, inputs = craft_request(engine, cache, refs)
+    assert cache.variants.build(first, contexts_of(chosen)) == len(refs) - 1  # the base is not stored again
+    for i, ref in enumerate(refs):
+        codecs = {tuple(v.context): v.storage_dtype for v in catalog.variants_of_chunk(ref.chunk_id)}
+        assert codecs == ({(): "int8", tuple(r.chunk_id for r in refs[:i]): stored_as} if i else {(): "int8"})
+    second, chosen, inputs = craft_request(engine, cache, refs)
+    assert contexts_of(chosen) == [tuple(r.chunk_id for r in refs[:i]) for i in range(len(refs))]
+    # float16 variants read back as computed; int8 ones, and the int8 first chunk, rounded
+    assert [c.kv.value_rounding is None for c in inputs] == [False] + [stored_as == "float16"] * (len(refs) - 1)
+    assert second.guard.margin is not None  # the lossy first chunk keeps the state inexact
+    cache.store.close()
+
+
+def test_a_variant_codec_must_be_auto_or_a_known_codec():
+    from app.store import StoreConfig
+
+    assert StoreConfig(codec="ch4v3").context_variant_codec == "float16"
+    assert StoreConfig(codec="bfloat16").context_variant_codec == "bfloat16"
+    assert StoreConfig(codec="ch4v3", variant_codec="h4v3").context_variant_codec == "h4v3"
+    with pytest.raises(ValueError, match="variant_codec"):
+        StoreConfig(variant_codec="fp8")
