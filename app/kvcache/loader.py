@@ -1,7 +1,9 @@
 """`ChunkLoader`: a request's chunk KV from the tiered store, pinned and read layer by layer.
 
 Stored KV is read lazily, layer by layer, overlapped with the compute (`LazyChunkKV`). A
-wanted context variant that is not stored falls back to the chunk's base variant; a missing,
+wanted context variant that is not stored falls back to the base variant's exact copy where
+one is kept (`VariantKeys.base_copy_codec`, under a lossy base codec), then to the chunk's
+base variant; a missing,
 corrupt or foreign base entry is recomputed with `Engine.encode_chunk` and stored, so a chunk
 served from the store and one computed now give bit-identical KV (both pass through the
 storage dtype).
@@ -108,21 +110,26 @@ class ChunkLoader:
         return loaded
 
     def _source(self, ref: ChunkRef, loaded: LoadedChunks) -> KVSource:
+        """The wanted variant, else the base variant's exact copy (`VariantKeys.base_copy_codec`),
+        else the base variant, else the base computed now."""
         if not ref.token_ids:
             raise InvalidRequest(f"chunk {ref.chunk_id} has no tokens")
-        wanted = [ref] if not ref.context else [ref, ref.base()]
-        for candidate in wanted:
-            source = self._open(candidate, loaded)
+        wanted: list[tuple[ChunkRef, str | None]] = [(ref, None)] if ref.context else []
+        if self.keys.base_copy_codec is not None:
+            wanted.append((ref.base(), self.keys.base_copy_codec))
+        wanted.append((ref.base(), None))
+        for candidate, codec in wanted:
+            source = self._open(candidate, loaded, codec)
             if source is not None:
                 return source
         loaded.computed.append(ref.chunk_id)
         loaded.used_keys.append(self.keys.key(ref.token_ids))
         return self.compute_base(ref.base())
 
-    def _open(self, ref: ChunkRef, loaded: LoadedChunks) -> LazyChunkKV | None:
-        key = self.keys.key(ref.token_ids, ref.context)
+    def _open(self, ref: ChunkRef, loaded: LoadedChunks, codec: str | None = None) -> LazyChunkKV | None:
+        key = self.keys.key(ref.token_ids, ref.context, codec)
         self.store.pin(key)  # before opening, so it cannot be evicted in between
-        opened = self.store.open(key, self.keys.expectation(ref.token_ids, ref.context))
+        opened = self.store.open(key, self.keys.expectation(ref.token_ids, ref.context, codec))
         if opened is None:
             self.store.unpin(key)
             return None

@@ -4,7 +4,8 @@ Through `VariantPolicy` (`engine/variants/policy.py`), the one policy the benchm
 `choose` (per mode, from the catalog), `record_savings` (what each context variant saved,
 into the catalog and the store's eviction value), `harvest` (a request's exact rows),
 `build` (Cache-Craft's exact variants, run by the background builder) and pruning to
-`craft_max_variants` per chunk. `put` stores any variant: KV first, catalog row second, so a
+`craft_max_variants` per chunk. Under a lossy base codec, exact rows of a chunk at the head of
+a prompt are kept as a float copy of its base (`VariantKeys.base_copy_codec`). `put` stores any variant: KV first, catalog row second, so a
 crash in between leaves KV without a row (the orphan sweep removes it), never a row pointing
 at half-written KV.
 """
@@ -18,10 +19,11 @@ from dataclasses import dataclass
 from app.catalog import Catalog, CatalogError, NewVariant, VariantRecord
 from app.kvcache.keys import VariantKeys
 from app.store import KVEntry, TieredStore, entry_from_chunk
+from app.store.quant import get_codec
 from engine.cachecraft.choice import Candidate
 from engine.engine import Engine
 from engine.errors import InvalidRequest
-from engine.kv import ChunkId, ChunkKV
+from engine.kv import ChunkId, ChunkKV, KVSource
 from engine.plan import ChunkInput
 from engine.result import PrefillResult
 from engine.variant_stats import VariantStats
@@ -103,9 +105,9 @@ class ChunkVariants:
             return 0
         stored = 0
         for chunk_id, kv in harvest(self.engine, result, inputs):
+            loaded = next((c.kv for c in inputs if c.chunk_id == chunk_id), None)
             stats = VariantStats(expected_savings=self.policy.prior_savings(kv.num_tokens))
-            stored += self.put(chunk_id, kv, stats) is not None
-            self._prune(chunk_id)
+            stored += self._keep(chunk_id, kv, stats, loaded)
         return stored
 
     def build(self, result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] | None]) -> int:
@@ -114,13 +116,27 @@ class ChunkVariants:
         worth it is the caller's question (`VariantPolicy.should_build`)."""
         stored = 0
         for draft in build_variants(self.engine, result, contexts, self.policy).drafts:
-            stored += self.put(draft.chunk_id, draft.kv, draft.stats) is not None
-            self._prune(draft.chunk_id)
+            stored += self._keep(draft.chunk_id, draft.kv, draft.stats)
+        return stored
+
+    def _keep(self, chunk_id: ChunkId, kv: ChunkKV, stats: VariantStats, loaded: KVSource | None = None) -> bool:
+        """Store exact rows of `kv.context` unless that adds nothing: a base variant's rows go
+        to its exact copy (`VariantKeys.base_copy_codec`; none: the base is stored already),
+        and rows of a context whose lossy copy the request `loaded` are not stored again in
+        the same lossy codec. True if stored."""
+        codec = self.keys.codec(kv.context) if kv.context else self.keys.base_copy_codec
+        if codec is None:
+            return False
+        if loaded is not None and tuple(loaded.context) == tuple(kv.context) and get_codec(codec).lossy:
+            return False
+        stored = self.put(chunk_id, kv, stats, codec=codec) is not None
+        self._prune(chunk_id)
         return stored
 
     def _prune(self, chunk_id: ChunkId) -> None:
         """Drop the least valuable context variants beyond the limit (`VariantPolicy.keep`; never
-        the base variant). The catalog row goes first, so no request picks a variant whose KV
+        the base variant or its exact copy, which count toward the limit; the store's eviction
+        drops a copy like any entry, and the base serves then). The catalog row goes first, so no request picks a variant whose KV
         is being removed."""
         records = self.catalog.variants_of_chunk(chunk_id, self.engine.fingerprint)
         kept = set(self.policy.keep([_candidate(r) for r in records]))
@@ -132,15 +148,19 @@ class ChunkVariants:
             self.store.remove(record.store_key)
 
     def put(self, chunk_id: ChunkId, kv: ChunkKV, stats: VariantStats | None = None,
-            tier: str | None = None) -> VariantRecord | None:
+            tier: str | None = None, codec: str | None = None) -> VariantRecord | None:
         """Store KV of chunk `chunk_id` computed under `kv.context` (ordered ids of the chunks
         before it) with its statistics; KV first, then the catalog row. None if no tier could
         take it (nothing is recorded then). `tier`: start there instead of the first tier (the
-        service puts ingested base variants in a persistent tier so they survive a restart)."""
+        service puts ingested base variants in a persistent tier so they survive a restart).
+        `codec`: store it so (default `VariantKeys.codec(kv.context)`; a base variant's exact
+        copy is stored in `base_copy_codec`)."""
         if kv.fingerprint != self.engine.fingerprint or kv.prefix_digest != self.engine.prompts.prefix_digest:
             raise InvalidRequest("this KV belongs to another model or system prefix")
-        entry = entry_from_chunk(kv, self.keys.codec(kv.context))
-        return self.put_entry(chunk_id, self.keys.key(kv.token_ids, kv.context), entry, stats or VariantStats(), tier)
+        codec = codec or self.keys.codec(kv.context)
+        entry = entry_from_chunk(kv, codec)
+        return self.put_entry(chunk_id, self.keys.key(kv.token_ids, kv.context, codec), entry,
+                              stats or VariantStats(), tier)
 
     def put_entry(self, chunk_id: ChunkId, key: str, entry: KVEntry, stats: VariantStats,
                   tier: str | None = None) -> VariantRecord | None:

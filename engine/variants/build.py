@@ -9,6 +9,9 @@ variants from three other orders of the same chunks, with no recompute at all, g
 first-token KL of 0.026 against full prefill, while variants taken from the requests' own
 blended KV give 0.31 (no better than base variants), so blended rows are never stored.
 Whether a request's build is worth its cost is the policy's call (`VariantPolicy.should_build`).
+The first chunk is inexact only when its base variant was read through a lossy store codec;
+its draft (empty context) is then the base's exact rows, which the service keeps as a float
+copy of the base (`app.kvcache.keys.VariantKeys.base_copy_codec`).
 """
 
 from __future__ import annotations
@@ -74,8 +77,6 @@ def build_variants(engine: Engine, result: PrefillResult, contexts: Sequence[tup
                                           all_layers=True, exact_chunks=leading)
     drafts = []
     for i, stats in zip(range(skip, len(ids)), measured):
-        if i == 0:  # its base variant, inexact only as a lossy codec's copy: storing it again gains nothing
-            continue
         start, end = result.layout.chunk_spans[i]
         kv = ChunkKV(token_ids=result.layout.chunk_ids[i], kv=out.cache.rows(start, end), base_position=start,
                      fingerprint=engine.fingerprint, prefix_digest=engine.prompts.prefix_digest,

@@ -43,14 +43,15 @@ def exact_chunks(result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] |
 
 def harvest(engine: Engine, result: PrefillResult, inputs: Sequence[ChunkInput]) -> list[tuple[ChunkId, ChunkKV]]:
     """(chunk id, KV in this context) of every chunk the prefill computed exactly and that did
-    not load a variant of this very context already (a lossy copy included: storing the same
-    variant again gains nothing). `inputs`: the request's chunks, as the prefill got them.
-    Copies rows; computes nothing."""
+    not load an exact variant of this very context already (one read back through a lossy
+    codec is returned: the caller may keep a float copy). `inputs`: the request's chunks, as
+    the prefill got them. Copies rows; computes nothing."""
     ids = [report.chunk_id for report in result.chunks]
-    exact = exact_chunks(result, source_contexts(inputs), engine.loaded.spec.num_layers)
+    contexts = source_contexts(inputs)
+    exact = exact_chunks(result, contexts, engine.loaded.spec.num_layers)
     kept = []
-    for i, (is_exact, chunk) in enumerate(zip(exact, inputs)):
-        if not is_exact or (chunk.kv is not None and tuple(chunk.kv.context) == tuple(ids[:i])):
+    for i, (is_exact, context) in enumerate(zip(exact, contexts)):
+        if not is_exact or (context is not None and context == tuple(ids[:i])):
             continue
         kept.append((ids[i], chunk_rows(engine, result, i)))
     return kept

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from app.kvcache.variants import ChunkRef
+from engine.variants.harvest import source_contexts
 from tests.engine.helpers import QUESTION
 from tests.app.kvcache.test_chunk_cache import catalog, make_cache, refs  # noqa: F401 (fixtures)
 
@@ -130,9 +131,9 @@ def test_inline_builds_through_the_store(tiny_engine, catalog, refs, tmp_path): 
         cache.store.close()
 
 
-@pytest.mark.parametrize("variant_codec, stored_as", [("auto", "float16"), ("int8", "int8")])
-def test_context_variants_of_a_lossy_store_are_kept_in_float16_unless_told(tiny_engine, catalog, refs, tmp_path,  # noqa: F811
-                                                                         variant_codec, stored_as):
+@pytest.mark.parametrize("variant_codec, float_copies", [("auto", True), ("int8", False)])
+def test_under_a_lossy_store_exact_variants_stay_exact_in_float16_unless_told(tiny_engine, catalog, refs, tmp_path,  # noqa: F811
+                                                                            variant_codec, float_copies):
     engine = tiny_engine
     cache = make_cache(engine, catalog, tmp_path, codec="int8", variant_codec=variant_codec)
     first, chosen, inputs = craft_request(engine, cache, refs, mode="prefix")
@@ -140,15 +141,25 @@ def test_context_variants_of_a_lossy_store_are_kept_in_float16_unless_told(tiny_
     assert first.guard.margin is not None  # over a lossy prefix the state is not exact: judged
     assert cache.variants.harvest(first, inputs) == 0  # nor are the rows computed after it
     first, chosen, inputs = craft_request(engine, cache, refs)
-    assert cache.variants.build(first, contexts_of(chosen)) == len(refs) - 1  # the base is not stored again
+    # the first chunk's exact rows too: as a float16 copy of its base, or not at all
+    assert cache.variants.build(first, source_contexts(inputs)) == len(refs) - (not float_copies)
+    stored_as = "float16" if float_copies else "int8"
     for i, ref in enumerate(refs):
-        codecs = {tuple(v.context): v.storage_dtype for v in catalog.variants_of_chunk(ref.chunk_id)}
-        assert codecs == ({(): "int8", tuple(r.chunk_id for r in refs[:i]): stored_as} if i else {(): "int8"})
+        kept = sorted((tuple(v.context), v.storage_dtype) for v in catalog.variants_of_chunk(ref.chunk_id))
+        wanted = [((), "int8"), (tuple(r.chunk_id for r in refs[:i]), stored_as)] if i else [((), "int8")]
+        assert kept == sorted(wanted + ([((), "float16")] if i == 0 and float_copies else []))
     second, chosen, inputs = craft_request(engine, cache, refs)
     assert contexts_of(chosen) == [tuple(r.chunk_id for r in refs[:i]) for i in range(len(refs))]
-    # float16 variants read back as computed; int8 ones, and the int8 first chunk, rounded
-    assert [c.kv.value_rounding is None for c in inputs] == [False] + [stored_as == "float16"] * (len(refs) - 1)
-    assert second.guard.margin is not None  # the lossy first chunk keeps the state inexact
+    assert [c.kv.value_rounding is None for c in inputs] == [float_copies] * len(refs)
+    # float copies: the state is exact, nothing to judge; int8 ones: judged
+    assert (second.guard.margin is None) == float_copies
+    if float_copies:
+        full = engine.prefill(_plain(engine, refs), QUESTION, mode="full")
+        torch.testing.assert_close(second.logits, full.logits, rtol=0, atol=5e-2)
+        copy = next(v for v in catalog.variants_of_chunk(refs[0].chunk_id) if v.storage_dtype == "float16")
+        cache.store.remove(copy.store_key)  # evicted: the int8 base serves again
+        with cache.loader.load([refs[0]]) as loaded:
+            assert loaded.inputs[0].kv.value_rounding is not None and not loaded.computed
     cache.store.close()
 
 
