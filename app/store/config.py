@@ -40,7 +40,9 @@ class StoreConfig:
       `codec` when it is a float codec, else `float16`, because a lossy copy of an exact
       variant is no longer exact (the guard must then judge and often re-run the request) and
       variants are the few hot entries, where bases are the whole corpus; any codec name
-      forces that codec [KVMOSAIC_STORE_VARIANT_CODEC].
+      forces that codec [KVMOSAIC_STORE_VARIANT_CODEC]. When it differs from `codec`, a
+      chunk that a request computed exactly at the head of its prompt is also kept as a copy
+      of its base in this codec, loaded before the base (so a recurring prompt starts exact).
     eviction: `lru`, `lfu` or `value` (expected savings x access frequency / size)
       [KVMOSAIC_STORE_EVICTION].
     load_threads: background threads that read layers ahead of the compute.
