@@ -120,8 +120,8 @@ def run_guarded(fidelity: str, config: EngineConfig, run: Callable[[BasePlanner]
     None, the reference plan itself.
     A planner whose plan is exact (the reference itself, a fallback), or a run whose state
     `exact_state` finds exact (`prefix` over float KV, every chunk from a float variant of
-    this very context), is
-    never re-run and not watched while decoding (its report has no margin).
+    this very context), is never re-run and not watched while decoding (its report has no
+    margin).
     """
     if fidelity == "exact":
         plan, out = run(reference)

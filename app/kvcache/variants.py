@@ -5,9 +5,9 @@ Through `VariantPolicy` (`engine/variants/policy.py`), the one policy the benchm
 into the catalog and the store's eviction value), `harvest` (a request's exact rows),
 `build` (Cache-Craft's exact variants, run by the background builder) and pruning to
 `craft_max_variants` per chunk. Under a lossy base codec, exact rows of a chunk at the head of
-a prompt are kept as a float copy of its base (`VariantKeys.base_copy_codec`). `put` stores any variant: KV first, catalog row second, so a
-crash in between leaves KV without a row (the orphan sweep removes it), never a row pointing
-at half-written KV.
+a prompt are kept as a float copy of its base (`VariantKeys.base_copy_codec`). `put` stores
+any variant: KV first, catalog row second, so a crash in between leaves KV without a row (the
+orphan sweep removes it), never a row pointing at half-written KV.
 """
 
 from __future__ import annotations
@@ -136,8 +136,8 @@ class ChunkVariants:
     def _prune(self, chunk_id: ChunkId) -> None:
         """Drop the least valuable context variants beyond the limit (`VariantPolicy.keep`; never
         the base variant or its exact copy, which count toward the limit; the store's eviction
-        drops a copy like any entry, and the base serves then). The catalog row goes first, so no request picks a variant whose KV
-        is being removed."""
+        drops a copy like any entry, and the base serves then). The catalog row goes first, so
+        no request picks a variant whose KV is being removed."""
         records = self.catalog.variants_of_chunk(chunk_id, self.engine.fingerprint)
         kept = set(self.policy.keep([_candidate(r) for r in records]))
         doomed = [r for i, r in enumerate(records) if i not in kept]
