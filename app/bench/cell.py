@@ -73,6 +73,7 @@ class CellResult:
     background_work: WorkTotals  # the part of `work` done off the request path (variant builds)
     tier_hits: dict[str, int] = field(default_factory=dict)
     tier_misses: dict[str, int] = field(default_factory=dict)
+    kv_bytes: dict[str, int] = field(default_factory=dict)  # after the drain (`Catalog.ready_bytes_by_kind`)
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,8 @@ def _measure(services, spec: ModeSpec, load: Load, queries: Sequence, max_second
                       [o.error for o in outcomes if o.error], sum(o.rejections for o in outcomes),
                       ended - started, ended - last_answer, _cpu_seconds() - cpu0, meter.snapshot() - work0,
                       meter.background_snapshot() - background0,
-                      _delta(tiers0, tiers1, "hits"), _delta(tiers0, tiers1, "misses"))
+                      _delta(tiers0, tiers1, "hits"), _delta(tiers0, tiers1, "misses"),
+                      services.catalog.ready_bytes_by_kind())
 
 
 def _digest(engine, fidelity: Fidelity) -> Callable[[Outcome, object], RequestFacts]:

@@ -11,7 +11,7 @@ from app.bench.summary import CellSummary
 from app.bench.trace import write_trace
 
 COLUMNS = ("mode", "load", "ok", "err", "req/s", "TTFT p50", "p95", "p99", "lat p50", "p95", "tok/s",
-           "CPU s/req", "work/full", "work/prefix", "bg", "recomp", "esc", "rep", "EM", "ROUGE-L", "KL", "top-1", "ans top-1", "ans KL", "tier hits")
+           "CPU s/req", "work/full", "work/prefix", "bg", "recomp", "esc", "rep", "EM", "ROUGE-L", "KL", "top-1", "ans top-1", "ans KL", "KV MiB", "tier hits")
 
 
 def format_table(summaries: list[CellSummary]) -> str:
@@ -30,6 +30,7 @@ def _row(s: CellSummary) -> tuple[str, ...]:
             _num(s.escalated_share, 2), _num(s.repaired_share, 2),
             *((f"{f.exact_match:.2f}", f"{f.rouge_l:.2f}", f"{f.first_kl:.3f}", f"{f.first_top1:.2f}",
                _num(f.answer_top1, 3), _num(f.answer_kl, 3)) if f else ("-",) * 6),
+            f"{sum(s.kv_bytes.values()) / 2**20:.0f}" if s.kv_bytes else "-",
             " ".join(f"{tier}:{hits}" for tier, hits in s.tier_hits.items() if hits))
 
 
@@ -105,11 +106,21 @@ def _markdown(run, command: str, plots: list[str]) -> str:
         "mean share of context tokens recomputed; shares of requests the fidelity guard re-ran in full at the",
         "first token (`esc`) or moved to full prefill while decoding (`rep`); fidelity against `full` on the same request: greedy-answer",
         "exact match, ROUGE-L, first-token KL(full ‖ mode), first-token top-1 agreement, and along full's answer",
-        "fed to the mode (teacher forcing, pooled over answer positions) top-1 agreement and mean KL; store hits",
-        "per tier. Teacher forcing runs on the client thread between its requests, inside the wall time.", "",
+        "fed to the mode (teacher forcing, pooled over answer positions) top-1 agreement and mean KL; the",
+        "store's KV after the cell (`KV MiB`: ready variants, base and context, after the background drain);",
+        "store hits per tier. Teacher forcing runs on the client thread between its requests, inside the wall time.",
+        "",
+        *_kv_lines(run.summaries),
     ]
     lines += [f"![{name}]({name})" for name in plots]
     return "\n".join(lines) + "\n"
+
+
+def _kv_lines(summaries: list[CellSummary]) -> list[str]:
+    """Per cell, the store's KV after it by kind and codec (`base:<codec>`, `context:<codec>`)."""
+    lines = [f"- {s.mode} {s.load}: " + ", ".join(f"{kind} {size / 2**20:.0f} MiB" for kind, size in sorted(s.kv_bytes.items()))
+             for s in summaries if s.kv_bytes]
+    return ["KV in the store after each cell:", "", *lines, ""] if lines else []
 
 
 def _tiers(tiers: str | list[str] | None) -> str:

@@ -60,6 +60,7 @@ class CellSummary:
     computed_now: int
     drain_s: float
     tier_hits: dict
+    kv_bytes: dict  # the store's KV bytes after the cell, by kind and codec (base:<codec>, context:<codec>)
     fidelity: Fidelity | None
     ttfts: list[float]  # every answered request's client TTFT, in trace order (for the CDF)
     per_request: list[dict]  # `request_rows`: what each answered request did, for analysis
@@ -107,7 +108,7 @@ def summarize(cell: CellResult, flops_of, reference: dict[int, RequestFacts] | N
         recompute_share=_mean([f.recompute_share for f in facts]),
         escalated_share=_mean([f.escalated for f in facts]), repaired_share=_mean([f.repaired for f in facts]),
         computed_now=sum(f.computed_now for f in facts), drain_s=cell.drain_s,
-        tier_hits=dict(cell.tier_hits),
+        tier_hits=dict(cell.tier_hits), kv_bytes=dict(cell.kv_bytes),
         fidelity=fidelity(facts, reference) if reference is not None else None, ttfts=ttfts,
         per_request=request_rows(facts, reference))
 

@@ -298,6 +298,16 @@ class Catalog(IngestLeases, ChangeLog):
 
     # -- stats ---------------------------------------------------------------------------------
 
+    def ready_bytes_by_kind(self) -> dict[str, int]:
+        """KV bytes of the ready variants by kind and codec: `base:<codec>` (empty context; a
+        base's float copy under a lossy base codec shows as its own codec) and
+        `context:<codec>` (Cache-Craft's and the harvest's context variants)."""
+        is_base = (Variant.context_signature == "").label("is_base")  # grouped by its label: one bound value
+        with self.session() as s:
+            rows = s.execute(select(is_base, Variant.storage_dtype, func.sum(Variant.num_bytes))
+                             .where(Variant.status == READY).group_by(is_base, Variant.storage_dtype)).all()
+            return {f"{'base' if base else 'context'}:{codec}": int(total) for base, codec, total in rows}
+
     def stats(self) -> rec.CatalogStats:
         with self.session() as s:
             by_status = dict(s.execute(select(Variant.status, func.count()).group_by(Variant.status)).all())

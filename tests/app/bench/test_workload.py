@@ -61,6 +61,17 @@ def test_reuse_modes_read_base_kv_and_do_less_work(run):
     assert 0.0 <= naive.fidelity.answer_top1 <= 1.0 and naive.fidelity.answer_kl >= 0.0
 
 
+def test_the_store_s_kv_after_each_cell_is_reported_by_kind_and_codec(run):
+    full, naive = cell(run, "full", "c=1"), cell(run, NAIVE, "c=1")
+    assert set(full.kv_bytes) == {"base:float16"}  # full leaves nothing; the snapshot's bases are there
+    assert 0 < full.kv_bytes["base:float16"] <= run.snapshot.kv_bytes  # payload bytes; files add headers
+    assert naive.kv_bytes == full.kv_bytes  # base-only modes leave no context variants
+    for s in run.summaries:
+        assert s.kv_bytes["base:float16"] >= full.kv_bytes["base:float16"]
+        assert all(kind in ("base:float16", "context:float16") for kind in s.kv_bytes)
+    assert "KV MiB" in format_table(run.summaries)
+
+
 def test_only_variant_builds_count_as_background(run):
     for s in run.summaries:
         if s.mode != "cachecraft":  # the others build no variants
@@ -73,6 +84,7 @@ def test_report_and_snapshot_reuse(run, tiny_loaded, embedder, tmp_path):
     text = path.read_text()
     assert "of retrieved chunks had been retrieved before" in text and "cachecraft" in text
     assert "tiers cpu, disk;" in text  # the settings hold them as "cpu,disk"
+    assert "KV in the store after each cell:" in text and "- full c=1: base:float16 " in text
     for name in ("ttft_cdf.png", "throughput.png", "work.png", "fidelity_vs_speedup.png"):
         assert (tmp_path / "report" / name).stat().st_size > 1000
         assert f"]({name})" in text

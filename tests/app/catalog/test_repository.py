@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from datetime import datetime, timezone
 
@@ -27,6 +28,17 @@ def _chunks(n: int, first_row: int | None = 0) -> list[NewChunk]:
 def _variant(chunk_id: int, key: str, context=(), tier="disk", num_bytes=1000, **stats) -> NewVariant:
     return NewVariant(chunk_id, tuple(context), "fp0", "pd0", "float16", key, tier, num_bytes, 10,
                       VariantStats(**stats))
+
+
+def test_ready_bytes_by_kind_and_codec(catalog):
+    chunk = catalog.add_document("a.txt", "", "a" * 64, _chunks(1)).chunks[0]
+    catalog.put_variant(_variant(chunk.id, "b" * 32, num_bytes=100))
+    catalog.put_variant(dataclasses.replace(_variant(chunk.id, "c" * 32, num_bytes=400), storage_dtype="float32"))
+    catalog.put_variant(_variant(chunk.id, "d" * 32, context=(7,), num_bytes=30))
+    catalog.put_variant(_variant(chunk.id, "e" * 32, context=(8,), num_bytes=20))
+    catalog.put_variant(_variant(chunk.id, "f" * 32, context=(9,), num_bytes=1000))
+    catalog.mark_missing(["f" * 32])  # not in the store: not counted
+    assert catalog.ready_bytes_by_kind() == {"base:float16": 100, "base:float32": 400, "context:float16": 50}
 
 
 def test_add_get_list_document(catalog):
