@@ -83,7 +83,10 @@ class LeaseKeeper:
         with self._lock:
             held = set(self._held)
         kept = self.catalog.heartbeat(sorted(held), self.owner, self.lease_s)
-        lost = held - kept
+        with self._lock:
+            # An ingest that finished while the heartbeat ran deleted its row and then released
+            # it: its row is gone, but nothing was lost. Only ids still held were.
+            lost = (held - kept) & self._held
         for document_id in lost:
             log.warning("the ingest lease of document %d was lost; its ingest will fail", document_id)
         return lost

@@ -192,6 +192,28 @@ def test_an_ingest_whose_lease_a_peer_took_is_undone_and_answered_503(fresh, mon
     assert totals(fresh) == before and fresh.catalog.ingests() == []
 
 
+def test_a_lease_released_while_it_was_renewed_is_not_reported_lost(caplog):
+    """An ingest that finishes during a heartbeat (its row deleted, then released) lost nothing;
+    one still held whose row is gone did, and only it is warned about."""
+    from app.replica import LeaseKeeper
+
+    class Catalog:
+        def heartbeat(self, document_ids, owner, lease_s):
+            keeper.release(1)  # document 1's ingest finished while the heartbeat ran
+            return set()  # neither row is there to renew
+
+    keeper = LeaseKeeper(Catalog(), "me", lease_s=3600.0)  # its own beat never comes in this test
+    try:
+        keeper.hold(1)
+        keeper.hold(2)
+        with caplog.at_level("WARNING", logger="app.replica"):
+            assert keeper.renew() == {2}
+    finally:
+        keeper.close()
+    lost = [r.getMessage() for r in caplog.records if "was lost" in r.getMessage()]
+    assert lost == ["the ingest lease of document 2 was lost; its ingest will fail"]
+
+
 def test_a_follower_that_missed_the_log_resyncs_with_the_catalog(fresh):
     """After a long gap (entries may have been pruned) the follower compares instead of replaying."""
     from app.replica import CHANGE_LOG_KEEP_S, IndexFollower
