@@ -103,6 +103,12 @@ class EngineConfig:
     # r = 0.13 with these checks computes what r = 0.15 did with checks (1, 2) (0.185 against
     # 0.183 of a chunk's layer-rows, `variants.policy.blend_cost`). Earlier, on MuSiQue 0-39:
     # checks (1, 2) against layer 1 alone, mean KL 0.059 vs 0.075.
+    # r trades first-token KL for TTFT and nothing cheaper buys it (MuSiQue 0-47, 6 chunks of at
+    # most 256 tokens, cold cachecraft at `fast`, prefill time vs full's): r = 0.13: KL 0.186,
+    # 4.06x; 0.16: 0.159, 3.61x; 0.20: 0.128, 3.14x; at r = 0.13, blend_head_tokens 16 (0.187),
+    # multipliers (4, 2, 1) (0.183, 3.89x) and plain deviation (0.227) did not help. On the
+    # workload's default trace (c=1, balanced, same run): r = 0.13: KL 0.063, TTFT p50 3.99x;
+    # 0.16: 0.056, 3.58x; 0.20: 0.049, 3.13x (answers equal full's in every case).
     check_layers: tuple[int, ...] = (1, 2, 6)
     check_ratio_multipliers: tuple[float, ...] = (3.0, 2.0, 1.0)
     recompute_ratio: float = bounded(0.13, ge=0.0, le=1.0)

@@ -33,6 +33,15 @@ KL at a 20-30% re-run budget (0.066 / 0.049 against 0.076 / 0.055), the same at 
 but on the reporting trace (MuSiQue 100-111, 23 lists) no signal of the blended logits ranks
 KL at all (margin -0.02, entropy 0.24, top-1 probability 0.14): its blends are uniformly
 worse (mean KL 0.155), so a better threshold cannot buy what a better blend would.
+Measured once more on prompts shaped like the server's (MuSiQue 0-47, 6 chunks of at most 256
+tokens, cold cachecraft at `fast`: mean KL 0.186; 0.144 once the margin re-runs its 19%),
+with two second opinions added: the KL between the blend and a `naive` prefill (costs 25% of
+a blend) and between the blend and one at r / 2 (70%). Spearman with KL: margin 0.49, entropy
+0.69, top-1 probability 0.65, naive opinion 0.36, half-r opinion 0.58. Re-running 5 / 10 / 15%
+more of the requests, most suspicious first, leaves KL 0.137 / 0.126 / 0.112 by margin, 0.129 /
+0.121 / 0.074 by entropy, 0.097 / 0.085 / 0.072 by the half-r opinion, 0.087 / 0.072 / 0.053 by
+the oracle; beyond ~15% more, the median TTFT falls under 3x full's. So on such prompts no
+re-run signal reaches KL 0.05 at 3x; only a better blend (more rows: see `recompute_ratio`) can.
 The guard works for every mode through the planner contract alone, never decodes, and never
 makes a request less faithful than its mode.
 """
