@@ -172,6 +172,13 @@ class EngineConfig:
     # the runner-up is below `guard_margin` nats sends the prompt to full prefill.
     fidelity: str = "balanced"
     guard_margin: float = bounded(1.0, ge=0.0)
+    # The recompute ratio r of a `balanced` request's first attempt when the request names none
+    # (None: `recompute_ratio`, as `fast`). `fast` keeps `recompute_ratio`: the fast level stays
+    # as fast as plain blending, and the balanced one spends more rows where the guard cannot
+    # tell a far blend from a near one (engine/guard.py). 0.2 is the largest r whose cold
+    # prefill stays 3x faster than full's on the tuning records (MuSiQue 0-47, 6 chunks of at
+    # most 256 tokens: 3.14x; see `recompute_ratio` for the frontier).
+    guard_recompute_ratio: float | None = bounded(0.2, ge=0.0, le=1.0)
     # ... and while decoding, the first of answer tokens 1 .. `guard_answer_tokens` - 1 whose
     # margin is below `guard_answer_margin` nats sends prompt + answer so far to full prefill,
     # and decoding goes on from that exact state (0 or 1: no check while decoding). Tuned on

@@ -24,7 +24,7 @@ from engine.decode import SamplingParams, TextStream, TokenIds, generate_ids, ne
 from engine.encode_dtype import model_in, resolve_encode_dtype
 from engine.encoder import DEFAULT_BATCH_TOKENS, ChunkEncoder
 from engine.errors import InvalidRequest, PromptTooLong
-from engine.guard import AnswerCheck, answer_check, check_fidelity, run_guarded
+from engine.guard import AnswerCheck, answer_check, check_fidelity, default_ratio, run_guarded
 from engine.kv import ChunkKV, KVCache
 from engine.layers import DecoderStack
 from engine.model import LoadedModel, load_model
@@ -159,17 +159,19 @@ class Engine:
         `fidelity` ("fast", "balanced", "exact"; None: the config's) is the fidelity guard's
         level (engine/guard.py): "exact" prefills like `full`, "balanced" re-runs a request
         whose first token is uncertain in full (inside TTFT); `result.guard` says what it
-        estimated and spent. Raises InvalidRequest (or a subclass) for bad input. If the
+        estimated and spent. `ratio` None: the level's (`guard.default_ratio`: a balanced
+        request's first attempt recomputes `guard_recompute_ratio`). Raises InvalidRequest (or a
+        subclass) for bad input. If the
         RoPE self-check failed, reuse modes fall back to `full` and the result says why.
         `config` (None: `self.config`) plans this call only, e.g. a calibration's candidate
         parameters; the engine's own config, shared with other threads, is never replaced.
         """
         started = time.perf_counter()
         config = self.config if config is None else config
-        ratio = config.recompute_ratio if ratio is None else float(ratio)
+        fidelity = check_fidelity(fidelity, config)
+        ratio = default_ratio(fidelity, config) if ratio is None else float(ratio)
         if not 0.0 <= ratio <= 1.0:
             raise InvalidRequest(f"ratio must lie in [0, 1], got {ratio}")
-        fidelity = check_fidelity(fidelity, config)
         planner = create_planner(mode, config)
         fallback = None
         if planner.reuses_cache and self.selfcheck is not None and not self.selfcheck.ok:

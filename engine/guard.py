@@ -95,6 +95,14 @@ def check_fidelity(fidelity: str | None, config: EngineConfig) -> str:
     return fidelity
 
 
+def default_ratio(fidelity: str, config: EngineConfig) -> float:
+    """The recompute ratio of a request that names none: `guard_recompute_ratio` for a
+    `balanced` one (when set), else `recompute_ratio`."""
+    if fidelity == "balanced" and config.guard_recompute_ratio is not None:
+        return config.guard_recompute_ratio
+    return config.recompute_ratio
+
+
 def first_token_margin(logits: torch.Tensor) -> float:
     """Log-probability of the top token minus the runner-up's, in nats (>= 0)."""
     top = torch.log_softmax(logits.double(), -1).topk(2).values

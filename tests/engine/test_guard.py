@@ -67,11 +67,27 @@ def assert_equals_full(result, full) -> None:
 
 
 def test_balanced_keeps_a_confident_prefill(tiny_engine, chunks):
-    never = engine_with(tiny_engine, guard_margin=0.0)
+    never = engine_with(tiny_engine, guard_margin=0.0, guard_recompute_ratio=None)
     fast = tiny_engine.prefill(chunks, QUESTION, mode="cacheblend", fidelity="fast")
     result = never.prefill(chunks, QUESTION, mode="cacheblend")
     assert not result.guard.escalated and result.guard.threshold == 0.0
     assert torch.equal(result.logits, fast.logits)
+
+
+def test_balanced_first_attempt_recomputes_its_own_ratio_and_fast_keeps_the_blends(tiny_engine, chunks):
+    """A request naming no ratio: balanced blends at guard_recompute_ratio, fast at
+    recompute_ratio; a ratio the request names wins at either level."""
+    engine = engine_with(tiny_engine, guard_margin=0.0, recompute_ratio=0.1, guard_recompute_ratio=0.6)
+    balanced = engine.prefill(chunks, QUESTION, mode="cacheblend")
+    fast = engine.prefill(chunks, QUESTION, mode="cacheblend", fidelity="fast")
+    assert not balanced.guard.escalated
+    assert torch.equal(fast.logits, engine.prefill(chunks, QUESTION, mode="cacheblend", fidelity="fast",
+                                                   ratio=0.1).logits)
+    assert torch.equal(balanced.logits, engine.prefill(chunks, QUESTION, mode="cacheblend", fidelity="fast",
+                                                       ratio=0.6).logits)
+    assert balanced.recompute_share > fast.recompute_share
+    named = engine.prefill(chunks, QUESTION, mode="cacheblend", ratio=0.1)
+    assert torch.equal(named.logits, fast.logits)
 
 
 @pytest.mark.parametrize("mode", ["naive", "epic", "cachecraft"])
@@ -97,3 +113,5 @@ def test_config_refuses_bad_guard_settings(tmp_path):
         EngineConfig(fidelity="perfect")
     with pytest.raises(ValueError, match="guard_margin"):
         EngineConfig(guard_margin=-1.0)
+    with pytest.raises(ValueError, match="guard_recompute_ratio"):
+        EngineConfig(guard_recompute_ratio=1.5)
