@@ -3,7 +3,8 @@
 A request names one of `FIDELITIES`:
 - `exact`: the reference plan (full prefill), whatever the mode; the answer equals `full`'s.
 - `fast`: the mode exactly as configured; its first-token margin is reported, nothing is spent.
-- `balanced` (the default): the mode, then two checks. A blended state goes wrong where the
+- `balanced` (the default): the mode (blending at `guard_recompute_ratio` unless the request names a
+  ratio: `default_ratio`), then two checks. A blended state goes wrong where the
   answer hangs on a near tie. At the first token (inside TTFT): when the log-probability
   margin of the top token over the runner-up is below `guard_margin` nats, the prompt is
   prefilled again as the reference plan would, and that result (equal to `full`'s to float
