@@ -26,7 +26,7 @@ def guard_out(report) -> GuardOut | None:
     return GuardOut(fidelity=report.fidelity, margin=margin, threshold=report.threshold,
                     escalated=report.escalated, spent_ms=round(report.spent_s * 1000, 2),
                     repaired_at=report.repaired_at, repair_margin=repair_margin,
-                    repair_ms=round(report.repair_s * 1000, 2))
+                    repair_ms=round(report.repair_s * 1000, 2), skipped_blend=report.skipped_blend)
 
 
 def chunk_out(retrieved, report, variant: str, mode: str, tokenizer) -> ChunkOut:

@@ -100,6 +100,7 @@ class Settings(BaseSettings):
     fidelity: Fidelity = engine_setting("fidelity")
     guard_margin: float = engine_setting("guard_margin")
     guard_recompute_ratio: float | None = engine_setting("guard_recompute_ratio")  # "off": recompute_ratio
+    guard_busy_repair_share: float | None = engine_setting("guard_busy_repair_share")  # "off": always blend
     guard_answer_margin: float = engine_setting("guard_answer_margin")
     guard_answer_tokens: int = engine_setting("guard_answer_tokens")
     # -- chunking and retrieval ---------------------------------------------------------------
@@ -180,7 +181,7 @@ class Settings(BaseSettings):
             return tuple(float(x) for x in _list_items(value)) or None
         return value
 
-    @field_validator("focus_layer", "guard_recompute_ratio", mode="before")
+    @field_validator("focus_layer", "guard_recompute_ratio", "guard_busy_repair_share", mode="before")
     @classmethod
     def _off_is_none(cls, value: object) -> object:
         return None if isinstance(value, str) and value.strip().lower() in ("", "off", "none") else value

@@ -19,17 +19,18 @@ from typing import TypeVar
 
 import torch
 
+from engine.busy import BusyGate
 from engine.config import EngineConfig
 from engine.decode import SamplingParams, TextStream, TokenIds, generate_ids, new_generator
 from engine.encode_dtype import model_in, resolve_encode_dtype
 from engine.encoder import DEFAULT_BATCH_TOKENS, ChunkEncoder
 from engine.errors import InvalidRequest, PromptTooLong
-from engine.guard import AnswerCheck, answer_check, check_fidelity, default_ratio, run_guarded
+from engine.guard import AnswerCheck, Guarded, answer_check, check_fidelity, default_ratio, run_guarded
 from engine.kv import ChunkKV, KVCache
 from engine.layers import DecoderStack
 from engine.model import LoadedModel, load_model
 from engine.plan import CachedSpan, ChunkInput, Plan, PlanRequest
-from engine.planners import create_planner, reference_planner
+from engine.planners import create_planner, exact_reuse_planner, reference_planner
 from engine.planners.base import BasePlanner
 from engine.prompt import PromptBuilder, PromptLayout
 from engine.result import PrefillResult, chunk_reports
@@ -55,6 +56,8 @@ class Engine:
         self.prompts = PromptBuilder(loaded.tokenizer, config.system_prompt, config.instruction)
         self.scheduler = DecodeScheduler(self.stack, config.max_batch, config.max_batch_tokens, config.prefill_slots,
                                          config.batch_invariant, config.num_threads) if config.batching else None
+        # requests' prefills and repairs in flight, and how often blends needed a full prefill
+        self.busy = BusyGate()
         self.prefix_kv = self.compute(lambda: self._encode(self.prompts.prefix_ids, start=0))
         self._encoder: ChunkEncoder | None = None  # built on first use: it may hold a model copy
         self._encoder_lock = threading.Lock()
@@ -182,10 +185,8 @@ class Engine:
         request = PlanRequest(layout, tuple(chunks), self.prefix_kv, ratio, config,
                               self.loaded.spec.num_layers, fidelity)
         capacity = layout.total_len + max_new_tokens
-        kept = self.compute(partial(
-            run_guarded, fidelity, config, partial(self._run, request, capacity), planner, reference_planner(config),
-            exact_state=lambda out: all(request.exact_chunks(out.layers_computed)),
-            rerun=lambda plan, out: self._rerun_exact(request, out, capacity)))
+        with self.busy.in_flight():
+            kept = self.compute(partial(self._guarded_run, fidelity, config, planner, request, capacity))
         ttft = time.perf_counter() - started
         out = kept.out
         if out.logits is None:  # `_run` always asks the runner for them
@@ -197,7 +198,25 @@ class Engine:
         if result.answer_check is not None:
             exact_rows = _exact_leading_rows(layout, request.exact_chunks(out.layers_computed))
             result.repair = partial(self._repair, layout, out.cache, exact_rows)
+        elif _judged_blend(kept):
+            self.busy.odds.record(kept.report.escalated)
         return result
+
+    def _guarded_run(self, fidelity: str, config: EngineConfig, planner: BasePlanner, request: PlanRequest,
+                     capacity: int) -> Guarded:
+        """`run_guarded` of the request, its first attempt chosen when its compute starts: a
+        balanced blend that the busy engine would only have to repair anyway gives way to the
+        exact-reuse plan (engine/busy.py; the report says `skipped_blend`)."""
+        first = planner
+        blends = fidelity == "balanced" and planner.reuses_cache and not (planner.exact or planner.exact_reuse)
+        if blends and self.busy.skip_blend(config.guard_busy_repair_share, self._decoding()):
+            first = exact_reuse_planner(config)
+        kept = run_guarded(fidelity, config, partial(self._run, request, capacity), first, reference_planner(config),
+                           exact_state=lambda out: all(request.exact_chunks(out.layers_computed)),
+                           rerun=lambda plan, out: self._rerun_exact(request, out, capacity))
+        if first is planner:
+            return kept
+        return kept._replace(report=dataclasses.replace(kept.report, skipped_blend=True))
 
     def _run(self, request: PlanRequest, capacity: int, planner: BasePlanner) -> tuple[Plan, RunOutput]:
         """Plan the request with `planner` and run its layers (synchronised: timings are real)."""
@@ -205,6 +224,11 @@ class Engine:
         out = self.runner.run(request.layout.token_tensor(self.device), plan, capacity=capacity)
         _synchronize(self.device)
         return plan, out
+
+    def _decoding(self) -> int:
+        """Requests decoding in the batch or waiting to join it (0 without batching, where each
+        decodes on its own thread)."""
+        return 0 if self.scheduler is None else self.scheduler.num_active + self.scheduler.num_waiting
 
     def _rerun_exact(self, request: PlanRequest, blended: RunOutput, capacity: int) -> tuple[Plan, RunOutput]:
         """The guard's re-run inside TTFT: the reference's result, computed after the exact
@@ -217,7 +241,8 @@ class Engine:
         `answer_ids` in a new cache of the same capacity, and the next token's logits
         (see `_exact_rerun`)."""
         layout = dataclasses.replace(layout, question_ids=layout.question_ids + tuple(answer_ids))
-        return self.compute(lambda: self._exact_rerun(layout, cache, exact_rows, cache.capacity)[1])
+        with self.busy.in_flight():
+            return self.compute(lambda: self._exact_rerun(layout, cache, exact_rows, cache.capacity)[1])
 
     def _exact_rerun(self, layout: PromptLayout, cache: KVCache, exact_rows: int,
                      capacity: int) -> tuple[Plan, RunOutput]:
@@ -272,6 +297,7 @@ class Engine:
             for token in first:
                 answered.append(token)
                 yield token
+        self.busy.odds.record(check.fired_at is not None)  # reached only when the blended decode ended
         if check.fired_at is None:
             return
         started = time.perf_counter()
@@ -330,6 +356,13 @@ class Engine:
             if kv.num_tokens != len(chunk.token_ids):
                 raise InvalidRequest(f"cached KV of chunk {chunk.chunk_id} has {kv.num_tokens} rows "
                                      f"for {len(chunk.token_ids)} tokens")
+
+
+def _judged_blend(kept: Guarded) -> bool:
+    """Whether a balanced first attempt blended and was judged at its first token (a margin
+    measured), so its outcome is known at prefill: re-run, or kept with no watch while decoding."""
+    report = kept.report
+    return report.fidelity == "balanced" and report.margin is not None and not report.skipped_blend
 
 
 def _exact_leading_rows(layout: PromptLayout, exact_chunks: Sequence[bool]) -> int:

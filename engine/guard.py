@@ -86,6 +86,9 @@ class GuardReport:
     repaired_at: int | None = None
     repair_margin: float | None = None
     repair_s: float = 0.0
+    # the engine was busy and blends were mostly repaired: the first attempt was the exact-reuse
+    # plan (`prefix`) instead of the mode's blend (engine/busy.py)
+    skipped_blend: bool = False
 
 
 def check_fidelity(fidelity: str | None, config: EngineConfig) -> str:

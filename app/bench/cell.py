@@ -55,6 +55,7 @@ class RequestFacts:
     escalated: bool = False  # the fidelity guard re-ran the prefill in full (inside TTFT)
     repaired: bool = False  # ... or went on from full prefill while decoding (engine/guard.py)
     margin: float | None = None  # the guard's first-token margin (None: an exact state, not measured)
+    skipped_blend: bool = False  # the guard computed it exactly at once, the engine being busy (engine/busy.py)
     forced: torch.Tensor | None = None  # reference cells: [answer tokens, vocab] logits along its own answer
     answer: TeacherForced | None = None  # this answer's fidelity along the reference's (teacher forcing)
 
@@ -153,7 +154,8 @@ def _facts(outcome: Outcome, answer) -> RequestFacts:
                         outcome.finished - outcome.submitted, result.recompute_share,
                         sum(label.startswith("base (computed") for label in answer.variants),
                         tuple(result.generated_ids), bool(result.guard is not None and result.guard.escalated),
-                        result.repaired, result.guard.margin if result.guard is not None else None)
+                        result.repaired, result.guard.margin if result.guard is not None else None,
+                        skipped_blend=bool(result.guard is not None and result.guard.skipped_blend))
 
 
 def _cpu_seconds() -> float:

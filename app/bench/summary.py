@@ -57,6 +57,7 @@ class CellSummary:
     recompute_share: float
     escalated_share: float  # requests the fidelity guard re-ran in full at the first token
     repaired_share: float  # requests whose decode the guard moved to full prefill
+    skipped_share: float  # requests that skipped their blend for an exact prefill, the engine busy
     computed_now: int
     drain_s: float
     tier_hits: dict
@@ -107,6 +108,7 @@ def summarize(cell: CellResult, flops_of, reference: dict[int, RequestFacts] | N
         background_share=_background_share(cell, flops_of),
         recompute_share=_mean([f.recompute_share for f in facts]),
         escalated_share=_mean([f.escalated for f in facts]), repaired_share=_mean([f.repaired for f in facts]),
+        skipped_share=_mean([f.skipped_blend for f in facts]),
         computed_now=sum(f.computed_now for f in facts), drain_s=cell.drain_s,
         tier_hits=dict(cell.tier_hits), kv_bytes=dict(cell.kv_bytes),
         fidelity=fidelity(facts, reference) if reference is not None else None, ttfts=ttfts,
@@ -121,7 +123,7 @@ def request_rows(facts: Sequence[RequestFacts], reference: dict[int, RequestFact
     for f in facts:
         row = {"index": f.index, "chunk_ids": list(f.chunk_ids), "ttft_s": f.ttft_s, "latency_s": f.latency_s,
                "recompute_share": f.recompute_share,
-               "margin": f.margin, "escalated": f.escalated, "repaired": f.repaired}
+               "margin": f.margin, "escalated": f.escalated, "repaired": f.repaired, "skipped_blend": f.skipped_blend}
         ref = (reference or {}).get(f.index)
         if ref is not None and ref.chunk_ids == f.chunk_ids:
             row.update(first_kl=kl_divergence(ref.first_logits, f.first_logits),

@@ -84,6 +84,8 @@ def guard_line(guard: dict) -> str:
     """One line: the guard's level, its estimate, and what it spent."""
     margin = "n/a" if guard["margin"] is None else f"{guard['margin']:.2f} nats"
     action = f"re-ran in full ({guard['spent_ms']:.0f} ms)" if guard["escalated"] else "kept the mode's prefill"
+    if guard.get("skipped_blend"):
+        action = "skipped the blend, the server being busy: computed exactly after the exact prefix"
     if guard.get("repaired_at") is not None:
         action += (f"; answer token {guard['repaired_at']} had margin {guard['repair_margin']:.2f} nats, "
                    f"went on from full prefill ({guard['repair_ms']:.0f} ms)")

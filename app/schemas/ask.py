@@ -91,6 +91,10 @@ class GuardOut(BaseModel):
                                                               "answer threshold (null: it never did)")
     repair_margin: float | None = Field(default=None, description="that token's margin (nats) in the mode's state")
     repair_ms: float = Field(default=0.0, description="time of that prefill, after the first token")
+    skipped_blend: bool = Field(default=False, description="the engine was busy and its recent blends were "
+                                                           "mostly repaired, so this request computed its "
+                                                           "context exactly after its exact prefix instead "
+                                                           "of blending (KVMOSAIC_GUARD_BUSY_REPAIR_SHARE)")
 
 
 class AskResponse(BaseModel):

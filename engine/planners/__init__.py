@@ -43,6 +43,11 @@ def reference_planner(config: EngineConfig) -> BasePlanner:
     return PLANNERS[reference_mode()](config)
 
 
+def exact_reuse_planner(config: EngineConfig) -> BasePlanner:
+    """The planner that reuses only an exact prefix and computes the rest (`exact_reuse`)."""
+    return next(cls for cls in PLANNERS.values() if cls.exact_reuse)(config)
+
+
 # one line per mode
 from engine.planners import full  # noqa: E402,F401
 from engine.planners import prefix  # noqa: E402,F401

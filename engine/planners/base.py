@@ -43,6 +43,10 @@ class BasePlanner(ABC):
     # A plan that is exact only over exact sources (`prefix`) leaves it False; the engine's
     # per-request `exact_state` (`PlanRequest.exact_chunks`) says when its state is exact.
     exact: ClassVar[bool] = False
+    # True for the plan that reuses only an exact prefix and computes every later row (`prefix`):
+    # the reference's result over exact sources, at the least work that guarantees it. The
+    # fidelity guard runs it instead of a blend that would be repaired anyway (engine/busy.py).
+    exact_reuse: ClassVar[bool] = False
     variant_use: ClassVar[VariantUse] = VariantUse.BASE
     leaves: ClassVar[VariantYield] = VariantYield.NONE
 

@@ -25,6 +25,7 @@ class PrefixPlanner(BasePlanner):
     name = "prefix"
     variant_use = VariantUse.EXACT
     leaves = VariantYield.HARVEST
+    exact_reuse = True
 
     def plan(self, request: PlanRequest) -> Plan:
         spans = [CachedSpan(0, request.prefix)]

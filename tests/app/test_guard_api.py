@@ -92,6 +92,8 @@ def test_cli_guard_line():
     assert line == "fidelity balanced: first-token margin 0.31 nats; re-ran in full (812 ms)"
     assert guard_line({"fidelity": "exact", "margin": None, "threshold": None,
                        "escalated": False, "spent_ms": 0.0}).endswith("kept the mode's prefill")
+    assert guard_line({"fidelity": "balanced", "margin": None, "threshold": 1.0, "escalated": False,
+                       "spent_ms": 0.0, "skipped_blend": True}).endswith("computed exactly after the exact prefix")
 
 
 @pytest.fixture(scope="module")
