@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from app.queue import WorkQueue
+    from engine.guard import GuardReport
     from app.store import TierFigures
 
 
@@ -39,13 +40,18 @@ class Metrics:
         self.recompute_share = Histogram("kvmosaic_recompute_share", "Share of context tokens recomputed",
                                          ["mode"], buckets=SHARE_BUCKETS, registry=r)
         self.answers = Counter("kvmosaic_answers", "Answered questions by mode", ["mode"], registry=r)
+        self.guard = Counter("kvmosaic_guard_outcomes", "Answers by fidelity level and what the guard did "
+                             "(kept, exact, rerun, repaired, skipped: engine/guard.py GuardReport.outcome)",
+                             ["fidelity", "outcome"], registry=r)
         self.generated_tokens = Counter("kvmosaic_generated_tokens", "Generated answer tokens", registry=r)
         self.rejected = Counter("kvmosaic_rejected_requests", "Requests refused with 503 (queue full)",
                                 registry=r)
 
     def observe_answer(self, mode: str, ttft_s: float, share: float, stages: dict[str, float],
-                       generated: int) -> None:
+                       generated: int, guard: GuardReport | None = None) -> None:
         self.answers.labels(mode).inc()
+        if guard is not None:
+            self.guard.labels(guard.fidelity, guard.outcome).inc()
         self.ttft.labels(mode).observe(ttft_s)
         self.recompute_share.labels(mode).observe(share)
         for stage, seconds in stages.items():

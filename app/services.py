@@ -109,7 +109,8 @@ class Services:
         share = answer.result.recompute_share
         self.counters.record(answer.result.mode, share)
         ttft = answer.stages.get("load", 0.0) + answer.stages.get("prefill", 0.0)  # as in the report
-        self.metrics.observe_answer(answer.result.mode, ttft, share, answer.stages, len(answer.result.generated_ids))
+        self.metrics.observe_answer(answer.result.mode, ttft, share, answer.stages, len(answer.result.generated_ids),
+                                    answer.result.guard)
         if self.trimmer is not None:
             self.trimmer.note_work()
 

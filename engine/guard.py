@@ -90,6 +90,20 @@ class GuardReport:
     # plan (`prefix`) instead of the mode's blend (engine/busy.py)
     skipped_blend: bool = False
 
+    @property
+    def outcome(self) -> str:
+        """What answered, in one word (for dashboards): "skipped" (computed exactly at once, the
+        engine busy), "rerun" (re-run in full at the first token), "repaired" (went on from full
+        prefill while decoding), "exact" (an exact state: nothing to judge) or "kept" (the
+        mode's own state answered, judged good enough or at `fast`)."""
+        if self.skipped_blend:
+            return "skipped"
+        if self.escalated:
+            return "rerun"
+        if self.repaired_at is not None:
+            return "repaired"
+        return "exact" if self.margin is None else "kept"
+
 
 def check_fidelity(fidelity: str | None, config: EngineConfig) -> str:
     """The request's level (config default when None); InvalidRequest if unknown."""

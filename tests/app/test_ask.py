@@ -192,10 +192,15 @@ def test_health_ready_and_metrics(client):
     requests = 'kvmosaic_http_requests_total{method="POST",route="/ask",status="200"}'
     answers = 'kvmosaic_answers_total{mode="cacheblend"}'
     before = client.get("/metrics").text
-    ask(client, question="Where does the ferry go?", top_k=1, max_tokens=2)
+    body = ask(client, question="Where does the ferry go?", top_k=1, max_tokens=2)
     text = client.get("/metrics").text
     assert metric(text, requests) == metric(before, requests) + 1
     assert metric(text, answers) == metric(before, answers) + 1
+    guard = body["guard"]
+    outcome = ("skipped" if guard["skipped_blend"] else "rerun" if guard["escalated"] else
+               "repaired" if guard["repaired_at"] is not None else "exact" if guard["margin"] is None else "kept")
+    sample = f'kvmosaic_guard_outcomes_total{{fidelity="{guard["fidelity"]}",outcome="{outcome}"}}'
+    assert metric(text, sample) == metric(before, sample) + 1
     assert 'kvmosaic_ttft_seconds_bucket{le="0.001",mode="cacheblend"}' in text
     assert 'kvmosaic_cache_lookups_total{result="hit",tier="cpu"}' in text
     assert "kvmosaic_recompute_share_bucket" in text and 'kvmosaic_queue_requests{state="waiting"}' in text

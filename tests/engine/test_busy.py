@@ -75,7 +75,7 @@ def test_a_busy_engine_computes_exactly_instead_of_blending(tiny_engine, chunks)
         result = engine.prefill(chunks, QUESTION, mode="cacheblend", max_new_tokens=TOKENS)
     guard = result.guard
     assert guard.skipped_blend and not guard.escalated and guard.margin is None
-    assert result.answer_check is None and engine.busy.skipped == 1
+    assert result.answer_check is None and engine.busy.skipped == 1 and guard.outcome == "skipped"
     n = full.layout.total_len
     assert torch.allclose(result.logits, full.logits, atol=1e-4)
     assert torch.allclose(result.cache.data[:, :, :, :n], full.cache.data[:, :, :, :n], atol=1e-4)
@@ -128,17 +128,19 @@ def test_an_idle_engine_or_good_odds_keep_the_blend(tiny_engine, chunks):
 def test_the_odds_learn_from_reruns_and_repairs_only(tiny_engine, chunks):
     params = SamplingParams(max_new_tokens=TOKENS)
     rerun = engine_with(tiny_engine, guard_margin=1e9)
-    rerun.prefill(chunks, QUESTION, mode="cacheblend")  # re-run at the first token: known at once
+    assert rerun.prefill(chunks, QUESTION, mode="cacheblend").guard.outcome == "rerun"  # known at once
     assert rerun.busy.odds.count == 1 and rerun.busy.odds.share == pytest.approx(2 / 3)
     repaired = engine_with(tiny_engine, guard_answer_margin=1e9)
     result = repaired.prefill(chunks, QUESTION, mode="cacheblend", max_new_tokens=TOKENS)
     assert repaired.busy.odds.count == 0  # known only once the decode ends
     "".join(repaired.generate(result, params))
     assert result.guard.repaired_at is not None and repaired.busy.odds.share == pytest.approx(2 / 3)
+    assert result.guard.outcome == "repaired"
     kept = engine_with(tiny_engine, guard_answer_margin=0.0)
     result = kept.prefill(chunks, QUESTION, mode="cacheblend", max_new_tokens=TOKENS)
     "".join(kept.generate(result, params))
     assert kept.busy.odds.count == 1 and kept.busy.odds.share == pytest.approx(1 / 3)
+    assert result.guard.outcome == "kept"
     for fidelity, mode in (("fast", "cacheblend"), ("balanced", "full")):
         result = kept.prefill(chunks, QUESTION, mode=mode, fidelity=fidelity, max_new_tokens=TOKENS)
         "".join(kept.generate(result, params))
