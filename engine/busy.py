@@ -18,7 +18,7 @@ skip saves work when p >= 1 - b, and b is about 0.3 here (`EngineConfig.guard_bu
 Every `EXPLORE_EVERY`-th request that would skip blends instead, so the odds keep learning
 under sustained load.
 
-Measured (workload bench, default trace, cachecraft balanced, 2-vCPU EPYC, skip off against on in
+Measured (workload bench, default trace, cachecraft balanced, 2-vCPU Intel Xeon with AMX, skip off against on in
 the same run; README "Under load, balanced skips the blends it would repair"): four closed-loop
 clients, 0.283 -> 0.333 req/s, work 0.75 -> 0.64 of full's, TTFT mean 2.75 -> 2.63 s and p50
 1.63 -> 2.35 s (a skipped request waits for a whole exact prefill); Poisson arrivals at 0.3 req/s,
