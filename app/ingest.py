@@ -98,7 +98,8 @@ class Ingestor:
             try:
                 kv_tiers = self._compute_kv(added.chunks, ids, on_progress) if kv == "eager" else Counter()
                 chunk_ids = [c.id for c in added.chunks]
-                self.catalog.finish_ingest(added.document.id, self.leases.owner)  # the commit point
+                with self.leases.committing(added.document.id):
+                    self.catalog.finish_ingest(added.document.id, self.leases.owner)  # the commit point
                 self.retriever.add(chunk_ids, vectors)
                 self.retriever.save()
             except BaseException:

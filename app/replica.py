@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -66,6 +67,8 @@ class LeaseKeeper:
         self.catalog, self.owner, self.lease_s = catalog, owner, lease_s
         self._held: set[int] = set()
         self._lock = threading.Lock()
+        # taken by a renewal and by an ingest's commit, so that neither sees the other halfway
+        self._renewing = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ingest-leases", daemon=True)
         self._thread.start()
@@ -78,15 +81,26 @@ class LeaseKeeper:
         with self._lock:
             self._held.discard(document_id)
 
+    @contextmanager
+    def committing(self, document_id: int) -> Iterator[None]:
+        """Hold while the ingest of `document_id` commits (`Catalog.finish_ingest` deletes its
+        lease row); once the block succeeds the lease is released. A renewal waits for the
+        commit, so it never finds the row of an ingest that finished gone while it is still held
+        (the ingest goes on to update the index and save it before its own `release`)."""
+        with self._renewing:
+            yield
+            self.release(document_id)
+
     def renew(self) -> set[int]:
         """Renew now; returns the ids whose lease was lost (reclaimed or deleted meanwhile)."""
-        with self._lock:
-            held = set(self._held)
-        kept = self.catalog.heartbeat(sorted(held), self.owner, self.lease_s)
-        with self._lock:
-            # An ingest that finished while the heartbeat ran deleted its row and then released
-            # it: its row is gone, but nothing was lost. Only ids still held were.
-            lost = (held - kept) & self._held
+        with self._renewing:
+            with self._lock:
+                held = set(self._held)
+            kept = self.catalog.heartbeat(sorted(held), self.owner, self.lease_s)
+            with self._lock:
+                # An ingest released while the heartbeat ran (one that failed, or finished
+                # without `committing`) lost nothing. Only ids still held were.
+                lost = (held - kept) & self._held
         for document_id in lost:
             log.warning("the ingest lease of document %d was lost; its ingest will fail", document_id)
         return lost

@@ -214,6 +214,38 @@ def test_a_lease_released_while_it_was_renewed_is_not_reported_lost(caplog):
     assert lost == ["the ingest lease of document 2 was lost; its ingest will fail"]
 
 
+def test_a_renewal_waits_for_a_commit_and_never_reports_a_finished_ingest_lost(caplog):
+    """The ingest's commit deletes its lease row, but it releases the lease only after updating
+    and saving the index: a renewal in that window must not find the row gone and warn."""
+    import threading
+
+    from app.replica import LeaseKeeper
+
+    rows = {1}
+    renewed = threading.Event()
+
+    class Catalog:
+        def heartbeat(self, document_ids, owner, lease_s):
+            renewed.set()
+            return rows & set(document_ids)
+
+    keeper = LeaseKeeper(Catalog(), "me", lease_s=3600.0)  # its own beat never comes in this test
+    try:
+        keeper.hold(1)
+        with caplog.at_level("WARNING", logger="app.replica"):
+            with keeper.committing(1):
+                rows.discard(1)  # finish_ingest: the row is gone, the ingest still holds its lease
+                renewal = threading.Thread(target=lambda: keeper.renew())
+                renewal.start()
+                assert not renewed.wait(0.2)  # the renewal waits for the commit
+            renewal.join(10)
+            assert renewed.is_set()
+            assert keeper.renew() == set()
+    finally:
+        keeper.close()
+    assert not [r for r in caplog.records if "was lost" in r.getMessage()]
+
+
 def test_a_follower_that_missed_the_log_resyncs_with_the_catalog(fresh):
     """After a long gap (entries may have been pruned) the follower compares instead of replaying."""
     from app.replica import CHANGE_LOG_KEEP_S, IndexFollower
