@@ -208,7 +208,8 @@ class Engine:
         balanced blend that the busy engine would only have to repair anyway gives way to the
         exact-reuse plan (engine/busy.py; the report says `skipped_blend`)."""
         first = planner
-        blends = fidelity == "balanced" and planner.reuses_cache and not (planner.exact or planner.exact_reuse)
+        blends = (fidelity == "balanced" and planner.reuses_cache and not (planner.exact or planner.exact_reuse)
+                  and not all(request.exact_chunks(None)))  # every chunk from a variant of this context: no blend
         if blends and self.busy.skip_blend(config.guard_busy_repair_share, self._decoding()):
             first = exact_reuse_planner(config)
         kept = run_guarded(fidelity, config, partial(self._run, request, capacity), first, reference_planner(config),

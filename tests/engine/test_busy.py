@@ -102,6 +102,22 @@ def test_a_request_decoding_in_the_batch_makes_the_engine_busy(tiny_engine, chun
         engine.close()
 
 
+def test_a_request_served_from_exact_variants_has_no_blend_to_skip(tiny_engine, chunks):
+    import dataclasses
+
+    from engine.variants.harvest import chunk_rows
+
+    full = tiny_engine.prefill(chunks, QUESTION, mode="full")
+    exact = [chunks[0]] + [dataclasses.replace(c, kv=chunk_rows(tiny_engine, full, i))
+                           for i, c in enumerate(chunks) if i]
+    engine = engine_with(tiny_engine)
+    for _ in range(4):
+        engine.busy.odds.record(True)
+    with engine.busy.in_flight():
+        result = engine.prefill(exact, QUESTION, mode="cachecraft")
+    assert not result.guard.skipped_blend and result.guard.outcome == "exact" and engine.busy.skipped == 0
+
+
 @pytest.mark.parametrize("fidelity", ["fast", "exact"])
 def test_only_balanced_requests_skip(tiny_engine, chunks, fidelity):
     engine = engine_with(tiny_engine)
