@@ -20,8 +20,8 @@ under sustained load.
 
 Measured (workload bench, default trace, cachecraft balanced, 2-vCPU Intel Xeon with AMX, skip off against on in
 the same run; README "Under load, balanced skips the blends it would repair"): four closed-loop
-clients, 0.283 -> 0.333 req/s, work 0.75 -> 0.64 of full's, TTFT mean 2.75 -> 2.63 s and p50
-1.63 -> 2.35 s (a skipped request waits for a whole exact prefill); Poisson arrivals at 0.3 req/s,
+clients, 0.300 -> 0.335 req/s, work 0.75 -> 0.63 of full's, TTFT mean 2.61 -> 2.75 s and p50
+1.95 -> 2.34 s (a skipped request waits for a whole exact prefill); Poisson arrivals at 0.3 req/s,
 near capacity, TTFT p50 2.81 -> 2.36 s, p95 7.53 -> 4.25 s, latency p50 15.0 -> 10.2 s. Counting
 only other prefills and repairs in flight (not requests decoding) skipped 12% of the requests at
 c=4 and changed the work by 1%: a prefill rarely waits behind another, but decoding requests

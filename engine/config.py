@@ -194,8 +194,8 @@ class EngineConfig:
     # nothing to repair) when at least this share of recent blended balanced requests needed a
     # full prefill anyway (None: always blend). A skip saves work when that share p exceeds
     # 1 - b, b the blend's work over the exact prefill's (about 0.3 at r = 0.2); see engine/busy.py.
-    # Workload default trace, cachecraft, off -> 0.7: c=4, 0.283 -> 0.333 req/s, work 0.75 -> 0.64
-    # of full's, TTFT mean 2.75 -> 2.63 s but p50 1.63 -> 2.35 s; Poisson 0.3 req/s, TTFT p50 2.81
+    # Workload default trace, cachecraft, off -> 0.7: c=4, 0.300 -> 0.335 req/s, work 0.75 -> 0.63
+    # of full's, TTFT mean 2.61 -> 2.75 s and p50 1.95 -> 2.34 s; Poisson 0.3 req/s, TTFT p50 2.81
     # -> 2.36 s, p95 7.53 -> 4.25 s; c=1 unchanged (nothing else is served).
     guard_busy_repair_share: float | None = bounded(0.7, ge=0.0, le=1.0)
     # Run the RoPE-shift self-check at start-up; a failure disables reuse modes.
