@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from app.queue import WorkQueue
+    from engine.busy import BusyGate
     from engine.guard import GuardReport
     from app.store import TierFigures
 
@@ -66,20 +67,29 @@ class Metrics:
 
 
 class LiveCollector(Collector):
-    """Reads live figures at scrape time: queue depth and the store's per-tier counters.
+    """Reads live figures at scrape time: queue depth, the store's per-tier counters and the
+    fidelity guard's repair odds.
 
-    `tier_stats` returns each tier's `TierFigures` by tier name.
+    `tier_stats` returns each tier's `TierFigures` by tier name; `busy` is the engine's
+    `BusyGate` (None: not reported).
     """
 
-    def __init__(self, queue: WorkQueue, tier_stats: Callable[[], Mapping[str, TierFigures]]):
+    def __init__(self, queue: WorkQueue, tier_stats: Callable[[], Mapping[str, TierFigures]],
+                 busy: BusyGate | None = None):
         self.queue = queue
         self.tier_stats = tier_stats
+        self.busy = busy
 
     def collect(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily("kvmosaic_queue_requests", "Requests in the work queue", labels=["state"])
         depth.add_metric(["running"], self.queue.running)
         depth.add_metric(["waiting"], self.queue.waiting)
         yield depth
+        if self.busy is not None:
+            yield GaugeMetricFamily("kvmosaic_guard_repair_share",
+                                    "Share of recent blended balanced requests that needed a full prefill anyway "
+                                    "(re-run or repaired); at or above KVMOSAIC_GUARD_BUSY_REPAIR_SHARE a busy "
+                                    "server skips such blends (engine/busy.py)", value=self.busy.odds.share)
         stats = self.tier_stats()
         lookups = CounterMetricFamily("kvmosaic_cache_lookups", "KV store lookups by tier and result",
                                       labels=["tier", "result"])

@@ -96,7 +96,7 @@ class Services:
         rag.observe = services.observe
         # variant builds use idle capacity only: nothing builds while a request runs or waits
         chunk_cache.builder.idle = lambda: queue.pending == 0
-        services.metrics.add_collector(LiveCollector(queue, chunk_cache.tier_stats))
+        services.metrics.add_collector(LiveCollector(queue, chunk_cache.tier_stats, engine.busy))
         services.trimmer = Trimmer(lambda: queue.pending == 0, settings.trim_interval_s)
         return services
 

@@ -201,6 +201,7 @@ def test_health_ready_and_metrics(client):
                "repaired" if guard["repaired_at"] is not None else "exact" if guard["margin"] is None else "kept")
     sample = f'kvmosaic_guard_outcomes_total{{fidelity="{guard["fidelity"]}",outcome="{outcome}"}}'
     assert metric(text, sample) == metric(before, sample) + 1
+    assert 0 < metric(text, "kvmosaic_guard_repair_share") < 1  # the odds, with their prior
     assert 'kvmosaic_ttft_seconds_bucket{le="0.001",mode="cacheblend"}' in text
     assert 'kvmosaic_cache_lookups_total{result="hit",tier="cpu"}' in text
     assert "kvmosaic_recompute_share_bucket" in text and 'kvmosaic_queue_requests{state="waiting"}' in text
