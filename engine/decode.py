@@ -6,7 +6,7 @@ its query attends to all earlier rows. Generation stops at an EOS token or the t
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -15,6 +15,7 @@ import torch
 from engine.errors import InvalidRequest
 from engine.attention import QueryLayout, attend_each
 from engine.kv import KVCache
+from engine.linear import OneDnnLinear
 from engine.layers import DecoderStack
 
 if TYPE_CHECKING:
@@ -115,28 +116,29 @@ def row_multiple(stack: DecoderStack, max_rows: int = DEFAULT_MAX_ROWS) -> int:
 
 @torch.inference_mode()
 def _measure_row_multiple(stack: DecoderStack, max_rows: int) -> int:
+    # The layers' own modules, so the probe runs the kernel the model runs (engine/linear.py).
     modules = [m for part in (stack.layers[0], stack.lm_head) if isinstance(part, torch.nn.Module)
-               for m in part.modules() if isinstance(m, torch.nn.Linear)]
-    weights = {tuple(m.weight.shape): m.weight for m in modules}
+               for m in part.modules() if isinstance(m, (torch.nn.Linear, OneDnnLinear))]
+    linears = {tuple(m.weight.shape): m for m in modules}
     generator = torch.Generator().manual_seed(0)
     for multiple in ROW_MULTIPLES:
         padded = -(-max_rows // multiple) * multiple  # the most rows a batch of max_rows pads to
-        probes = [(w, torch.randn(padded, w.shape[1], generator=generator).to(w)) for w in weights.values()]
-        if all(_rows_agree(w, x, multiple) for w, x in probes):
+        probes = [(m, torch.randn(padded, m.weight.shape[1], generator=generator).to(m.weight))
+                  for m in linears.values()]
+        if all(_rows_agree(m, x, multiple) for m, x in probes):
             return multiple
     return -(-max_rows // ROW_MULTIPLES[-1]) * ROW_MULTIPLES[-1]
 
 
-def _rows_agree(weight: torch.Tensor, x: torch.Tensor, multiple: int) -> bool:
-    """Whether every row of x @ weight.T, for every row count that is a multiple of `multiple`
+def _rows_agree(linear: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, multiple: int) -> bool:
+    """Whether every row of linear(x), for every row count that is a multiple of `multiple`
     up to x's rows, is bit-identical to that row computed alone in a block of `multiple` rows
     (as the invariant lone step pads it). Every row is checked, not only the first block:
     kernels may treat the rows of a remainder block differently (bfloat16 on an AVX-512 EPYC
     agreed on row 0 at every count but not on the last rows of 3, 5 or 6)."""
-    linear = torch.nn.functional.linear
-    lone = [linear(torch.cat([x[i:i + 1], x[:multiple - 1]]), weight)[0] for i in range(x.shape[0])]
+    lone = [linear(torch.cat([x[i:i + 1], x[:multiple - 1]]))[0] for i in range(x.shape[0])]
     for rows in range(multiple, x.shape[0] + 1, multiple):
-        out = linear(x[:rows], weight)
+        out = linear(x[:rows])
         if not all(torch.equal(out[i], lone[i]) for i in range(rows)):
             return False
     return True

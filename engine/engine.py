@@ -71,7 +71,8 @@ class Engine:
             torch.set_num_threads(config.num_threads)
         # Loaded on a passing thread, so that the caller's thread keeps no OpenMP pool of its own
         # (see `compute`); the engine's own compute runs on the scheduler's thread.
-        loaded = in_own_thread(partial(load_model, config.data_dir, config.model_path, config.device, config.dtype))
+        loaded = in_own_thread(partial(load_model, config.data_dir, config.model_path, config.device, config.dtype,
+                                           config.linear_kernel))
         return cls(config, loaded)
 
     # -- facts ---------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.errors import KvMosaicError
+from engine.linear import linear_kernel_of, use_linear_kernel
 
 if TYPE_CHECKING:  # transformers is imported only when a model is loaded
     from transformers import PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -75,8 +76,10 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     return table[name]
 
 
-def load_model(data_dir: Path, model_path: str | None, device: str, dtype: str) -> LoadedModel:
-    """Load the embedded model (model_path None) or a local checkpoint directory."""
+def load_model(data_dir: Path, model_path: str | None, device: str, dtype: str,
+               linear_kernel: str = "auto") -> LoadedModel:
+    """Load the embedded model (model_path None) or a local checkpoint directory, its linear
+    layers on `linear_kernel` (engine/linear.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -90,11 +93,12 @@ def load_model(data_dir: Path, model_path: str | None, device: str, dtype: str) 
     model = model.to(device).eval().requires_grad_(False)  # type: ignore[arg-type]
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     log.info("loaded model from %s in %.2fs", source, time.perf_counter() - started)
-    return wrap_model(model, tokenizer)
+    return wrap_model(model, tokenizer, linear_kernel)
 
 
-def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> LoadedModel:
-    """Check that `model` is a supported decoder and build its spec, EOS ids and fingerprint."""
+def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, linear_kernel: str = "auto") -> LoadedModel:
+    """Check that `model` is a supported decoder, put its linear layers on `linear_kernel`
+    (engine/linear.py; in place) and build its spec, EOS ids and fingerprint."""
     config = model.config
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise KvMosaicError(
@@ -113,6 +117,7 @@ def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Lo
         vocab_size=config.vocab_size,
     )
     dtype = next(model.parameters()).dtype
+    use_linear_kernel(model, linear_kernel)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -147,7 +152,7 @@ def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -
 
 
 def model_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype) -> str:
-    """sha256 over config, tokenizer, dtype and a weights digest; 16 hex digits.
+    """sha256 over config, tokenizer, dtype, a weights digest and the linear kernel; 16 hex digits.
 
     The weights digest hashes every parameter's name and shape and an evenly strided sample
     of up to 4096 of its values: any real change of checkpoint changes it, and it takes
@@ -161,6 +166,8 @@ def model_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     h.update(tokenizer_digest(tokenizer).encode())
     h.update(str(dtype).encode())
     h.update(weights_digest(model).encode())
+    if linear_kernel_of(model) != "torch":  # its KV differs in the last bits (torch's keeps its old fingerprint)
+        h.update(linear_kernel_of(model).encode())
     return h.hexdigest()[:16]
 
 

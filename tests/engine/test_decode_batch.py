@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -65,13 +67,13 @@ def test_the_row_multiple_is_measured_per_batch_bound_and_pads_to_agreeing_rows(
     stack = tiny_engine.stack
     multiple = row_multiple(stack, 6)
     assert multiple in ROW_MULTIPLES and row_multiple(stack, 6) == multiple  # cached
-    weight = stack.lm_head.weight
-    x = torch.randn(-(-6 // multiple) * multiple, weight.shape[1])
-    assert _rows_agree(weight, x, multiple)
-    assert not _rows_agree(torch.randn(8, 4), torch.tensor([[1.0, 2, 3, 4], [float("nan")] * 4]), 1)  # NaN never agrees
+    x = torch.randn(-(-6 // multiple) * multiple, stack.lm_head.weight.shape[1])
+    assert _rows_agree(stack.lm_head, x, multiple)  # the module itself: the kernel the model runs
+    nan_rows = torch.tensor([[1.0, 2, 3, 4], [float("nan")] * 4])
+    assert not _rows_agree(torch.nn.Linear(4, 8), nan_rows, 1)  # NaN never agrees
 
 
-def test_rows_of_a_remainder_block_are_checked_too(monkeypatch):
+def test_rows_of_a_remainder_block_are_checked_too():
     """A kernel that rounds the last row of an odd row count differently (as bfloat16 did on an
     AVX-512 EPYC) agrees on row 0 at every count, so only checking every row exposes it."""
     from engine.decode import _rows_agree
@@ -82,7 +84,7 @@ def test_rows_of_a_remainder_block_are_checked_too(monkeypatch):
             out[-1] += 1e-3
         return out
 
-    monkeypatch.setattr(torch.nn.functional, "linear", remainder_kernel)
     weight, x = torch.randn(5, 4), torch.randn(8, 4)
-    assert not _rows_agree(weight, x, 1)  # 3 rows: the third differs from its lone step
-    assert _rows_agree(weight, x, 2)  # even counts only: every row agrees
+    linear = partial(remainder_kernel, weight=weight)
+    assert not _rows_agree(linear, x, 1)  # 3 rows: the third differs from its lone step
+    assert _rows_agree(linear, x, 2)  # even counts only: every row agrees

@@ -1,0 +1,116 @@
+"""Which kernel computes the model's linear layers (q/k/v/o, MLP, lm_head) on the CPU.
+
+PyTorch sends a float32 `nn.Linear` on the CPU to its BLAS (MKL in the x86 wheels). On an AMD
+EPYC with AVX-512 (2 vCPUs, SmolLM2-135M's shapes) MKL ran at half the speed of oneDNN, the
+library PyTorch already uses for bfloat16 and its compiler uses for float32, on every shape
+that matters here (`python -m engine.bench.linear`):
+
+| rows x (out x in) | MKL | oneDNN |
+|---|---|---|
+| 2048 x (1536 x 576), prefill | 16.8 ms | 7.8 ms |
+| 512 x (1536 x 576) | 4.1 ms | 2.1 ms |
+| 4 x lm_head (49152 x 576), batched decode | 11.8 ms | 3.9 ms |
+| 30 layers' q/k/v/o/MLP, 1 row (decode) | 26.0 ms | 15.8 ms |
+| the same, 4 rows (batched decode) | 39.3 ms | 19.4 ms |
+
+So `onednn` replaces every `nn.Linear` of the model with `OneDnnLinear`, which calls oneDNN's
+linear (`torch.ops.mkldnn._linear_pointwise`, the op the PyTorch compiler emits for CPU
+linears) on the same weight tensors: no copy, same parameter names and state dict, tied
+weights stay tied. Results differ from MKL's in the last bits (|diff| ~1e-6 on outputs of
+~5), so the kernel is part of the model's fingerprint (KV computed by one is never reused as
+exact under the other). Rows are computed alike whatever block they sit in, as with MKL: a
+multi-row product gives each row the same bits inside any larger product (a single row takes
+a matrix-vector path in both libraries, which the decode step's row multiple accounts for).
+
+`auto` picks `onednn` for float32 and bfloat16 models on the CPU when the op exists and a
+probe agrees with `torch.nn.functional.linear` to float32 rounding; else `torch` (CUDA, other
+builds, other dtypes).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from engine.config import LINEAR_KERNELS
+
+log = logging.getLogger(__name__)
+
+_ONEDNN_LINEAR: Callable[..., torch.Tensor] | None = getattr(
+    getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+
+
+class OneDnnLinear(torch.nn.Module):
+    """`nn.Linear`'s forward by oneDNN, on the wrapped layer's own weight and bias tensors.
+
+    Inference only (the op has no gradient); inputs [..., in_features] in the weight's dtype.
+    """
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # the same Parameter: tied weights stay tied
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert _ONEDNN_LINEAR is not None  # only built where the op exists
+        return _ONEDNN_LINEAR(x, self.weight, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def resolve_linear_kernel(name: str, device: torch.device, dtype: torch.dtype) -> str:
+    """`torch` or `onednn` for a model on `device` in `dtype`; ValueError for an unknown name
+    or for `onednn` where it cannot run."""
+    if name not in LINEAR_KERNELS:
+        raise ValueError(f"unknown linear kernel {name!r}; use one of {', '.join(LINEAR_KERNELS)}")
+    if name == "torch":
+        return name
+    usable = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and onednn_agrees(dtype)
+    if name == "onednn" and not usable:
+        raise ValueError(f"the onednn linear kernel needs a float32 or bfloat16 model on the CPU and a "
+                         f"PyTorch build with oneDNN (model: {dtype} on {device})")
+    return "onednn" if usable else "torch"
+
+
+def onednn_agrees(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's linear exists and matches torch's on a small probe (with bias, 1 and
+    5 rows, a non-contiguous input) to within the dtype's rounding."""
+    if _ONEDNN_LINEAR is None or not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+        return False
+    generator = torch.Generator().manual_seed(0)
+    weight = (torch.randn(24, 40, generator=generator) / 8).to(dtype)
+    bias = torch.randn(24, generator=generator).to(dtype)
+    tolerance = 1e-5 if dtype == torch.float32 else 3e-2
+    try:
+        with torch.inference_mode():
+            for x in (torch.randn(1, 40, generator=generator), torch.randn(40, 5, generator=generator).t()):
+                x = x.to(dtype)
+                expected = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
+                got = _ONEDNN_LINEAR(x, weight, bias, "none", [], "").float()
+                if got.shape != expected.shape or not torch.allclose(got, expected, atol=tolerance, rtol=tolerance):
+                    return False
+    except RuntimeError:  # a build whose op refuses these inputs
+        log.warning("oneDNN linear is present but failed its probe; using torch's", exc_info=True)
+        return False
+    return True
+
+
+def use_linear_kernel(model: torch.nn.Module, name: str) -> str:
+    """Make `model`'s linear layers run on kernel `name` (see `resolve_linear_kernel`), in
+    place; returns the kernel used. `torch` leaves the model as it is."""
+    kernel = resolve_linear_kernel(name, next(model.parameters()).device, next(model.parameters()).dtype)
+    if kernel == "onednn":
+        for parent in list(model.modules()):
+            for child_name, child in list(parent.named_children()):
+                if type(child) is torch.nn.Linear:
+                    setattr(parent, child_name, OneDnnLinear(child))
+    return kernel
+
+
+def linear_kernel_of(model: torch.nn.Module) -> str:
+    """The kernel `model`'s linear layers run on: `onednn` if any was replaced, else `torch`."""
+    return "onednn" if any(isinstance(m, OneDnnLinear) for m in model.modules()) else "torch"

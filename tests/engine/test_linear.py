@@ -1,0 +1,85 @@
+"""The linear-layer kernel (engine/linear.py): oneDNN in place of torch's, same weights and results."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.linear import OneDnnLinear, linear_kernel_of, onednn_agrees, resolve_linear_kernel, use_linear_kernel
+from engine.model import wrap_model
+from tests.conftest import build_tiny_model
+
+needs_onednn = pytest.mark.skipif(not onednn_agrees(torch.float32), reason="this PyTorch build has no oneDNN linear")
+
+
+def _linear_count(model: torch.nn.Module, kind: type) -> int:
+    return sum(type(m) is kind for m in model.modules())
+
+
+@needs_onednn
+def test_onednn_replaces_every_linear_on_the_same_tensors(smol_tokenizer):
+    model = build_tiny_model(len(smol_tokenizer))
+    linears = _linear_count(model, torch.nn.Linear)
+    before = {name: tensor.data_ptr() for name, tensor in model.state_dict().items()}
+    x = torch.randint(0, len(smol_tokenizer), (1, 12))
+    with torch.inference_mode():
+        expected = model(x).logits
+
+    assert use_linear_kernel(model, "onednn") == "onednn"
+
+    assert _linear_count(model, torch.nn.Linear) == 0 and _linear_count(model, OneDnnLinear) == linears
+    after = {name: tensor.data_ptr() for name, tensor in model.state_dict().items()}
+    assert after == before  # same names, same storage: nothing copied
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied weights stay tied
+    with torch.inference_mode():
+        got = model(x).logits
+    assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4)
+    assert linear_kernel_of(model) == "onednn"
+
+
+def test_torch_leaves_the_model_alone(smol_tokenizer):
+    model = build_tiny_model(len(smol_tokenizer))
+    linears = _linear_count(model, torch.nn.Linear)
+    assert use_linear_kernel(model, "torch") == "torch"
+    assert _linear_count(model, torch.nn.Linear) == linears and linear_kernel_of(model) == "torch"
+
+
+@needs_onednn
+def test_the_kernel_is_part_of_the_fingerprint_and_torch_keeps_the_old_one(smol_tokenizer):
+    on_torch = wrap_model(build_tiny_model(len(smol_tokenizer)), smol_tokenizer, "torch")
+    again = wrap_model(build_tiny_model(len(smol_tokenizer)), smol_tokenizer, "torch")
+    on_onednn = wrap_model(build_tiny_model(len(smol_tokenizer)), smol_tokenizer, "onednn")
+    assert on_torch.fingerprint == again.fingerprint != on_onednn.fingerprint
+
+
+@needs_onednn
+def test_auto_picks_onednn_for_float32_and_bfloat16_on_the_cpu_only():
+    cpu = torch.device("cpu")
+    assert resolve_linear_kernel("auto", cpu, torch.float32) == "onednn"
+    assert resolve_linear_kernel("auto", cpu, torch.bfloat16) == "onednn"
+    assert resolve_linear_kernel("auto", cpu, torch.float16) == "torch"
+    assert resolve_linear_kernel("auto", torch.device("cuda"), torch.float32) == "torch"
+
+
+def test_bad_kernel_names_and_impossible_choices_are_refused():
+    with pytest.raises(ValueError, match="unknown linear kernel"):
+        resolve_linear_kernel("mkl", torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match="needs a float32 or bfloat16 model on the CPU"):
+        resolve_linear_kernel("onednn", torch.device("cpu"), torch.float16)
+    with pytest.raises(ValueError, match="linear_kernel must be one of"):
+        EngineConfig(linear_kernel="mkl")
+
+
+@needs_onednn
+def test_a_bfloat16_copy_of_a_onednn_model_still_runs(smol_tokenizer):
+    """The bfloat16 encoder copy (engine/encode_dtype.py) casts the replaced modules' weights."""
+    from engine.encode_dtype import model_in
+
+    loaded = wrap_model(build_tiny_model(len(smol_tokenizer)), smol_tokenizer, "onednn")
+    copy = model_in(loaded, torch.bfloat16)
+    x = torch.randint(0, len(smol_tokenizer), (1, 8))
+    with torch.inference_mode():
+        expected, got = loaded.model(x).logits, copy.model(x).logits.float()
+    assert copy.model.lm_head.weight.dtype == torch.bfloat16 and linear_kernel_of(copy.model) == "onednn"
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.7  # bfloat16 rounding, same model
