@@ -7,7 +7,9 @@
 A spec's settings are `KVMOSAIC_*` setting names (lower case, without the prefix) and are
 applied to the whole server of that run; `ratio` is short for `recompute_ratio`. In a
 comma-separated list, a `key=value` item belongs to the spec before it, so a list setting
-separates its items by semicolons there (`cacheblend:check_layers=1;2;6`).
+separates its items by semicolons there (`cacheblend:check_layers=1;2;6`). Settings fixed
+when the models load (`LOAD_SETTINGS`: dtype, linear kernel, model, device, embedder) are
+refused in a spec: every spec of a run shares one loaded model.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from engine.errors import InvalidRequest
 from engine.planners import planner_names
 
 ALIASES = {"ratio": "recompute_ratio"}
+# Settings fixed when the models load: every spec of a run shares one loaded model and
+# embedder, so a spec could not change them (set them for the whole run instead).
+LOAD_SETTINGS = frozenset({"model_path", "device", "dtype", "linear_kernel", "embedder_path", "data_dir"})
 # Named configurations: what a paper describes, next to our defaults.
 # CacheBlend as published: deviation selection at one check layer, no fidelity guard.
 PRESETS = {"cacheblend-paper": "cacheblend:selection=deviation,check_layers=1,fidelity=fast"}
@@ -76,5 +81,8 @@ def parse_mode(text: str) -> ModeSpec:
         key = ALIASES.get(key.strip(), key.strip())
         if key not in Settings.model_fields:
             raise InvalidRequest(f"mode {mode}: {key!r} is not a setting (see the README's Settings)")
+        if key in LOAD_SETTINGS:
+            raise InvalidRequest(f"mode {mode}: {key!r} is fixed when the model loads and shared by every mode "
+                                 f"of a run; set KVMOSAIC_{key.upper()} (or its flag) for the whole run")
         settings.append((key, value.strip()))
     return ModeSpec(mode, tuple(settings), label or (text if settings else ""))

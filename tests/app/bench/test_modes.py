@@ -39,6 +39,8 @@ def test_preset_keeps_its_name():
     ("cacheblend:selection", "expected key=value"),
     ("check_layers=1,full", "before any mode"),
     ("full,full", "named twice"),
+    ("full:linear_kernel=torch", "fixed when the model loads"),
+    ("cachecraft:dtype=bfloat16", "fixed when the model loads"),
 ])
 def test_malformed_specs_are_refused(text, message):
     with pytest.raises(InvalidRequest, match=message):
