@@ -1,17 +1,18 @@
 """Which kernel computes the model's linear layers (q/k/v/o, MLP, lm_head) on the CPU.
 
 PyTorch sends a float32 `nn.Linear` on the CPU to its BLAS (MKL in the x86 wheels). On an AMD
-EPYC with AVX-512 (2 vCPUs, SmolLM2-135M's shapes) MKL ran at half the speed of oneDNN, the
+EPYC with AVX-512 (2 vCPUs, SmolLM2-135M's shapes) MKL was 1.5-2.9x slower than oneDNN, the
 library PyTorch already uses for bfloat16 and its compiler uses for float32, on every shape
-that matters here (`python -m engine.bench.linear`):
+that matters here (`python -m engine.bench.linear`; not yet measured on an Intel CPU, where
+MKL is at home: run the bench there, and `torch` keeps MKL):
 
-| rows x (out x in) | MKL | oneDNN |
+| product (the model's own weights) | MKL | oneDNN |
 |---|---|---|
-| 2048 x (1536 x 576), prefill | 16.8 ms | 7.8 ms |
-| 512 x (1536 x 576) | 4.1 ms | 2.1 ms |
-| 4 x lm_head (49152 x 576), batched decode | 11.8 ms | 3.9 ms |
-| 30 layers' q/k/v/o/MLP, 1 row (decode) | 26.0 ms | 15.8 ms |
-| the same, 4 rows (batched decode) | 39.3 ms | 19.4 ms |
+| prefill: 2,048 rows x up_proj (1536 x 576) | 17.7 ms | 8.2 ms |
+| prefill: 512 rows x up_proj | 4.4 ms | 2.0 ms |
+| decode: 1 row x the 30 layers' q/k/v/o/MLP | 26.0 ms | 17.1 ms |
+| decode: 4 rows x the same (a batched step) | 38.5 ms | 21.8 ms |
+| decode: 1 / 4 rows x lm_head (49152 x 576) | 6.8 / 9.4 ms | 2.3 / 3.8 ms |
 
 So `onednn` replaces every `nn.Linear` of the model with `OneDnnLinear`, which calls oneDNN's
 linear (`torch.ops.mkldnn._linear_pointwise`, the op the PyTorch compiler emits for CPU

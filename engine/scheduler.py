@@ -29,7 +29,11 @@ still on the request threads, the bench above gave 1.07x the decode tokens/s of 
 and 1.74x the tokens per CPU second; a 4-row product there kept 1.0 cores busy in a
 scheduler-like thread, which the pool effect above explains (measured before it was found).
 Splitting each product over two Python threads gained 13-27% decode tokens/s there, and
-transposing it (weights times rows) nothing.
+transposing it (weights times rows) nothing. The cause was MKL: its float32 products of 2-8
+rows ran at about half oneDNN's speed there; with the model's linears on oneDNN
+(engine/linear.py) a 4-row step with short caches took 46 ms against 64, a lone one 31
+against 41, and the bench gave 2.00-2.14x (44-49 against 22-23 tokens/s; batching off fell
+from 35, four threads' oneDNN pools sharing two cores).
 
 The scheduler knows nothing about text; it streams token ids (`engine.decode.stream_text`
 turns them into text on the consumer's thread).
