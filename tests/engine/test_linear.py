@@ -83,3 +83,15 @@ def test_a_bfloat16_copy_of_a_onednn_model_still_runs(smol_tokenizer):
         expected, got = loaded.model(x).logits, copy.model(x).logits.float()
     assert copy.model.lm_head.weight.dtype == torch.bfloat16 and linear_kernel_of(copy.model) == "onednn"
     assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.7  # bfloat16 rounding, same model
+
+
+@needs_onednn
+@pytest.mark.parametrize("shape", ["no rows", "strided rows", "3-d transposed"])
+def test_onednn_linear_takes_the_inputs_the_engine_gives_it(shape):
+    """A layer may run no active rows (a blend's late layers) or a strided view of them."""
+    linear = torch.nn.Linear(16, 8).requires_grad_(False)
+    x = {"no rows": torch.empty(0, 16), "strided rows": torch.randn(4, 32)[:, ::2],
+         "3-d transposed": torch.randn(2, 3, 16).transpose(0, 1)}[shape]
+    with torch.inference_mode():
+        got, expected = OneDnnLinear(linear)(x), linear(x)
+    assert got.shape == expected.shape and torch.allclose(got, expected, atol=1e-5)
