@@ -67,7 +67,7 @@ class Services:
         engine = engine or Engine.load(settings.engine_config())
         catalog = Catalog.open(settings.catalog_config())
         chunk_cache = open_chunk_cache(settings, catalog, engine)
-        embedder = embedder or in_own_thread(partial(Embedder, settings.embedder_path))  # no pool left here
+        embedder = embedder or in_own_thread(partial(Embedder, settings.embedder_path, linear_kernel=settings.linear_kernel))  # no pool left here
         if engine.computes_on_scheduler:  # embeddings too run on the engine's compute thread
             embedder = embedder.running_on(engine.compute)
         retriever = open_retriever(settings, catalog, embedder)

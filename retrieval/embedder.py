@@ -28,12 +28,20 @@ def default_model_path() -> Path:
 class Embedder:
     """Embeds texts into normalised vectors [n, dim]. Safe to call from several threads."""
 
-    def __init__(self, model_path: str | Path | None = None, device: str = "cpu", batch_size: int = 32):
+    def __init__(self, model_path: str | Path | None = None, device: str = "cpu", batch_size: int = 32,
+                 linear_kernel: str = "auto"):
+        """`linear_kernel`: the kernel of the model's linear layers, as the LLM's
+        (`KVMOSAIC_LINEAR_KERNEL`, engine/linear.py): on the 2-vCPU EPYC oneDNN embedded 316
+        chunks in 6.3 s against MKL's 9.6 s. Vectors differ from MKL's by ~3e-7, so the kernel
+        is not part of `name`: an index built under either stays valid."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
 
+        from engine.linear import use_linear_kernel
+
         self.model_path = Path(model_path) if model_path else default_model_path()
         self.model = SentenceTransformer(str(self.model_path), device=device, local_files_only=True)
+        self.linear_kernel = use_linear_kernel(self.model, linear_kernel)
         self.batch_size = batch_size
         get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
         dim = get_dim()

@@ -48,7 +48,7 @@ def run_ingest_command(args) -> int:
         raise InvalidRequest("--prompt-tokens must be at least 1")
     values.update(database_url="", store_tiers=args.tiers)
     engine = Engine.load(base.engine_config())
-    embedder = in_own_thread(partial(Embedder, base.embedder_path))
+    embedder = in_own_thread(partial(Embedder, base.embedder_path, linear_kernel=base.linear_kernel))
 
     def open_services(data_dir: Path, overrides: dict):
         return Server(engine.loaded, embedder, {**values, **overrides}).open(data_dir)

@@ -106,7 +106,7 @@ def run_workload_command(args) -> int:
     values.setdefault("workers", base.workers)
     values.setdefault("queue_size", base.queue_size)
     engine = Engine.load(base.engine_config())
-    server = Server(engine.loaded, in_own_thread(partial(Embedder, base.embedder_path)), values)
+    server = Server(engine.loaded, in_own_thread(partial(Embedder, base.embedder_path, linear_kernel=base.linear_kernel)), values)
     run = run_workload(options, server, say=lambda line: print(line, flush=True))
     print(format_table(run.summaries))
     command = "kvmosaic " + " ".join(shlex.quote(a) for a in sys.argv[1:])
