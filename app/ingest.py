@@ -114,8 +114,9 @@ class Ingestor:
         """Remove a document's index rows, catalog rows and KV; False if there is no such document."""
         with self._lock:
             chunks = self.catalog.chunks_of_document(document_id)
-            self.retriever.remove([c.id for c in chunks])  # first: stop retrieving it
-            deleted = self.chunk_cache.forget_document(document_id)  # catalog rows, then KV
+            with self.retriever.updating():  # no follower re-adds a chunk between the two steps
+                self.retriever.remove([c.id for c in chunks])  # first: stop retrieving it
+                deleted = self.chunk_cache.forget_document(document_id)  # catalog rows, then KV
             if chunks:
                 self.retriever.save()
             return deleted is not None

@@ -141,20 +141,21 @@ class IndexFollower:
 
     def resync(self) -> int:
         """Bring the index to exactly the catalog's retrievable chunks; returns rows changed."""
-        cursor = self.catalog.last_change_seq()  # first, as at start-up
-        wanted, held = set(self.catalog.indexed_chunk_ids()), set(self.retriever.index.ids())
-        self.retriever.remove(sorted(held - wanted))
-        added = self.catalog.indexed_chunks_by_id(sorted(wanted - held))
-        if added:
-            stored = [stored_vector(c, self.retriever.embedder) for c in added]
-            missing = [i for i, v in enumerate(stored) if v is None]
-            fresh = iter(self.retriever.embed([added[i].embedding_text for i in missing]))
-            vectors = [v if v is not None else next(fresh) for v in stored]
-            self.retriever.add([c.chunk_id for c in added], np.stack(vectors))
-        self.retriever.cursor = max(self.retriever.cursor, cursor)
-        log.warning("vector index resynced with the catalog: %d rows removed, %d added",
-                    len(held - wanted), len(added))
-        return len(held - wanted) + len(added)
+        with self.retriever.updating():  # no delete between reading the catalog and changing the index
+            cursor = self.catalog.last_change_seq()  # first, as at start-up
+            wanted, held = set(self.catalog.indexed_chunk_ids()), set(self.retriever.index.ids())
+            self.retriever.remove(sorted(held - wanted))
+            added = self.catalog.indexed_chunks_by_id(sorted(wanted - held))
+            if added:
+                stored = [stored_vector(c, self.retriever.embedder) for c in added]
+                missing = [i for i, v in enumerate(stored) if v is None]
+                fresh = iter(self.retriever.embed([added[i].embedding_text for i in missing]))
+                vectors = [v if v is not None else next(fresh) for v in stored]
+                self.retriever.add([c.chunk_id for c in added], np.stack(vectors))
+            self.retriever.cursor = max(self.retriever.cursor, cursor)
+            log.warning("vector index resynced with the catalog: %d rows removed, %d added",
+                        len(held - wanted), len(added))
+            return len(held - wanted) + len(added)
 
     def prune(self) -> int:
         """Drop change log entries older than `CHANGE_LOG_KEEP_S` (any replica may do it)."""
@@ -163,10 +164,11 @@ class IndexFollower:
     def _follow(self) -> int:
         applied = 0
         while True:
-            changes = self.catalog.changes_since(self.retriever.cursor, self.page)
-            if not changes:
-                return applied
-            applied += self.retriever.apply(self._updates(changes))
+            with self.retriever.updating():  # a page is read and applied with no delete in between
+                changes = self.catalog.changes_since(self.retriever.cursor, self.page)
+                if not changes:
+                    return applied
+                applied += self.retriever.apply(self._updates(changes))
             if len(changes) < self.page:
                 return applied
 

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,7 +57,8 @@ class Retriever:
         self.cursor = 0
         self._saved_cursor: int | None = None
         self._save_lock = threading.Lock()
-        self._apply_lock = threading.Lock()
+        # Reentrant: a change-log follower holds it across reading changes and `apply`.
+        self._apply_lock = threading.RLock()
 
     @classmethod
     def open(cls, embedder: Embedder, directory: Path, chunk_ids: Iterable[int], chunk_texts: ChunkTexts,
@@ -102,6 +104,13 @@ class Retriever:
 
     def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         return self.embedder.encode(texts)
+
+    def updating(self) -> AbstractContextManager[bool]:
+        """Hold while a change is read and applied, or while rows are removed and their source
+        deleted, so the two never interleave: a follower that read a chunk's add before a delete
+        would otherwise apply it after the delete's removal and bring the chunk back until its
+        next poll (seen as a flaky `test_add_list_show_and_delete`)."""
+        return self._apply_lock
 
     def apply(self, updates: Sequence[IndexUpdate]) -> int:
         """Apply changes in order (adds replace, removes of unknown ids are no-ops, so applying

@@ -258,3 +258,38 @@ def test_a_follower_that_missed_the_log_resyncs_with_the_catalog(fresh):
     assert follower.poll() == 2
     assert sorted(fresh.retriever.index.ids()) == expected
     assert fresh.retriever.cursor == fresh.catalog.last_change_seq()
+
+
+def test_a_follower_that_read_an_add_before_a_delete_does_not_bring_the_chunk_back(fresh):
+    """The follower reads a page of changes, then applies it; a delete that ran in between used
+    to be undone by the page's stale add (flaky `test_add_list_show_and_delete`). Now the
+    delete waits for the page (`Retriever.updating`), and the follower finds the rows gone."""
+    import threading
+
+    from app.replica import IndexFollower
+
+    before = fresh.retriever.cursor = fresh.catalog.last_change_seq()
+    added = fresh.ingestor.ingest(LONG)
+    chunk_ids = {c.id for c in fresh.catalog.chunks_of_document(added.document.id)}
+    assert fresh.catalog.last_change_seq() > before  # the ingest's adds follow the cursor
+    follower, read, go = IndexFollower(fresh.catalog, fresh.retriever), threading.Event(), threading.Event()
+    updates = follower._updates
+
+    def slow_updates(changes):
+        out = updates(changes)  # vectors of the adds, read while the chunks still exist
+        read.set()
+        go.wait(10)
+        return out
+
+    follower._updates = slow_updates  # type: ignore[method-assign]
+    polling = threading.Thread(target=follower.poll)
+    polling.start()
+    assert read.wait(10)
+    deleting = threading.Thread(target=fresh.ingestor.delete, args=(added.document.id,))
+    deleting.start()
+    deleting.join(0.5)
+    assert deleting.is_alive()  # it waits for the page under way
+    go.set()
+    polling.join(10)
+    deleting.join(10)
+    assert not chunk_ids & set(fresh.retriever.index.ids())
