@@ -239,3 +239,69 @@ def test_pending_calls_fail_when_the_scheduler_closes(lively_loaded, tmp_path_fa
     assert len(outcome) == 1
     with pytest.raises(EngineClosed):
         engine.scheduler.call(lambda: "refused")
+
+
+def _run_order(scheduler, costs: list[float]) -> list[float]:
+    """Queue one job per cost, in that order, behind a job that holds the scheduler thread;
+    return the costs in the order their jobs ran."""
+    started, release, ran = threading.Event(), threading.Event(), []
+
+    def holder():
+        started.set()
+        release.wait(10)
+
+    threads = [threading.Thread(target=scheduler.call, args=(holder,))]
+    threads[0].start()
+    started.wait(10)
+    for cost in costs:
+        queued = scheduler.num_jobs
+        threads.append(threading.Thread(target=scheduler.call, args=(lambda c=cost: ran.append(c), cost)))
+        threads[-1].start()
+        while scheduler.num_jobs == queued:  # arrival order is the order of `costs`
+            time.sleep(0.001)
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    return ran
+
+
+@pytest.mark.parametrize("order, max_overtakes, expected", [
+    ("fifo", 2, [100.0, 10.0, 1.0, 5.0]),
+    ("shortest", 2, [1.0, 5.0, 100.0, 10.0]),  # 100 has been overtaken twice: it goes next
+    ("shortest", 9, [1.0, 5.0, 10.0, 100.0]),
+    ("shortest", 0, [100.0, 10.0, 1.0, 5.0]),  # nobody may overtake: fifo
+])
+def test_queued_jobs_run_in_arrival_order_or_cheapest_first_with_bounded_overtaking(
+        lively_loaded, order, max_overtakes, expected):
+    from engine.layers import DecoderStack
+    from engine.scheduler import DecodeScheduler
+
+    scheduler = DecodeScheduler(DecoderStack(lively_loaded), prefill_order=order, max_overtakes=max_overtakes)
+    try:
+        assert _run_order(scheduler, [100.0, 10.0, 1.0, 5.0]) == expected
+    finally:
+        scheduler.close()
+
+
+def test_an_unknown_prefill_order_is_refused(lively_loaded, tmp_path_factory):
+    with pytest.raises(ValueError, match="prefill_order"):
+        make_engine(lively_loaded, tmp_path_factory, prefill_order="lifo")
+
+
+def test_a_blend_is_queued_as_smaller_than_an_exact_prefill_of_the_same_prompt(engines, chunks, monkeypatch):
+    engine = engines["batched"]
+    costs = []
+    call = engine.scheduler.call
+
+    def recording_call(fn, cost=0.0):
+        costs.append(cost)
+        return call(fn, cost)
+
+    monkeypatch.setattr(engine.scheduler, "call", recording_call)
+    for mode in ("full", "prefix", "cacheblend"):
+        engine.prefill(chunks, QUESTIONS[0], mode=mode, fidelity="fast")
+    full, prefix, blend = costs
+    layout = engine.prompts.layout([tuple(c.token_ids) for c in chunks], QUESTIONS[0])
+    assert full == layout.total_len
+    assert prefix == layout.total_len - layout.chunk_spans[0][1]  # after the leading chunk's base variant
+    assert 0 < blend < prefix
