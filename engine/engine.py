@@ -381,10 +381,10 @@ def _prefill_cost(request: PlanRequest, planner: BasePlanner, ratio: float) -> f
     may still turn a blend exact, and the guard may re-run it."""
     if not planner.reuses_cache:  # the reference computes the whole prompt, prefix included
         return float(request.layout.total_len)
-    rows = float(request.layout.total_len - _exact_leading_rows(request.layout, request.exact_chunks(None)))
+    rows = request.layout.total_len - _exact_leading_rows(request.layout, request.exact_chunks(None))
     if not (planner.exact or planner.exact_reuse):
         rows *= blend_cost(request.config, request.num_layers, ratio)
-    return rows
+    return float(rows)
 
 
 def _exact_leading_rows(layout: PromptLayout, exact_chunks: Sequence[bool]) -> int:
