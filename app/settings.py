@@ -129,7 +129,6 @@ class Settings(BaseSettings):
     max_batch: int = engine_setting("max_batch")
     max_batch_tokens: int = engine_setting("max_batch_tokens")
     prefill_slots: int = engine_setting("prefill_slots")
-    prefill_order: str = engine_setting("prefill_order")
     batch_invariant: bool = engine_setting("batch_invariant")
     admin_token: SecretStr | None = None  # None: admin endpoints answer 403
     # None: document writes only from loopback clients (see app/api/access.py)

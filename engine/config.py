@@ -33,7 +33,6 @@ Fidelity = Literal["fast", "balanced", "exact"]
 FIDELITIES: tuple[str, ...] = get_args(Fidelity)
 ENCODE_DTYPES = ("auto", "engine", "float32", "bfloat16", "float16")
 LINEAR_KERNELS = ("auto", "torch", "onednn")  # engine/linear.py
-PREFILL_ORDERS = ("fifo", "shortest")  # engine/scheduler.py JOB_ORDERS
 
 Value = TypeVar("Value")
 # Key of a field's `Bounds` in its dataclass metadata.
@@ -217,11 +216,6 @@ class EngineConfig:
     max_batch_tokens: int = bounded(65536, ge=1)
     # Prefills computing at once while batching (more wait; decode steps pause for them all).
     prefill_slots: int = bounded(1, ge=1)
-    # The order in which queued compute (prefills, guard re-runs and repairs, base-KV
-    # encodings) runs on the scheduler's thread: "fifo", or "shortest" (the fewest rows to
-    # compute first; a job waits for at most `DEFAULT_MAX_OVERTAKES` later ones), which
-    # lowers the mean TTFT when cheap blends and exact reuses queue behind full prefills.
-    prefill_order: str = "fifo"
     # Pad a lone request's decode step like a batch's, so its tokens are bit-identical
     # whatever it is batched with (costs ~1.7x per lone token on CPU; see engine/decode.py).
     batch_invariant: bool = False
@@ -248,8 +242,7 @@ class EngineConfig:
     def _check_choices(self) -> None:
         for name, choices in (("deviation", DEVIATIONS), ("selection", SELECTIONS),
                               ("craft_build", CRAFT_BUILDS), ("fidelity", FIDELITIES),
-                              ("encode_dtype", ENCODE_DTYPES), ("linear_kernel", LINEAR_KERNELS),
-                              ("prefill_order", PREFILL_ORDERS)):
+                              ("encode_dtype", ENCODE_DTYPES), ("linear_kernel", LINEAR_KERNELS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}")
 

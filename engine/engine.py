@@ -38,7 +38,6 @@ from engine.runner import LayerRunner, RunOutput
 from engine.scheduler import DecodeScheduler
 from engine.selfcheck import rope_shift_selfcheck
 from engine.threads import in_own_thread
-from engine.variants.policy import blend_cost
 from engine.work import counted_as, is_background_thread
 
 log = logging.getLogger(__name__)
@@ -56,8 +55,7 @@ class Engine:
         self.runner = LayerRunner(self.stack)
         self.prompts = PromptBuilder(loaded.tokenizer, config.system_prompt, config.instruction)
         self.scheduler = DecodeScheduler(self.stack, config.max_batch, config.max_batch_tokens, config.prefill_slots,
-                                         config.batch_invariant, config.num_threads,
-                                         config.prefill_order) if config.batching else None
+                                         config.batch_invariant, config.num_threads) if config.batching else None
         # requests' prefills and repairs in flight, and how often blends needed a full prefill
         self.busy = BusyGate()
         self.prefix_kv = self.compute(lambda: self._encode(self.prompts.prefix_ids, start=0))
@@ -108,8 +106,7 @@ class Engine:
             raise InvalidRequest("cannot encode an empty chunk")
         if self.prompts.prefix_len + len(token_ids) > self.loaded.spec.max_positions:
             raise PromptTooLong("the chunk does not fit in the model's context")
-        return self.compute(lambda: self._encode(tuple(token_ids), start=self.prompts.prefix_len),
-                            cost=len(token_ids))
+        return self.compute(lambda: self._encode(tuple(token_ids), start=self.prompts.prefix_len))
 
     def encode_chunks(self, chunks: Sequence[Sequence[int]], batch_tokens: int = DEFAULT_BATCH_TOKENS) -> list[ChunkKV]:
         """Base variants of many chunks, packed up to `batch_tokens` rows per pass (one matrix
@@ -121,8 +118,7 @@ class Engine:
             if self.prompts.prefix_len + len(token_ids) > self.loaded.spec.max_positions:
                 raise PromptTooLong("the chunk does not fit in the model's context")
         encoded = [kv if kv.kv.dtype == self.loaded.dtype else dataclasses.replace(kv, kv=kv.kv.to(self.loaded.dtype))
-                   for kv in self.compute(lambda: self.encoder.encode([tuple(c) for c in chunks], batch_tokens),
-                                          cost=sum(len(c) for c in chunks))]
+                   for kv in self.compute(lambda: self.encoder.encode([tuple(c) for c in chunks], batch_tokens))]
         for kv in encoded:  # metered as if each chunk ran alone after the cached prefix, as encode_chunk does
             rows = torch.zeros(self.prompts.prefix_len + kv.num_tokens, dtype=torch.long)
             rows[self.prompts.prefix_len:] = self.loaded.spec.num_layers
@@ -191,8 +187,7 @@ class Engine:
                               self.loaded.spec.num_layers, fidelity)
         capacity = layout.total_len + max_new_tokens
         with self.busy.in_flight():
-            kept = self.compute(partial(self._guarded_run, fidelity, config, planner, request, capacity),
-                                cost=_prefill_cost(request, planner, ratio))
+            kept = self.compute(partial(self._guarded_run, fidelity, config, planner, request, capacity))
         ttft = time.perf_counter() - started
         out = kept.out
         if out.logits is None:  # `_run` always asks the runner for them
@@ -249,8 +244,7 @@ class Engine:
         (see `_exact_rerun`)."""
         layout = dataclasses.replace(layout, question_ids=layout.question_ids + tuple(answer_ids))
         with self.busy.in_flight():
-            return self.compute(lambda: self._exact_rerun(layout, cache, exact_rows, cache.capacity)[1],
-                                cost=layout.total_len - exact_rows)
+            return self.compute(lambda: self._exact_rerun(layout, cache, exact_rows, cache.capacity)[1])
 
     def _exact_rerun(self, layout: PromptLayout, cache: KVCache, exact_rows: int,
                      capacity: int) -> tuple[Plan, RunOutput]:
@@ -319,10 +313,9 @@ class Engine:
         with closing(self._decode_ids(out.cache, out.logits, rest, None, generator)) as tail:
             yield from tail
 
-    def compute(self, fn: Callable[[], T], cost: float = 0.0) -> T:
+    def compute(self, fn: Callable[[], T]) -> T:
         """Run the model work `fn` (a prefill, a repair, an encoding, a benchmark's forced
-        pass) under inference mode, and return its result. `cost`: its size in rows to
-        compute, by which the scheduler may run smaller jobs first (`prefill_order`).
+        pass) under inference mode, and return its result.
 
         While batching with one prefill slot (the default) it runs on the scheduler's thread,
         before the next decode step, so one thread computes everything: on a CPU each thread
@@ -342,7 +335,7 @@ class Engine:
         if not self.computes_on_scheduler:
             with self.scheduler.prefill_turn():
                 return inference()
-        return self.scheduler.call(inference, cost)
+        return self.scheduler.call(inference)
 
     def close(self) -> None:
         """Stop the decode scheduler; requests still decoding end with EngineClosed."""
@@ -372,19 +365,6 @@ def _judged_blend(kept: Guarded) -> bool:
     measured), so its outcome is known at prefill: re-run, or kept with no watch while decoding."""
     report = kept.report
     return report.fidelity == "balanced" and report.margin is not None and not report.skipped_blend
-
-
-def _prefill_cost(request: PlanRequest, planner: BasePlanner, ratio: float) -> float:
-    """A prefill's size for the scheduler, in rows computed through every layer: the whole
-    prompt for a plan that reuses nothing, else the rows after the exact leading chunks, times a blend's share of a chunk's layer-rows
-    (`blend_cost`) when `planner` blends. An estimate taken before the run: the busy gate
-    may still turn a blend exact, and the guard may re-run it."""
-    if not planner.reuses_cache:  # the reference computes the whole prompt, prefix included
-        return float(request.layout.total_len)
-    rows = request.layout.total_len - _exact_leading_rows(request.layout, request.exact_chunks(None))
-    if not (planner.exact or planner.exact_reuse):
-        rows *= blend_cost(request.config, request.num_layers, ratio)
-    return float(rows)
 
 
 def _exact_leading_rows(layout: PromptLayout, exact_chunks: Sequence[bool]) -> int:

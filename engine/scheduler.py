@@ -8,8 +8,7 @@ generator (so its tokens do not depend on its companions), streams it, then runs
 `decode_batch` for the requests that go on: linear layers once for all, attention per request.
 
 The scheduler's thread is also where the engine computes (`call`): prefills, guard repairs and
-base-KV encodings queue there and run before the next step, first come first served (or, with
-`prefill_order` "shortest", the fewest rows first, see `_pop_job`), so a
+base-KV encodings queue there and run before the next step, first come first served, so a
 prefill waits at most for the step under way (one token), never for the batch to finish, and
 one thread computes everything. That matters on a CPU: each thread that runs torch operations
 keeps its own OpenMP pool, and once the pools' threads outnumber the cores libgomp stops
@@ -53,7 +52,6 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from engine.config import PREFILL_ORDERS
 from engine.decode import SamplingParams, StepCheck, decode_batch, new_generator, pick_token
 from engine.errors import EngineClosed
 from engine.kv import KVCache
@@ -72,9 +70,6 @@ class _End(enum.Enum):
 
 
 _END = _End.END  # a sequence's last item: it stopped, normally or cancelled
-
-# Under "shortest", how many later, cheaper jobs may run before a waiting one.
-DEFAULT_MAX_OVERTAKES = 2
 
 # The scheduler thread ends after this long without work (and starts again on demand), so an
 # engine that is dropped without `close` leaves no thread behind.
@@ -127,15 +122,10 @@ class _Sequence:
 
 
 class _Job(Generic[T]):
-    """A piece of compute (a prefill, an encoding pass) to run on the scheduler thread.
+    """A piece of compute (a prefill, an encoding pass) to run on the scheduler thread."""
 
-    cost: its estimated size (rows to compute; any unit the callers share), by which
-    `PREFILL_ORDERS` "shortest" picks; overtaken: how many later jobs have run before it."""
-
-    def __init__(self, fn: Callable[[], T], cost: float = 0.0):
+    def __init__(self, fn: Callable[[], T]):
         self.fn = fn
-        self.cost = cost
-        self.overtaken = 0
         self.done = threading.Event()
         self.result: T | None = None
         self.error: BaseException | None = None
@@ -191,18 +181,14 @@ class DecodeScheduler:
     """Runs the decode steps of every submitted request on one thread; thread-safe."""
 
     def __init__(self, stack: DecoderStack, max_batch: int = 8, max_batch_tokens: int = 65536,
-                 prefill_slots: int = 1, invariant: bool = False, num_threads: int | None = None,
-                 prefill_order: str = "fifo", max_overtakes: int = DEFAULT_MAX_OVERTAKES):
+                 prefill_slots: int = 1, invariant: bool = False, num_threads: int | None = None):
         if max_batch < 1 or max_batch_tokens < 1 or prefill_slots < 1:
             raise ValueError("max_batch, max_batch_tokens and prefill_slots must be >= 1")
-        if prefill_order not in PREFILL_ORDERS or max_overtakes < 0:
-            raise ValueError(f"prefill_order must be one of {', '.join(PREFILL_ORDERS)} and max_overtakes >= 0")
         self.stack = stack
-        self.prefill_order, self.max_overtakes = prefill_order, max_overtakes
         self.max_batch, self.max_batch_tokens, self.invariant = max_batch, max_batch_tokens, invariant
         self.num_threads = num_threads or DEFAULT_THREADS  # torch threads of the scheduler thread
         self._cond = threading.Condition()
-        self._jobs: deque[_Job[Any]] = deque()  # compute to run before the next step, in arrival order
+        self._jobs: deque[_Job[Any]] = deque()  # compute to run before the next step, in order
         self._waiting: deque[_Sequence] = deque()
         self._active: list[_Sequence] = []  # changed by the scheduler thread only, under the lock
         self._prefills = 0  # requests waiting for or holding a prefill slot
@@ -228,10 +214,9 @@ class DecodeScheduler:
         self._enqueue(self._waiting, seq)
         return TokenStream(self, seq)
 
-    def call(self, fn: Callable[[], T], cost: float = 0.0) -> T:
-        """Run `fn` on the scheduler thread, before any further decode step; return its result
-        or raise its error in the caller's thread. Jobs run one at a time, in arrival order
-        (`prefill_order` "fifo") or the cheapest by `cost` first ("shortest"; see `_pop_job`).
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the scheduler thread, before any further decode step and after the jobs
+        queued before it; return its result or raise its error in the caller's thread.
 
         Engine compute goes through here so that one thread runs it all (see the module
         docstring: OpenMP pools of several threads slow each other down). Called from the
@@ -240,7 +225,7 @@ class DecodeScheduler:
         """
         if threading.current_thread() is self._thread:
             return fn()
-        job = _Job(fn, cost)
+        job = _Job(fn)
         self._enqueue(self._jobs, job)
         return job.wait()
 
@@ -281,11 +266,6 @@ class DecodeScheduler:
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
-
-    @property
-    def num_jobs(self) -> int:
-        """Compute jobs queued and not yet started."""
-        return len(self._jobs)
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Stop after the step under way; requests still decoding get EngineClosed."""
@@ -331,24 +311,10 @@ class DecodeScheduler:
             if self._closed:
                 return None
             if self._jobs:
-                return self._pop_job()
+                return self._jobs.popleft()
             self._active = [seq for seq in self._active if not seq.cancelled]
             self._admit()
             return list(self._active)
-
-    def _pop_job(self) -> "_Job[Any]":
-        """The next job to run (called under the lock, with jobs waiting): the oldest under
-        "fifo"; under "shortest", the cheapest (the oldest among equals), unless an older job
-        has already been overtaken `max_overtakes` times, which then runs first, so a large
-        prefill waits for at most that many smaller ones that came after it."""
-        index = 0  # an older job has been overtaken at least as often as any younger one
-        if self.prefill_order == "shortest" and self._jobs[0].overtaken < self.max_overtakes:
-            index = min(range(len(self._jobs)), key=lambda i: (self._jobs[i].cost, i))
-        for older in list(self._jobs)[:index]:
-            older.overtaken += 1
-        job = self._jobs[index]
-        del self._jobs[index]
-        return job
 
     def _admit(self) -> None:
         """Move waiting requests into the batch in arrival order while both bounds hold
