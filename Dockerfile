@@ -20,11 +20,14 @@ ENV DEBIAN_FRONTEND=noninteractive \
     KVMOSAIC_HOST=0.0.0.0 \
     KVMOSAIC_PORT=8000
 
-# CUDA base images have no Python of their own; the slim image already has it.
-RUN if ! command -v python3 >/dev/null; then \
-        apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-pip \
-        && rm -rf /var/lib/apt/lists/*; \
+# CUDA base images have no Python of their own; the slim image already has it. gcc compiles the
+# CPU kernels for the host on the engine's first start (engine/cpu/, about a second, cached in
+# the user's ~/.cache); without it decode attention runs on PyTorch, slower.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && if ! command -v python3 >/dev/null; then \
+        apt-get install -y --no-install-recommends python3 python3-venv python3-pip; \
     fi \
+    && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 

