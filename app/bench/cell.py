@@ -58,6 +58,7 @@ class RequestFacts:
     skipped_blend: bool = False  # the guard computed it exactly at once, the engine being busy (engine/busy.py)
     forced: torch.Tensor | None = None  # reference cells: [answer tokens, vocab] logits along its own answer
     answer: TeacherForced | None = None  # this answer's fidelity along the reference's (teacher forcing)
+    decoding: tuple[float, float] | None = None  # perf_counter of its first and last streamed piece
 
 
 @dataclass
@@ -155,7 +156,9 @@ def _facts(outcome: Outcome, answer) -> RequestFacts:
                         sum(label.startswith("base (computed") for label in answer.variants),
                         tuple(result.generated_ids), bool(result.guard is not None and result.guard.escalated),
                         result.repaired, result.guard.margin if result.guard is not None else None,
-                        skipped_blend=bool(result.guard is not None and result.guard.skipped_blend))
+                        skipped_blend=bool(result.guard is not None and result.guard.skipped_blend),
+                        decoding=(outcome.first_piece, outcome.last_piece)
+                        if outcome.first_piece is not None and outcome.last_piece is not None else None)
 
 
 def _cpu_seconds() -> float:

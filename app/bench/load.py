@@ -28,6 +28,7 @@ class Outcome:
     index: int
     submitted: float
     first_piece: float | None = None
+    last_piece: float | None = None
     finished: float | None = None
     answer: object | None = None  # what `digest` made of the app.rag.Answer
     error: str | None = None
@@ -38,8 +39,9 @@ class Outcome:
         return self.answer is not None
 
     def piece(self, _text: str) -> None:
+        self.last_piece = time.perf_counter()
         if self.first_piece is None:
-            self.first_piece = time.perf_counter()
+            self.first_piece = self.last_piece
 
 
 Digest = Callable[[Outcome, object], object]

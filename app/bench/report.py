@@ -10,7 +10,7 @@ from pathlib import Path
 from app.bench.summary import CellSummary
 from app.bench.trace import write_trace
 
-COLUMNS = ("mode", "load", "ok", "err", "req/s", "TTFT p50", "p95", "p99", "lat p50", "p95", "tok/s",
+COLUMNS = ("mode", "load", "ok", "err", "req/s", "TTFT p50", "p95", "p99", "lat p50", "p95", "tok/s", "dec tok/s",
            "CPU s/req", "work/full", "work/prefix", "bg", "recomp", "esc", "rep", "skip", "EM", "ROUGE-L", "KL", "top-1", "ans top-1", "ans KL", "KV MiB", "tier hits")
 
 
@@ -25,7 +25,7 @@ def _row(s: CellSummary) -> tuple[str, ...]:
     f = s.fidelity
     return (s.mode, s.load, str(s.requests), str(s.errors), f"{s.throughput:.3f}",
             _ms(s.ttft_p50), _ms(s.ttft_p95), _ms(s.ttft_p99), _ms(s.latency_p50), _ms(s.latency_p95),
-            f"{s.output_tokens_per_s:.1f}", f"{s.cpu_s_per_request:.2f}", _ratio(s.work_vs_full),
+            f"{s.output_tokens_per_s:.1f}", _num(s.decode_tokens_per_s, 1), f"{s.cpu_s_per_request:.2f}", _ratio(s.work_vs_full),
             _ratio(s.work_vs_prefix), f"{s.background_share:.2f}", f"{s.recompute_share:.2f}",
             _num(s.escalated_share, 2), _num(s.repaired_share, 2), _num(s.skipped_share, 2),
             *((f"{f.exact_match:.2f}", f"{f.rouge_l:.2f}", f"{f.first_kl:.3f}", f"{f.first_top1:.2f}",

@@ -49,6 +49,7 @@ class CellSummary:
     latency_p50: float
     latency_p95: float
     output_tokens_per_s: float
+    decode_tokens_per_s: float  # tokens after each answer's first, per second while any request decoded
     cpu_s_per_request: float
     gflops_per_request: float
     work_vs_full: float | None
@@ -102,6 +103,7 @@ def summarize(cell: CellResult, flops_of, reference: dict[int, RequestFacts] | N
         engine_ttft_p50=percentile([f.engine_ttft_s for f in facts], 50),
         latency_p50=percentile(latencies, 50), latency_p95=percentile(latencies, 95),
         output_tokens_per_s=sum(f.generated for f in facts) / cell.wall_s if cell.wall_s > 0 else 0.0,
+        decode_tokens_per_s=decode_tokens_per_s(facts),
         cpu_s_per_request=cell.cpu_s / max(1, n), gflops_per_request=per_request / 1e9,
         work_vs_full=_share(per_request, baselines.get("full")),
         work_vs_prefix=_share(per_request, baselines.get("prefix")),
@@ -113,6 +115,22 @@ def summarize(cell: CellResult, flops_of, reference: dict[int, RequestFacts] | N
         tier_hits=dict(cell.tier_hits), kv_bytes=dict(cell.kv_bytes),
         fidelity=fidelity(facts, reference) if reference is not None else None, ttfts=ttfts,
         per_request=request_rows(facts, reference))
+
+
+def decode_tokens_per_s(facts: Sequence[RequestFacts]) -> float:
+    """Decode throughput of a cell: the tokens each answer generated after its first (which
+    the prefill gives), over the wall time during which at least one request was decoding (the
+    union of the spans from each answer's first streamed piece to its last). With batching,
+    requests decoding together share that time; without, they overlap on their threads. Other
+    requests' prefills run inside those spans either way, so this is the service's decode rate
+    under its load, not a step's speed. NaN when no answer had a second token."""
+    spans = sorted(f.decoding for f in facts if f.decoding is not None and f.generated > 1)
+    covered, end = 0.0, float("-inf")
+    for start, stop in spans:
+        covered += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    tokens = sum(f.generated - 1 for f in facts if f.decoding is not None and f.generated > 1)
+    return tokens / covered if covered > 0 else float("nan")
 
 
 def request_rows(facts: Sequence[RequestFacts], reference: dict[int, RequestFacts] | None) -> list[dict]:

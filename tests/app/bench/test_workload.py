@@ -39,6 +39,10 @@ def test_every_mode_and_load_answers_the_whole_trace(run):
         assert s.ttft_p50 <= s.ttft_p95 <= s.ttft_p99 and s.latency_p50 <= s.latency_p95
         assert all(r["ttft_s"] <= r["latency_s"] for r in s.per_request)
         assert s.throughput > 0 and s.cpu_s_per_request > 0 and s.output_tokens_per_s > 0
+        # decoding spans lie inside the cell's wall time, so decode tokens/s >= the tokens after
+        # each first over the whole wall time
+        after_first = s.output_tokens_per_s - s.throughput
+        assert s.decode_tokens_per_s >= after_first * 0.999
     assert run.stats.requests == 6 and 0 <= run.stats.seen_before <= 1
     assert sum((run.stats.same_order, run.stats.other_order, run.stats.partly, run.stats.fresh)) == pytest.approx(1)
 
