@@ -154,9 +154,9 @@ def decode_batch(stack: DecoderStack, caches: Sequence[KVCache], tokens: Sequenc
     pos = torch.tensor(positions + [0] * (rows - n), device=device)
     hidden = stack.embed(torch.tensor(list(tokens) + [0] * (rows - n), device=device))  # [rows, hidden]
     attention = step_attention(stack.decode_attention, caches, positions, stack.scale)
+    cos, sin = stack.rope_tables(pos, hidden)  # the same rows at every layer (it reads hidden's dtype only)
     for layer in range(stack.spec.num_layers):
         x = stack.input_norm(layer, hidden)
-        cos, sin = stack.rope_tables(pos, x)
         kv = torch.stack(stack.project_kv(layer, x, cos, sin))  # [2, kv_heads, rows, head_dim]
         for i, (cache, position) in enumerate(zip(caches, positions)):
             cache.data[layer, :, :, position] = kv[:, :, i]
