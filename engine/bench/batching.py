@@ -15,6 +15,11 @@ busy machine slows both alike; the figures are ratios measured in the same run:
 - TTFT: each request's prefill, all started at once, waits included (with batching,
   prefills take turns);
 - the answers themselves, which must be the same both ways (greedy).
+
+Prompts: by default a few short built-in passages (caches of ~150 tokens, where a step is
+mostly its linear layers); with `--dataset` (a benchmark JSON such as MuSiQue), request i asks
+record `--start` + i's question over its first `--chunks` passages, RAG-sized caches (~1,500-
+2,500 tokens), where each row's attention over its own cache is a large part of a step.
 """
 
 from __future__ import annotations
@@ -24,15 +29,18 @@ import json
 import statistics
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypedDict
 
 import torch
 
+from engine.bench.fidelity import Record, base_variant_chunks, load_dataset
 from engine.config import EngineConfig
 from engine.decode import SamplingParams
 from engine.engine import Engine
+from engine.errors import InvalidRequest
 from engine.plan import ChunkInput
 from engine.threads import in_own_thread
 
@@ -64,8 +72,28 @@ class Round:
         return self.decode_tokens / self.decode_wall_s
 
 
-def run_round(engine: Engine, chunks: list[ChunkInput], concurrency: int, max_tokens: int, mode: str) -> Round:
-    """`concurrency` requests at once, each on its own thread; see the module docstring."""
+Prompt = tuple[list[ChunkInput], str]  # a request's chunks (with their base KV) and question
+
+
+def builtin_prompts(engine: Engine, count: int) -> list[Prompt]:
+    """`count` prompts over the built-in passages, each in its own rotation, with a question each."""
+    chunks = [ChunkInput(i, ids, engine.encode_chunk(ids))
+              for i, ids in enumerate(engine.chunk_ids(text) for text in PASSAGES)]
+    return [(chunks[i % len(chunks):] + chunks[:i % len(chunks)], QUESTIONS[i % len(QUESTIONS)])
+            for i in range(count)]
+
+
+def dataset_prompts(engine: Engine, records: Sequence[Record], start: int, count: int, chunks: int) -> list[Prompt]:
+    """Records start .. start + count - 1: each one's question over its first `chunks` passages."""
+    if start < 0 or start + count > len(records):
+        raise InvalidRequest(f"records {start}..{start + count - 1} asked of a dataset of {len(records)}")
+    return [(base_variant_chunks(engine, records[i], chunks, i), records[i]["question"])
+            for i in range(start, start + count)]
+
+
+def run_round(engine: Engine, prompts: Sequence[Prompt], concurrency: int, max_tokens: int, mode: str) -> Round:
+    """`concurrency` requests at once, each on its own thread, request i with prompt i modulo
+    their number; see the module docstring."""
     ttft = [0.0] * concurrency
     answers: list[list[int]] = [[] for _ in range(concurrency)]
     first_step: list[float] = []
@@ -76,8 +104,8 @@ def run_round(engine: Engine, chunks: list[ChunkInput], concurrency: int, max_to
     def request(i: int) -> None:
         prefill_start.wait()
         started = time.perf_counter()
-        rotated = chunks[i % len(chunks):] + chunks[:i % len(chunks)]  # each its own prompt
-        result = engine.prefill(rotated, QUESTIONS[i % len(QUESTIONS)], mode=mode, max_new_tokens=max_tokens)
+        chunks, question = prompts[i % len(prompts)]
+        result = engine.prefill(chunks, question, mode=mode, max_new_tokens=max_tokens)
         ttft[i] = time.perf_counter() - started
         decode_start.wait()
         first_step.append(time.perf_counter())
@@ -96,14 +124,14 @@ def run_round(engine: Engine, chunks: list[ChunkInput], concurrency: int, max_to
     return Round(tokens, max(ends) - min(first_step), max(cpu) - min(cpu), ttft, answers)
 
 
-def measure(engine_on: Engine, engine_off: Engine, chunks: list[ChunkInput], concurrency: int,
+def measure(engine_on: Engine, engine_off: Engine, prompts: Sequence[Prompt], concurrency: int,
             max_tokens: int, mode: str, rounds: int) -> Figures:
     """Alternate rounds off / on; return the figures of both and their ratios."""
     results: dict[str, list[Round]] = {"off": [], "on": []}
-    run_round(engine_on, chunks, concurrency, 4, mode)  # warm-up: threads, allocator
+    run_round(engine_on, prompts, concurrency, 4, mode)  # warm-up: threads, allocator
     for _ in range(rounds):
         for label, engine in (("off", engine_off), ("on", engine_on)):
-            results[label].append(run_round(engine, chunks, concurrency, max_tokens, mode))
+            results[label].append(run_round(engine, prompts, concurrency, max_tokens, mode))
     on, off = _summary(results["on"]), _summary(results["off"])
     return {"off": off, "on": on,
             "decode_speedup": on["decode_tokens_per_s"] / off["decode_tokens_per_s"],
@@ -152,18 +180,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--max-batch", type=int, default=EngineConfig.max_batch)
     parser.add_argument("--dtype", default=EngineConfig.dtype, help="auto, float32, bfloat16 or float16")
+    parser.add_argument("--decode-attention", default=EngineConfig.decode_attention, help="auto, native or torch")
+    parser.add_argument("--dataset", type=Path, default=None,
+                        help="benchmark JSON (e.g. MuSiQue): RAG-sized prompts from its records instead of the built-in ones")
+    parser.add_argument("--start", type=int, default=0, help="first record of --dataset")
+    parser.add_argument("--chunks", type=int, default=6, help="passages per prompt from --dataset")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     engine_on = Engine.load(EngineConfig(data_dir=args.data_dir, fidelity="fast", max_batch=args.max_batch,
-                                         dtype=args.dtype))
+                                         dtype=args.dtype, decode_attention=args.decode_attention))
     # Built on a passing thread, as Engine.load is: this thread keeps no OpenMP pool that would
     # slow the batching engine's compute thread (engine/threads.py).
     engine_off = in_own_thread(lambda: Engine(replace(engine_on.config, batching=False), engine_on.loaded))
-    chunks = [ChunkInput(i, ids, engine_on.encode_chunk(ids))
-              for i, ids in enumerate(engine_on.chunk_ids(text) for text in PASSAGES)]
-    figures = measure(engine_on, engine_off, chunks, args.concurrency, args.max_tokens, args.mode, args.rounds)
+    prompts = (dataset_prompts(engine_on, load_dataset(args.dataset), args.start, args.concurrency, args.chunks)
+               if args.dataset else builtin_prompts(engine_on, args.concurrency))
+    tokens = [sum(len(c.token_ids) for c in chunks) for chunks, _ in prompts]
+    print(f"{len(prompts)} prompts of {min(tokens)}-{max(tokens)} context tokens")
+    figures = measure(engine_on, engine_off, prompts, args.concurrency, args.max_tokens, args.mode, args.rounds)
     for label, f in (("off", figures["off"]), ("on", figures["on"])):
         print(f"batching {label:3}: decode {f['decode_tokens_per_s']:6.1f} tokens/s "
               f"{f['decode_tokens_per_cpu_s']:6.1f} tokens/CPU-s  TTFT median "
