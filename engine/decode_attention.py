@@ -62,8 +62,8 @@ class NativeStepAttention:
 
     def __init__(self, lib: library.CpuLibrary, caches: Sequence[KVCache], positions: Sequence[int], scale: float):
         for cache in caches:
-            if not cache.data.is_contiguous():
-                raise ValueError("the native decode attention needs contiguous caches")
+            if not cache.data.is_contiguous() or cache.data.dtype != torch.float32 or cache.data.device.type != "cpu":
+                raise ValueError("the native decode attention needs contiguous float32 caches on the CPU")
         self.lib, self.caches, self.scale = lib, caches, scale
         self.meta = torch.tensor([[c.data.data_ptr() for c in caches], [c.capacity for c in caches],
                                   [p + 1 for p in positions]], dtype=torch.int64)
@@ -71,6 +71,9 @@ class NativeStepAttention:
 
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         heads, rows, head_dim = q.shape
+        if rows < len(self.caches) or q.dtype != torch.float32 or head_dim != self.head_dim:
+            raise ValueError(f"queries {tuple(q.shape)} {q.dtype} do not fit {len(self.caches)} float32 caches "
+                             f"of head_dim {self.head_dim}")
         if q.stride(2) != 1:
             q = q.contiguous()
         out = (torch.empty if rows == len(self.caches) else torch.zeros)(rows, heads, head_dim, dtype=q.dtype)

@@ -100,6 +100,18 @@ def test_an_unsupported_shape_is_refused_without_writing(lib):
     assert torch.equal(out, torch.full((1, 2, 48), 7.0))
 
 
+def test_queries_or_caches_that_do_not_fit_are_refused(lib):
+    caches = caches_of([10, 12], 1, 16)
+    attention = NativeStepAttention(lib, caches, [9, 11], 0.25)
+    with pytest.raises(ValueError, match="do not fit"):
+        attention(0, queries(2, 1, 16))  # fewer rows than requests
+    with pytest.raises(ValueError, match="do not fit"):
+        attention(0, queries(2, 2, 16).double())
+    half = KVCache(2, 1, 16, 12, torch.bfloat16, CPU)
+    with pytest.raises(ValueError, match="float32 caches"):
+        NativeStepAttention(lib, [half], [3], 0.25)
+
+
 def test_resolution_picks_native_where_it_applies_and_explains_where_not(lib):
     assert resolve_decode_attention("auto", CPU, torch.float32, 9, 3, 64) == "native"
     assert resolve_decode_attention("native", CPU, torch.float32, 4, 2, 16) == "native"
