@@ -21,8 +21,8 @@ import torch
 
 from engine.busy import BusyGate
 from engine.config import EngineConfig
-from engine.decode_attention import resolve_decode_attention
 from engine.decode import SamplingParams, TextStream, TokenIds, generate_ids, new_generator
+from engine.decode_attention import resolve_decode_attention
 from engine.encode_dtype import model_in, resolve_encode_dtype
 from engine.encoder import DEFAULT_BATCH_TOKENS, ChunkEncoder
 from engine.errors import InvalidRequest, PromptTooLong
