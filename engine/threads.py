@@ -18,6 +18,14 @@ on some other thread (loading the models) runs on a passing thread, whose pool e
 Nothing enforces this: any other thread of the process that runs parallel torch operations
 forms a pool and brings the throttling back (a benchmark that built a second engine on its
 main thread took batched decode from 46.5 back to 28.7 tokens/s).
+A thread that only coordinates must not form one either, and OpenMP work of other libraries
+counts too: on 2 vCPUs of an AMD EPYC, one FAISS search (`IndexFlatIP`, 326 rows) or one
+parallel torch operation on the main thread left every later 1-row decode step of the compute
+thread at 36-37 ms against 24-26 ms, for good; the same search on a `single_threaded` thread
+changed nothing. The workload bench searched its trace's chunks on its main thread, so every
+cell it ran before this was found decoded at that slower pace (a `full` cell's decode steps,
+median 36.2 -> 25.5 ms with the main thread single-threaded; decode tokens/s 26.7 -> 36.8).
+The benchmarks' main and client threads now run `single_threaded`; the server's workers do.
 Measured on the ingest bench (`kvmosaic bench ingest --runs 2048:engine`, same machine): with
 embeddings still on the calling thread, packed ingest fell from 884 to 715 tokens/s (the
 calling thread's pool and the compute thread's throttled each other); with them on the

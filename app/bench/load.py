@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from app.queue import QueueFull
+from engine.threads import single_threaded
 
 
 @dataclass
@@ -60,6 +61,7 @@ def run_closed_loop(services, queries: Sequence, clients: int, deadline: float,
     order = iter(range(len(queries)))
 
     def client() -> None:
+        single_threaded()  # its fidelity arithmetic must not form a pool (engine/threads.py)
         while time.perf_counter() < deadline:
             with lock:
                 index = next(order, None)

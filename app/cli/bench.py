@@ -114,12 +114,14 @@ def engine_config(args):
 def run_fidelity(args) -> int:
     from engine.bench.fidelity import FidelityOptions, format_table, run_fidelity, write_json
     from engine.engine import Engine
+    from engine.threads import single_threaded
 
     options = FidelityOptions(dataset=args.dataset, start=args.start, n=args.n, chunks=args.chunks,
                               modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
                               ratio=args.ratio, max_new_tokens=args.max_new_tokens,
                               warmup_orders=args.warmup_orders, seed=args.seed, fidelity=args.fidelity)
     engine = Engine.load(engine_config(args))
+    single_threaded()  # this thread computes metrics, never in a pool of its own (engine/threads.py)
     if args.store_codecs:
         return run_codec_fidelity(args, engine, options)
     summaries = run_fidelity(engine, options)

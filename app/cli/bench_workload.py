@@ -92,7 +92,7 @@ def run_workload_command(args) -> int:
     from app.cli.bench import settings_overrides
     from app.settings import Settings
     from engine.engine import Engine
-    from engine.threads import in_own_thread
+    from engine.threads import in_own_thread, single_threaded
     from retrieval.embedder import Embedder
 
     values = settings_overrides(args)
@@ -107,6 +107,7 @@ def run_workload_command(args) -> int:
     values.setdefault("queue_size", base.queue_size)
     engine = Engine.load(base.engine_config())
     server = Server(engine.loaded, in_own_thread(partial(Embedder, base.embedder_path, linear_kernel=base.linear_kernel)), values)
+    single_threaded()  # this thread only coordinates from here on (engine/threads.py: stray pools)
     run = run_workload(options, server, say=lambda line: print(line, flush=True))
     print(format_table(run.summaries))
     command = "kvmosaic " + " ".join(shlex.quote(a) for a in sys.argv[1:])
