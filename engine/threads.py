@@ -14,22 +14,29 @@ So the application sends its model work to that thread (`Engine.compute`: prefil
 base-KV encodings, embeddings through `Embedder.running_on`); threads that only help (store
 loaders, the request workers, the low-priority variant builder, whose builds run beside it)
 run torch single-threaded and never form a pool; and work that needs the cores but runs once
-on some other thread (loading the models) runs on a passing thread, whose pool ends with it.
-Nothing enforces this: any other thread of the process that runs parallel torch operations
-forms a pool and brings the throttling back (a benchmark that built a second engine on its
-main thread took batched decode from 46.5 back to 28.7 tokens/s).
-A thread that only coordinates must not form one either, and OpenMP work of other libraries
+on some other thread (loading the models) runs on a passing thread, whose pool ends with it
+(a benchmark that built a second engine on its main thread took batched decode from 46.5 back
+to 28.7 tokens/s). A thread that only coordinates must not form one either, and OpenMP work of other libraries
 counts too: on 2 vCPUs of an AMD EPYC, one FAISS search (`IndexFlatIP`, 326 rows) or one
 parallel torch operation on the main thread left every later 1-row decode step of the compute
 thread at 36-37 ms against 24-26 ms, for good; the same search on a `single_threaded` thread
 changed nothing. The workload bench searched its trace's chunks on its main thread, so every
 cell it ran before this was found decoded at that slower pace (a `full` cell's decode steps,
 median 36.2 -> 25.5 ms with the main thread single-threaded; decode tokens/s 26.7 -> 36.8).
-The benchmarks' main and client threads now run `single_threaded`; the server's workers do.
 Measured on the ingest bench (`kvmosaic bench ingest --runs 2048:engine`, same machine): with
 embeddings still on the calling thread, packed ingest fell from 884 to 715 tokens/s (the
 calling thread's pool and the compute thread's throttled each other); with them on the
 compute thread, 860.
+
+Two guards make this the default rather than a rule every thread must remember:
+- once a thread pins a count above one (`use_threads`), torch's process-wide count goes back
+  to one, so every thread that has not yet run a parallel torch operation (the server's
+  event loop and anyio's threads for sync endpoints, a benchmark's main thread) adopts one
+  and forms no pool; only threads that pin a count of their own use more;
+- the vector index runs FAISS single-threaded on whichever thread calls it
+  (`retrieval/index.py`), since libgomp gives each new thread every core whatever torch says.
+A thread that adopted torch's count before the first pin keeps it; the benchmarks' main and
+client threads still call `single_threaded` for that reason.
 """
 
 from __future__ import annotations
@@ -50,28 +57,44 @@ DEFAULT_THREADS = int(os.environ.get("OMP_NUM_THREADS") or 0) or len(os.sched_ge
 
 
 def use_threads(count: int) -> None:
-    """Make this thread's torch operations use `count` threads, from now on.
+    """Make this thread's torch operations use `count` threads, from now on; with `count` above
+    one, threads that have not yet chosen keep to one (the module's docstring says why).
 
     torch keeps one process-wide count that each thread adopts when it first runs a parallel
     operation, and `set_num_threads` changes both that count and the calling thread's; reading
     the count right after setting it makes this thread adopt it at once, so a later change by
-    another thread does not reach it. Threads that adopt the count later get the last one set.
+    another thread does not reach it. The process-wide count is then set back to one from a
+    passing thread, which changes nothing for this one (nor MKL's count here: torch sets it per
+    thread). Between the two, for a moment, a thread that adopts gets `count`.
     """
     torch.set_num_threads(count)
     torch.get_num_threads()  # adopts it now (torch's lazy per-thread initialisation)
+    if count != 1:
+        _on_passing_thread(_one_thread_by_default)
 
 
 def single_threaded() -> None:
     """Run this thread's torch operations on it alone (no OpenMP pool): the initializer of
-    helper threads whose torch work is small or off the critical path (see `use_threads`:
-    threads that adopt torch's count after this call run single-threaded too)."""
+    helper threads whose torch work is small or off the critical path."""
     use_threads(1)
 
 
-def in_own_thread(fn: Callable[[], T]) -> T:
-    """Run `fn` on a new thread and return its result (or raise its error) here; the thread's
-    OpenMP pool, if it formed one, ends with it. The thread adopts torch's process-wide count
-    (`use_threads`); the caller's own is not read, which would pin it."""
+def _one_thread_by_default() -> None:
+    torch.set_num_threads(1)  # the process-wide count, and this passing thread's own
+
+
+def in_own_thread(fn: Callable[[], T], threads: int = DEFAULT_THREADS) -> T:
+    """Run `fn` on a new thread that uses `threads` threads (`use_threads`), and return its
+    result (or raise its error) here; the thread's OpenMP pool, if it formed one, ends with it.
+    The caller's own count is neither read nor changed."""
+    def pinned() -> T:
+        use_threads(threads)
+        return fn()
+
+    return _on_passing_thread(pinned)
+
+
+def _on_passing_thread(fn: Callable[[], T]) -> T:
     outcome: list[T] = []
     failure: list[BaseException] = []
 

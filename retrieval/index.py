@@ -100,6 +100,7 @@ class VectorIndex:
         """Add rows; vectors [len(ids), dim] should be unit length. Re-adding an id replaces it."""
         vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(ids), self.dim)
         id_array = np.asarray(ids, dtype=np.int64)
+        one_faiss_thread()
         with self._lock:
             # faiss's stub types remove_ids(IDSelector); its Python wrapper takes an id array
             self._index.remove_ids(id_array)  # type: ignore[arg-type]
@@ -110,6 +111,7 @@ class VectorIndex:
         """Remove rows by id; unknown ids are ignored. Returns how many rows went."""
         if not len(ids):
             return 0
+        one_faiss_thread()
         with self._lock:
             id_array = np.asarray(ids, dtype=np.int64)
             return int(self._index.remove_ids(id_array))  # type: ignore[arg-type]  # an id array, as in `add`
@@ -125,6 +127,7 @@ class VectorIndex:
             _, sample = ivf.rows(self._index)
         try:
             started = time.perf_counter()
+            one_faiss_thread()
             trained = ivf.train_ivf(sample, ivf.default_nlist(len(sample)), self.config.nprobe)
             del sample
             with self._lock:  # the rows as they are now, changes during training included
@@ -139,6 +142,7 @@ class VectorIndex:
     def search(self, vector: npt.NDArray[np.float32], k: int) -> list[Hit]:
         """The k nearest rows to one query vector [dim], best first (fewer if the index is small)."""
         query = np.ascontiguousarray(vector, dtype=np.float32).reshape(1, self.dim)
+        one_faiss_thread()
         with self._lock:
             if self._index.ntotal == 0 or k < 1:
                 return []
@@ -178,6 +182,14 @@ class VectorIndex:
         if not fresh:
             log.info("vector index at %s is stale; it will be rebuilt", directory)
         return loaded if fresh else None
+
+
+def one_faiss_thread() -> None:
+    """Make FAISS run on the calling thread alone from now on. libgomp gives every thread that
+    has not chosen a count all the cores, and the pool a parallel FAISS call leaves behind slows
+    the engine's compute thread for as long as this thread lives (engine/threads.py); one query
+    or a batch of added rows is small work, and the index is searched under a lock anyway."""
+    faiss.omp_set_num_threads(1)  # this thread's OpenMP count only
 
 
 def _flat(dim: int) -> faiss.Index:

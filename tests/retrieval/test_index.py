@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -110,3 +112,30 @@ def test_retriever_applies_changes_in_order():
     assert retriever.index.search(unit(0, 0, 1), 1)[0].chunk_id == 10
     assert retriever.rebuild([(1, "a", unit(0, 1, 0)), (2, "b"), (3, "c", None)]) == 3
     assert retriever.index.search(unit(0, 1, 0), 1)[0].chunk_id == 1
+
+
+def test_index_operations_leave_the_calling_thread_on_one_faiss_thread(index):
+    """A thread that searches, adds or removes must not keep a FAISS pool of all the cores
+    (it would slow the engine's compute thread, engine/threads.py)."""
+    import threading
+
+    import faiss
+
+    counts = {}
+
+    def fresh_thread(name, operation):
+        def run():
+            counts[f"{name} before"] = faiss.omp_get_max_threads()
+            operation()
+            counts[name] = faiss.omp_get_max_threads()
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+
+    vector = np.eye(index.dim, dtype=np.float32)[0]
+    fresh_thread("search", lambda: index.search(vector, 2))
+    fresh_thread("add", lambda: index.add([999], vector[None]))
+    fresh_thread("remove", lambda: index.remove([999]))
+    assert {counts[op] for op in ("search", "add", "remove")} == {1}
+    if len(os.sched_getaffinity(0)) > 1 and "OMP_NUM_THREADS" not in os.environ:  # a new thread's own default
+        assert counts["search before"] > 1
