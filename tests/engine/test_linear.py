@@ -54,7 +54,21 @@ def test_the_kernel_is_part_of_the_fingerprint_and_torch_keeps_the_old_one(smol_
 
 
 @needs_onednn
-def test_auto_picks_onednn_for_float32_and_bfloat16_on_the_cpu_only():
+def test_auto_keeps_mkl_for_float32_on_intel_cpus_only(monkeypatch):
+    import engine.linear
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(engine.linear, "mkl_is_at_home", lambda: True)
+    assert resolve_linear_kernel("auto", cpu, torch.float32) == "torch"
+    assert resolve_linear_kernel("onednn", cpu, torch.float32) == "onednn"  # asked for by name
+    if onednn_agrees(torch.bfloat16):
+        assert resolve_linear_kernel("auto", cpu, torch.bfloat16) == "onednn"
+
+
+def test_auto_picks_onednn_for_float32_and_bfloat16_on_the_cpu_only(monkeypatch):
+    import engine.linear
+
+    monkeypatch.setattr(engine.linear, "mkl_is_at_home", lambda: False)
     cpu = torch.device("cpu")
     assert resolve_linear_kernel("auto", cpu, torch.float32) == "onednn"
     assert resolve_linear_kernel("auto", cpu, torch.bfloat16) == "onednn"
