@@ -98,7 +98,7 @@ class EngineConfig:
     linear_kernel: str = "auto"
     # Decode attention (engine/decode_attention.py): "torch" (SDPA per request), "native" (a C
     # kernel compiled on first use: all rows of a step in one call per layer, keys split in
-    # blocks over the cores; float32 on the CPU, head_dim 16-128), or "auto" = native where it
+    # blocks over the cores; float32 or bfloat16 on the CPU, head_dim 16-128), or "auto" = native where it
     # applies and builds. On a 2-vCPU AMD EPYC it ran SmolLM2's decode attention 2.1-5.5x
     # faster (the 30 layers' attention of 4 rows over 2,500 keys: 36 -> 15 ms). Prefill never
     # runs it, so cached KV and the model fingerprint do not depend on it.

@@ -3,19 +3,22 @@
 Two implementations of one contract, chosen once per engine by `decode_attention`:
 - `torch`: `attention.attend_each`, PyTorch's SDPA on one row per request (the twin);
 - `native`: `engine/cpu/decode_attention.c`, one call per layer for every row of the step
-  (float32 on the CPU, head_dim 16, 32, 64 or 128). SDPA's CPU kernel parallelises a one-row call over its
+  (float32 or bfloat16 on the CPU, head_dim 16, 32, 64 or 128; bfloat16 caches are widened
+  as they are read and the arithmetic is float32, where SDPA computes in bfloat16). SDPA's CPU kernel parallelises a one-row call over its
   key heads only (SmolLM2 has 3, on 2 cores) and runs it per request; the kernel splits every
   request's keys into blocks of 256 and spreads all of them over the cores, reading each K and V
   row once. Measured on 2 vCPUs of an AMD EPYC (AVX-512), SmolLM2's shapes, 30 layers' attention
   for 4 rows: 14.2 -> 2.6 ms at 300 keys each, 36.3 -> 15.0 ms at 2,500, 64.1 -> 26.5 ms at
-  4,000; one row at 2,500 keys 9.7 -> 4.7 ms.
+  4,000; one row at 2,500 keys 9.7 -> 4.7 ms. On 2 vCPUs of a Xeon (AVX-512, AMX), 4 rows over
+  3,600 keys: float32 64 -> 58 ms, bfloat16 50 -> 33 ms (one row 11.0 -> 5.2 ms).
 - `auto`: `native` where it applies and its library builds and agrees with the twin on a probe,
   else `torch`.
 
 Both make a row's output independent of its companions, and the lone decode step runs the same
 code (`decode.decode_step`), so batched and lone greedy decodes stay token-for-token equal. The
-two differ from each other in the last bits (~2e-7), which changes no cached KV: prefill never
-runs this code, and decode rows are never stored.
+two differ from each other in the last bits (~2e-7 in float32; in bfloat16 by the twin's
+rounding), which changes no cached KV: prefill never runs this code, and decode rows are never
+stored.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ log = logging.getLogger(__name__)
 
 NATIVE_HEAD_DIMS = (16, 32, 64, 128)
 NATIVE_MAX_GROUP = 8
+NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class StepAttention(Protocol):
@@ -58,32 +62,38 @@ class TorchStepAttention:
 
 
 class NativeStepAttention:
-    """The kernel: one call per layer for every row; the caches' pointers are read once a step."""
+    """The kernel: one call per layer for every row; the caches' pointers are read once a step.
+    Queries come in the caches' dtype or in float32, and the output in the queries' dtype."""
 
     def __init__(self, lib: library.CpuLibrary, caches: Sequence[KVCache], positions: Sequence[int], scale: float):
+        dtype = caches[0].data.dtype if caches else torch.float32
         for cache in caches:
-            if not cache.data.is_contiguous() or cache.data.dtype != torch.float32 or cache.data.device.type != "cpu":
-                raise ValueError("the native decode attention needs contiguous float32 caches on the CPU")
-        self.lib, self.caches, self.scale = lib, caches, scale
+            if not cache.data.is_contiguous() or cache.data.dtype != dtype or cache.data.device.type != "cpu" \
+                    or dtype not in NATIVE_DTYPES:
+                raise ValueError("the native decode attention needs contiguous caches on the CPU, all float32 "
+                                 "or all bfloat16")
+        self.lib, self.caches, self.scale, self.dtype = lib, caches, scale, dtype
+        self.kernel = lib.decode_attention_bf16 if dtype == torch.bfloat16 else lib.decode_attention_f32
         self.meta = torch.tensor([[c.data.data_ptr() for c in caches], [c.capacity for c in caches],
                                   [p + 1 for p in positions]], dtype=torch.int64)
         self.kv_heads, self.head_dim = caches[0].data.shape[2], caches[0].data.shape[4]
 
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         heads, rows, head_dim = q.shape
-        if rows < len(self.caches) or q.dtype != torch.float32 or head_dim != self.head_dim:
-            raise ValueError(f"queries {tuple(q.shape)} {q.dtype} do not fit {len(self.caches)} float32 caches "
+        if rows < len(self.caches) or q.dtype not in (self.dtype, torch.float32) or head_dim != self.head_dim:
+            raise ValueError(f"queries {tuple(q.shape)} {q.dtype} do not fit {len(self.caches)} {self.dtype} caches "
                              f"of head_dim {self.head_dim}")
-        if q.stride(2) != 1:
-            q = q.contiguous()
-        out = (torch.empty if rows == len(self.caches) else torch.zeros)(rows, heads, head_dim, dtype=q.dtype)
-        status = self.lib.decode_attention_f32(
-            len(self.caches), ctypes.c_void_p(q.data_ptr()), q.stride(0), q.stride(1),
+        query = q.float()  # the kernel's arithmetic is float32 (a no-op for a float32 q)
+        if query.stride(2) != 1:
+            query = query.contiguous()
+        out = (torch.empty if rows == len(self.caches) else torch.zeros)(rows, heads, head_dim, dtype=torch.float32)
+        status = self.kernel(
+            len(self.caches), ctypes.c_void_p(query.data_ptr()), query.stride(0), query.stride(1),
             ctypes.c_void_p(self.meta[0].data_ptr()), ctypes.c_void_p(self.meta[1].data_ptr()),
             ctypes.c_void_p(self.meta[2].data_ptr()), layer, self.kv_heads, heads // self.kv_heads, head_dim,
             self.scale, ctypes.c_void_p(out.data_ptr()), torch.get_num_threads())
-        self.lib.check("kvm_cpu_decode_attention_f32", status)
-        return out.reshape(rows, heads * head_dim)
+        self.lib.check("kvm_cpu_decode_attention", status)
+        return out.reshape(rows, heads * head_dim).to(q.dtype)
 
 
 def step_attention(kind: str, caches: Sequence[KVCache], positions: Sequence[int], scale: float) -> StepAttention:
@@ -117,37 +127,42 @@ def _native_unusable(device: torch.device, dtype: torch.dtype, num_heads: int, n
                      head_dim: int) -> str | None:
     """Why the kernel cannot serve this model here, or None if it can."""
     group = num_heads // num_kv_heads
-    if device.type != "cpu" or dtype != torch.float32:
-        return f"it runs float32 on the CPU only (model: {dtype} on {device})"
+    if device.type != "cpu" or dtype not in NATIVE_DTYPES:
+        return f"it runs float32 and bfloat16 on the CPU only (model: {dtype} on {device})"
     if head_dim not in NATIVE_HEAD_DIMS or not 1 <= group <= NATIVE_MAX_GROUP or group * num_kv_heads != num_heads:
         return (f"it supports head_dim {', '.join(map(str, NATIVE_HEAD_DIMS))} and up to {NATIVE_MAX_GROUP} "
                 f"query heads per key head (model: head_dim {head_dim}, {num_heads} / {num_kv_heads} heads)")
     if library.get() is None:
         return f"its library is unavailable: {library.failure()}"
-    if not native_agrees(num_heads, num_kv_heads, head_dim):
+    if not native_agrees(num_heads, num_kv_heads, head_dim, dtype):
         return "it disagreed with the PyTorch twin on a probe"
     return None
 
 
-def native_agrees(num_heads: int, num_kv_heads: int, head_dim: int, tolerance: float = 1e-5) -> bool:
-    """Whether the kernel matches the twin on random caches of several lengths (a ragged block
-    tail, several blocks, one key) and a padded step, to within float32 rounding."""
+def native_agrees(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.float32,
+                  tolerance: float = 1e-5) -> bool:
+    """Whether the kernel on `dtype` caches matches the twin on the same values in float32, on
+    random caches of several lengths (a ragged block tail, several blocks, one key) and a padded
+    step, to within float32 rounding (bfloat16 queries and outputs are compared before rounding)."""
     generator = torch.Generator().manual_seed(0)
     lengths = [1, 17, 300, 613]
-    caches = []
+    caches, wide = [], []
     for length in lengths:
-        cache = KVCache(2, num_kv_heads, head_dim, length + 3, torch.float32, torch.device("cpu"))
+        cache = KVCache(2, num_kv_heads, head_dim, length + 3, dtype, torch.device("cpu"))
         cache.data.copy_(torch.randn(cache.data.shape, generator=generator))
         caches.append(cache)
+        widened = KVCache(2, num_kv_heads, head_dim, length + 3, torch.float32, torch.device("cpu"))
+        widened.data.copy_(cache.data)
+        wide.append(widened)
     positions = [n - 1 for n in lengths]
-    q = torch.randn(num_heads, len(lengths) + 1, head_dim, generator=generator) * 2
+    q = (torch.randn(num_heads, len(lengths) + 1, head_dim, generator=generator) * 2).to(dtype).float()
     lib = library.get()
     if lib is None:
         return False
     with torch.inference_mode():
         for layer in (0, 1):
-            got = NativeStepAttention(lib, caches, positions, head_dim ** -0.5)(layer, q)
-            expected = TorchStepAttention(caches, positions, head_dim ** -0.5)(layer, q)
+            got = NativeStepAttention(lib, caches, positions, head_dim ** -0.5)(layer, q)  # float32 q: no rounding
+            expected = TorchStepAttention(wide, positions, head_dim ** -0.5)(layer, q)
             if not torch.allclose(got, expected, atol=tolerance, rtol=tolerance):
                 log.warning("native decode attention disagrees with torch by %.3g",
                             (got - expected).abs().max().item())

@@ -11,6 +11,8 @@
  *   request and head), then merges each head's blocks in block order (flash-decoding);
  * - keeps the group's queries and output accumulators in vector registers (head_dim 16, 32,
  *   64 or 128: one to eight vectors of 16 floats).
+ * Caches are float32 or bfloat16 (widened as they are read, so a bfloat16 engine reads half the
+ * bytes); queries, scores, sums and outputs are float32 either way.
  * A row's result depends only on its own query and cache, never on its companions or on the
  * thread count: blocks are fixed by key position and merged in a fixed order.
  *
@@ -22,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KVM_CPU_ABI_VERSION 1
+#define KVM_CPU_ABI_VERSION 2
 #define BLOCK 256         /* keys per work item */
 #define MAX_CHUNKS 8      /* head_dim / 16: 1, 2, 4 or 8 */
 #define MAX_GROUP 8       /* query heads per key head */
@@ -31,9 +33,23 @@ enum { KVM_CPU_OK = 0, KVM_CPU_ERR_SHAPE = 1, KVM_CPU_ERR_MEMORY = 2 };
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef int32_t i16 __attribute__((vector_size(64), aligned(4)));
+typedef uint32_t u16 __attribute__((vector_size(64), aligned(4)));
+typedef uint16_t h16 __attribute__((vector_size(32), aligned(2))); /* 16 bfloat16 */
 
 static inline v16 load16(const float *p) { v16 x; memcpy(&x, p, sizeof x); return x; }
 static inline void store16(float *p, v16 x) { memcpy(p, &x, sizeof x); }
+/* 16 bfloat16 values widened to float32 (exactly: a bfloat16 is a float32's upper half). */
+static inline v16 load16_bf16(const uint16_t *p) {
+    h16 half; memcpy(&half, p, sizeof half);
+    u16 bits = __builtin_convertvector(half, u16) << 16;
+    v16 x; memcpy(&x, &bits, sizeof x); return x;
+}
+
+/* 16 cached values at element `index` of `base`, whose elements are float32 or bfloat16. */
+static inline v16 load_kv(const void *base, long index, const int bf16) {
+    return bf16 ? load16_bf16((const uint16_t *)base + index) : load16((const float *)base + index);
+}
+
 static inline v16 splat(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 static inline i16 bits_of(v16 x) { i16 b; memcpy(&b, &x, sizeof b); return b; }
 static inline v16 float_of(i16 b) { v16 x; memcpy(&x, &b, sizeof x); return x; }
@@ -101,8 +117,8 @@ typedef struct { float max[MAX_GROUP]; float sum[MAX_GROUP]; } block_stats;
  * exp(score - max), and into acc[group][head_dim] the exp-weighted sum of V rows. Inlined with
  * `group` and `chunks` constant, so its loops unroll and its vectors stay in registers. */
 static inline __attribute__((always_inline)) void attend_block(
-        const float *q, long q_head_stride, const float *k, const float *v, int keys, const int group,
-        const int chunks, float scale, float *acc, block_stats *stats) {
+        const float *q, long q_head_stride, const void *k, const void *v, int keys, const int group,
+        const int chunks, const int bf16, float scale, float *acc, block_stats *stats) {
     const int head_dim = 16 * chunks;
     float score[MAX_GROUP][BLOCK];
     v16 query[MAX_GROUP][MAX_CHUNKS];
@@ -113,7 +129,7 @@ static inline __attribute__((always_inline)) void attend_block(
         v16 part[MAX_GROUP][16];
         for (int jj = 0; jj < 16; jj++) {
             v16 key[MAX_CHUNKS];
-            for (int c = 0; c < chunks; c++) key[c] = load16(k + (long)(j0 + jj) * head_dim + c * 16);
+            for (int c = 0; c < chunks; c++) key[c] = load_kv(k, (long)(j0 + jj) * head_dim + c * 16, bf16);
             for (int g = 0; g < group; g++) {
                 v16 dot = query[g][0] * key[0];
                 for (int c = 1; c < chunks; c++) dot += query[g][c] * key[c];
@@ -124,7 +140,7 @@ static inline __attribute__((always_inline)) void attend_block(
     }
     for (int j = whole; j < keys; j++) {
         v16 key[MAX_CHUNKS];
-        for (int c = 0; c < chunks; c++) key[c] = load16(k + (long)j * head_dim + c * 16);
+        for (int c = 0; c < chunks; c++) key[c] = load_kv(k, (long)j * head_dim + c * 16, bf16);
         for (int g = 0; g < group; g++) {
             v16 dot = query[g][0] * key[0];
             for (int c = 1; c < chunks; c++) dot += query[g][c] * key[c];
@@ -155,7 +171,7 @@ static inline __attribute__((always_inline)) void attend_block(
         for (int c = 0; c < chunks; c++) out[g][c] = splat(0.0f);
     for (int j = 0; j < keys; j++) {
         v16 value[MAX_CHUNKS];
-        for (int c = 0; c < chunks; c++) value[c] = load16(v + (long)j * head_dim + c * 16);
+        for (int c = 0; c < chunks; c++) value[c] = load_kv(v, (long)j * head_dim + c * 16, bf16);
         for (int g = 0; g < group; g++) {
             v16 p = splat(score[g][j]);
             for (int c = 0; c < chunks; c++) out[g][c] += p * value[c];
@@ -165,29 +181,39 @@ static inline __attribute__((always_inline)) void attend_block(
         for (int c = 0; c < chunks; c++) store16(acc + g * head_dim + c * 16, out[g][c]);
 }
 
-#define GROUPS_OF(chunks) \
+#define GROUPS_OF(chunks, bf16) \
     switch (group) { \
-        case 1: attend_block(q, q_head_stride, k, v, keys, 1, chunks, scale, acc, stats); return; \
-        case 2: attend_block(q, q_head_stride, k, v, keys, 2, chunks, scale, acc, stats); return; \
-        case 3: attend_block(q, q_head_stride, k, v, keys, 3, chunks, scale, acc, stats); return; \
-        case 4: attend_block(q, q_head_stride, k, v, keys, 4, chunks, scale, acc, stats); return; \
-        default: attend_block(q, q_head_stride, k, v, keys, group, chunks, scale, acc, stats); return; \
+        case 1: attend_block(q, q_head_stride, k, v, keys, 1, chunks, bf16, scale, acc, stats); return; \
+        case 2: attend_block(q, q_head_stride, k, v, keys, 2, chunks, bf16, scale, acc, stats); return; \
+        case 3: attend_block(q, q_head_stride, k, v, keys, 3, chunks, bf16, scale, acc, stats); return; \
+        case 4: attend_block(q, q_head_stride, k, v, keys, 4, chunks, bf16, scale, acc, stats); return; \
+        default: attend_block(q, q_head_stride, k, v, keys, group, chunks, bf16, scale, acc, stats); return; \
     }
 
-/* attend_block with its shape made constant: one unrolled copy per head size and common group. */
-static void attend_block_of_shape(const float *q, long q_head_stride, const float *k, const float *v,
-                                  int keys, int group, int chunks, float scale, float *acc, block_stats *stats) {
-    switch (chunks) {
-        case 1: GROUPS_OF(1)
-        case 2: GROUPS_OF(2)
-        case 4: GROUPS_OF(4)
-        default: GROUPS_OF(8)
+#define SHAPES_OF(bf16) \
+    switch (chunks) { \
+        case 1: GROUPS_OF(1, bf16) \
+        case 2: GROUPS_OF(2, bf16) \
+        case 4: GROUPS_OF(4, bf16) \
+        default: GROUPS_OF(8, bf16) \
     }
+
+/* attend_block with its shape and element type made constant: one unrolled copy per head size,
+ * common group and cache dtype. */
+static void attend_block_of_shape(const float *q, long q_head_stride, const void *k, const void *v, int keys,
+                                  int group, int chunks, int bf16, float scale, float *acc, block_stats *stats) {
+    if (bf16) SHAPES_OF(1)
+    SHAPES_OF(0)
 }
 
 static inline int64_t blocks_of(int64_t keys) { return (keys + BLOCK - 1) / BLOCK; }
 
 int kvm_cpu_abi_version(void) { return KVM_CPU_ABI_VERSION; }
+
+static int decode_attention(int n, const float *q, int64_t q_head_stride, int64_t q_row_stride,
+                            const int64_t *caches, const int64_t *capacities, const int64_t *lengths,
+                            int layer, int kv_heads, int group, int head_dim, float scale,
+                            float *out, int num_threads, int bf16);
 
 /* Attention of n query rows, row r over keys [0, lengths[r]) of its own cache, at one layer.
  *
@@ -201,6 +227,23 @@ int kvm_cpu_decode_attention_f32(int n, const float *q, int64_t q_head_stride, i
                                  const int64_t *caches, const int64_t *capacities, const int64_t *lengths,
                                  int layer, int kv_heads, int group, int head_dim, float scale,
                                  float *out, int num_threads) {
+    return decode_attention(n, q, q_head_stride, q_row_stride, caches, capacities, lengths, layer, kv_heads,
+                            group, head_dim, scale, out, num_threads, 0);
+}
+
+/* The same with bfloat16 caches, widened to float32 as they are read; q and out stay float32. */
+int kvm_cpu_decode_attention_bf16(int n, const float *q, int64_t q_head_stride, int64_t q_row_stride,
+                                  const int64_t *caches, const int64_t *capacities, const int64_t *lengths,
+                                  int layer, int kv_heads, int group, int head_dim, float scale,
+                                  float *out, int num_threads) {
+    return decode_attention(n, q, q_head_stride, q_row_stride, caches, capacities, lengths, layer, kv_heads,
+                            group, head_dim, scale, out, num_threads, 1);
+}
+
+static int decode_attention(int n, const float *q, int64_t q_head_stride, int64_t q_row_stride,
+                            const int64_t *caches, const int64_t *capacities, const int64_t *lengths,
+                            int layer, int kv_heads, int group, int head_dim, float scale,
+                            float *out, int num_threads, int bf16) {
     int chunks = head_dim / 16;
     if (n <= 0 || group < 1 || group > MAX_GROUP || kv_heads < 1 || layer < 0 || head_dim % 16 != 0 ||
         (chunks != 1 && chunks != 2 && chunks != 4 && chunks != 8))
@@ -225,13 +268,13 @@ int kvm_cpu_decode_attention_f32(int n, const float *q, int64_t q_head_stride, i
         int64_t blocks = blocks_of(lengths[r]);
         int h = (int)((item - first[r]) / blocks);
         int64_t b = (item - first[r]) % blocks, start = b * BLOCK;
-        const float *cache = (const float *)(intptr_t)caches[r];
-        long head_stride = (long)capacities[r] * head_dim;
-        const float *k = cache + ((long)(layer * 2 + 0) * kv_heads + h) * head_stride + start * head_dim;
-        const float *v = cache + ((long)(layer * 2 + 1) * kv_heads + h) * head_stride + start * head_dim;
+        const char *cache = (const char *)(intptr_t)caches[r];
+        long head_stride = (long)capacities[r] * head_dim, element = bf16 ? 2 : 4;
+        const void *k = cache + element * (((long)(layer * 2 + 0) * kv_heads + h) * head_stride + start * head_dim);
+        const void *v = cache + element * (((long)(layer * 2 + 1) * kv_heads + h) * head_stride + start * head_dim);
         int keys = (int)(lengths[r] - start < BLOCK ? lengths[r] - start : BLOCK);
         attend_block_of_shape(q + (long)h * group * q_head_stride + (long)r * q_row_stride, q_head_stride, k, v,
-                              keys, group, chunks, scale, acc + item * group * head_dim, stats + item);
+                              keys, group, chunks, bf16, scale, acc + item * group * head_dim, stats + item);
     }
     #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t row_head = 0; row_head < (int64_t)n * kv_heads; row_head++) {

@@ -35,16 +35,18 @@ log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).resolve().parent
 LIBRARY_NAME = "libkvmosaic_cpu.so"
-ABI_VERSION = 1  # KVM_CPU_ABI_VERSION in decode_attention.c
+ABI_VERSION = 2  # KVM_CPU_ABI_VERSION in decode_attention.c
 # fp-contract=fast lets the compiler fuse multiply-adds: the results are fixed by the binary
 # (the same on every call, whatever the batch), which is all the engine needs of them.
 COMPILE_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
 
 _i64p = ctypes.c_void_p
+_DECODE_ATTENTION_ARGS = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, _i64p, _i64p, _i64p,
+                          ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_void_p,
+                          ctypes.c_int]
 SIGNATURES = {
-    "kvm_cpu_decode_attention_f32": [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                     _i64p, _i64p, _i64p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                     ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int],
+    "kvm_cpu_decode_attention_f32": _DECODE_ATTENTION_ARGS,  # float32 caches
+    "kvm_cpu_decode_attention_bf16": _DECODE_ATTENTION_ARGS,  # bfloat16 caches, float32 q and out
 }
 ERRORS = {1: "unsupported shape", 2: "out of memory"}
 
@@ -115,6 +117,7 @@ class CpuLibrary:
             function = getattr(self._dll, name)
             function.argtypes, function.restype = argtypes, ctypes.c_int
         self.decode_attention_f32 = self._dll.kvm_cpu_decode_attention_f32
+        self.decode_attention_bf16 = self._dll.kvm_cpu_decode_attention_bf16
 
     def check(self, name: str, status: int) -> None:
         if status != 0:

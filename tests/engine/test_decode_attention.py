@@ -29,11 +29,11 @@ def lib():
     return built
 
 
-def caches_of(lengths, kv_heads, head_dim, layers=2, seed=0, spare=5):
+def caches_of(lengths, kv_heads, head_dim, layers=2, seed=0, spare=5, dtype=torch.float32):
     generator = torch.Generator().manual_seed(seed)
     caches = []
     for length in lengths:
-        cache = KVCache(layers, kv_heads, head_dim, length + spare, torch.float32, CPU)
+        cache = KVCache(layers, kv_heads, head_dim, length + spare, dtype, CPU)
         cache.data.copy_(torch.randn(cache.data.shape, generator=generator))
         cache.length = length
         caches.append(cache)
@@ -56,6 +56,27 @@ def test_the_kernel_matches_the_twin(lib, head_dim, heads, kv_heads):
         got = NativeStepAttention(lib, caches, positions, head_dim ** -0.5)(layer, q)
         expected = TorchStepAttention(caches, positions, head_dim ** -0.5)(layer, q)
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [16, 64, 128])
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (16, 2)])
+def test_the_kernel_reads_bfloat16_caches_as_their_float32_values(lib, head_dim, heads, kv_heads):
+    """bfloat16 caches give what the twin gives on the same values widened to float32, to float32
+    rounding; bfloat16 queries give a bfloat16 output, that result rounded."""
+    lengths = [1, 15, 17, 257, 1000]
+    caches = caches_of(lengths, kv_heads, head_dim, dtype=torch.bfloat16)
+    widened = caches_of(lengths, kv_heads, head_dim)
+    for narrow, wide in zip(caches, widened):
+        wide.data.copy_(narrow.data)
+    positions = [n - 1 for n in lengths]
+    q = queries(heads, len(lengths), head_dim).bfloat16()
+    attention = NativeStepAttention(lib, caches, positions, head_dim ** -0.5)
+    for layer in (0, 1):
+        got = attention(layer, q.float())
+        expected = TorchStepAttention(widened, positions, head_dim ** -0.5)(layer, q.float())
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        rounded = attention(layer, q)
+        assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, got.bfloat16())
 
 
 def test_a_row_is_bitwise_the_same_alone_with_any_companions_and_any_thread_count(lib):
@@ -108,19 +129,24 @@ def test_queries_or_caches_that_do_not_fit_are_refused(lib):
     with pytest.raises(ValueError, match="do not fit"):
         attention(0, queries(2, 2, 16).double())
     half = KVCache(2, 1, 16, 12, torch.bfloat16, CPU)
-    with pytest.raises(ValueError, match="float32 caches"):
-        NativeStepAttention(lib, [half], [3], 0.25)
+    with pytest.raises(ValueError, match="all float32 or all bfloat16"):
+        NativeStepAttention(lib, [caches[0], half], [9, 3], 0.25)  # mixed
+    with pytest.raises(ValueError, match="all float32 or all bfloat16"):
+        NativeStepAttention(lib, [KVCache(2, 1, 16, 12, torch.float16, CPU)], [3], 0.25)
+    with pytest.raises(ValueError, match="do not fit"):
+        NativeStepAttention(lib, [half], [3], 0.25)(0, queries(2, 1, 16).half())
 
 
 def test_resolution_picks_native_where_it_applies_and_explains_where_not(lib):
     assert resolve_decode_attention("auto", CPU, torch.float32, 9, 3, 64) == "native"
     assert resolve_decode_attention("native", CPU, torch.float32, 4, 2, 16) == "native"
     assert resolve_decode_attention("torch", CPU, torch.float32, 9, 3, 64) == "torch"
-    assert resolve_decode_attention("auto", CPU, torch.bfloat16, 9, 3, 64) == "torch"
+    assert resolve_decode_attention("auto", CPU, torch.bfloat16, 9, 3, 64) == "native"
+    assert resolve_decode_attention("auto", CPU, torch.float16, 9, 3, 64) == "torch"
     assert resolve_decode_attention("auto", CPU, torch.float32, 9, 3, 48) == "torch"
     assert resolve_decode_attention("auto", torch.device("cuda"), torch.float32, 9, 3, 64) == "torch"
-    with pytest.raises(ValueError, match="float32 on the CPU"):
-        resolve_decode_attention("native", CPU, torch.bfloat16, 9, 3, 64)
+    with pytest.raises(ValueError, match="float32 and bfloat16 on the CPU"):
+        resolve_decode_attention("native", CPU, torch.float16, 9, 3, 64)
     with pytest.raises(ValueError, match="head_dim 48"):
         resolve_decode_attention("native", CPU, torch.float32, 9, 3, 48)
     with pytest.raises(ValueError, match="unknown decode attention"):
