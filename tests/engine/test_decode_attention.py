@@ -200,3 +200,32 @@ def clone(cache):
     copy = type(cache).__new__(type(cache))
     copy.data, copy.length = cache.data.clone(), cache.length
     return copy
+
+
+def test_bfloat16_decode_steps_run_on_the_kernel_and_agree_with_the_twin(smol_tokenizer):
+    """A bfloat16 model (tiny, head_dim 16) decodes through the kernel with bfloat16 caches:
+    logits close to the twin's (they differ by bfloat16 rounding of SDPA's arithmetic), caches
+    grown alike, and each row the same alone as in the batch."""
+    from engine.model import wrap_model
+    from tests.conftest import build_tiny_model
+
+    loaded = wrap_model(build_tiny_model(len(smol_tokenizer)).to(torch.bfloat16), smol_tokenizer)
+    spec = loaded.spec
+    assert resolve_decode_attention("auto", CPU, torch.bfloat16, spec.num_heads, spec.num_kv_heads,
+                                    spec.head_dim) == "native"
+    lengths, tokens = [40, 300, 7], [5, 17, 99]
+    logits, grown = {}, {}
+    for kind in ("native", "torch"):
+        caches = caches_of(lengths, spec.num_kv_heads, spec.head_dim, layers=spec.num_layers, dtype=torch.bfloat16)
+        logits[kind] = in_own_thread(lambda: decode_batch(DecoderStack(loaded, kind), caches, tokens, invariant=True))
+        grown[kind] = caches
+    assert logits["native"].dtype == torch.float32 and logits["native"].shape == (3, len(smol_tokenizer))
+    torch.testing.assert_close(logits["native"], logits["torch"], rtol=0.05, atol=0.05)
+    for native, twin, length in zip(grown["native"], grown["torch"], lengths):
+        assert native.length == twin.length == length + 1
+        assert torch.equal(native.data[0], twin.data[0])  # layer 0's new K/V comes before any attention
+        assert torch.equal(native.data[:, :, :, :length], twin.data[:, :, :, :length])  # the old rows untouched
+    batch = caches_of(lengths, spec.num_kv_heads, spec.head_dim, layers=spec.num_layers, dtype=torch.bfloat16)
+    alone = [clone(batch[1])]  # the batch's second request, before its step
+    row = in_own_thread(lambda: decode_batch(DecoderStack(loaded, "native"), alone, tokens[1:2], invariant=True))
+    assert torch.equal(row[0], logits["native"][1])
