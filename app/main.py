@@ -35,7 +35,10 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     async def lifespan(app: FastAPI):
         app.state.services = services or await run_in_threadpool(Services.start, settings)
         if announce:
-            print(f"kvmosaic: ready, open {announce}", flush=True)
+            engine = app.state.services.engine
+            print(f"kvmosaic: ready, open {announce} ({engine.summary})", flush=True)
+            if engine.dtype_hint:
+                print(f"kvmosaic: {engine.dtype_hint}", flush=True)
         try:
             yield
         finally:

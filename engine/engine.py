@@ -79,12 +79,9 @@ class Engine:
         loaded = in_own_thread(partial(load_model, config.data_dir, config.model_path, config.device, config.dtype,
                                        config.linear_kernel), threads=config.num_threads or DEFAULT_THREADS)
         engine = cls(config, loaded)
-        log.info("engine: %s on %s, linear kernel %s, decode attention %s, %d threads", str(loaded.dtype)[6:],
-                 loaded.device, linear_kernel_of(loaded.model), engine.stack.decode_attention,
-                 config.num_threads or DEFAULT_THREADS)
-        if loaded.device.type == "cpu" and loaded.dtype == torch.float32 and cpu_has_amx_bf16():
-            log.info("this CPU has AMX-BF16: KVMOSAIC_DTYPE=bfloat16 serves about twice the requests per second, "
-                     "with answers that match full prefill's less often (README: bfloat16 on AMX)")
+        log.info("engine: %s", engine.summary)
+        if engine.dtype_hint:
+            log.info("%s", engine.dtype_hint)
         return engine
 
     # -- facts ---------------------------------------------------------------------------------
@@ -92,6 +89,21 @@ class Engine:
     @property
     def fingerprint(self) -> str:
         return self.loaded.fingerprint
+
+    @property
+    def summary(self) -> str:
+        """What computes: dtype, device, kernels and threads, for the start-up line."""
+        return (f"{str(self.loaded.dtype).removeprefix('torch.')} on {self.loaded.device}, linear kernel "
+                f"{linear_kernel_of(self.loaded.model)}, decode attention {self.stack.decode_attention}, "
+                f"{self.config.num_threads or DEFAULT_THREADS} threads")
+
+    @property
+    def dtype_hint(self) -> str | None:
+        """A float32 engine on a CPU with AMX-BF16 could run bfloat16 (README: bfloat16 on AMX)."""
+        if self.loaded.device.type == "cpu" and self.loaded.dtype == torch.float32 and cpu_has_amx_bf16():
+            return ("this CPU has AMX-BF16: KVMOSAIC_DTYPE=bfloat16 serves about twice the requests per second, "
+                    "with answers that match full prefill's less often (README: bfloat16 on AMX)")
+        return None
 
     @property
     def reuse_available(self) -> bool:

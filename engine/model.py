@@ -73,7 +73,7 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     several times faster (prefill products 8x on 2 vCPUs of a Xeon) and the workload bench
     served 1.7-2.1x the requests per second, but its products round differently with the
     number of rows, so even prefix reuse stops being exact (README, "bfloat16 on AMX"), and
-    blended answers match full prefill's less often. `Engine` logs the hint where it applies.
+    blended answers match full prefill's less often. `Engine.dtype_hint` says so where it applies.
     """
     if name == "auto":
         return torch.float16 if device.startswith("cuda") else torch.float32
