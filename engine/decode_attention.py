@@ -4,8 +4,9 @@ Two implementations of one contract, chosen once per engine by `decode_attention
 - `torch`: `attention.attend_each`, PyTorch's SDPA on one row per request (the twin);
 - `native`: `engine/cpu/decode_attention.c`, one call per layer for every row of the step
   (float32 or bfloat16 on the CPU, head_dim 16, 32, 64 or 128; bfloat16 caches are widened
-  as they are read and the arithmetic is float32, where SDPA computes in bfloat16). SDPA's CPU kernel parallelises a one-row call over its
-  key heads only (SmolLM2 has 3, on 2 cores) and runs it per request; the kernel splits every
+  as they are read and the arithmetic is float32, where SDPA computes in bfloat16). SDPA's CPU
+  kernel parallelises a one-row call over its key heads only (SmolLM2 has 3, on 2 cores) and
+  runs it per request; the kernel splits every
   request's keys into blocks of 256 and spreads all of them over the cores, reading each K and V
   row once. Measured on 2 vCPUs of an AMD EPYC (AVX-512), SmolLM2's shapes, 30 layers' attention
   for 4 rows: 14.2 -> 2.6 ms at 300 keys each, 36.3 -> 15.0 ms at 2,500, 64.1 -> 26.5 ms at
