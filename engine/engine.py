@@ -102,7 +102,8 @@ class Engine:
         """A float32 engine on a CPU with AMX-BF16 could run bfloat16 (README: bfloat16 on AMX)."""
         if self.loaded.device.type == "cpu" and self.loaded.dtype == torch.float32 and cpu_has_amx_bf16():
             return ("this CPU has AMX-BF16: KVMOSAIC_DTYPE=bfloat16 serves about twice the requests per second, "
-                    "with answers that match full prefill's less often (README: bfloat16 on AMX)")
+                    "with answers that match full prefill's less often; with it, KVMOSAIC_BATCH_INVARIANT=true "
+                    "costs nothing measurable (README: bfloat16 on AMX)")
         return None
 
     @property
