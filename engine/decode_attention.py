@@ -74,7 +74,7 @@ class NativeStepAttention:
                 raise ValueError("the native decode attention needs contiguous caches on the CPU, all float32 "
                                  "or all bfloat16")
         self.lib, self.caches, self.scale, self.dtype = lib, caches, scale, dtype
-        self.kernel = lib.decode_attention_bf16 if dtype == torch.bfloat16 else lib.decode_attention_f32
+        self.cache_dtype = library.CACHE_DTYPES[str(dtype).removeprefix("torch.")]
         self.meta = torch.tensor([[c.data.data_ptr() for c in caches], [c.capacity for c in caches],
                                   [p + 1 for p in positions]], dtype=torch.int64)
         self.kv_heads, self.head_dim = caches[0].data.shape[2], caches[0].data.shape[4]
@@ -88,11 +88,11 @@ class NativeStepAttention:
         if query.stride(2) != 1:
             query = query.contiguous()
         out = (torch.empty if rows == len(self.caches) else torch.zeros)(rows, heads, head_dim, dtype=torch.float32)
-        status = self.kernel(
+        status = self.lib.decode_attention(
             len(self.caches), ctypes.c_void_p(query.data_ptr()), query.stride(0), query.stride(1),
             ctypes.c_void_p(self.meta[0].data_ptr()), ctypes.c_void_p(self.meta[1].data_ptr()),
             ctypes.c_void_p(self.meta[2].data_ptr()), layer, self.kv_heads, heads // self.kv_heads, head_dim,
-            self.scale, ctypes.c_void_p(out.data_ptr()), torch.get_num_threads())
+            self.scale, ctypes.c_void_p(out.data_ptr()), torch.get_num_threads(), self.cache_dtype)
         self.lib.check("kvm_cpu_decode_attention", status)
         return out.reshape(rows, heads * head_dim).to(q.dtype)
 

@@ -210,40 +210,24 @@ static inline int64_t blocks_of(int64_t keys) { return (keys + BLOCK - 1) / BLOC
 
 int kvm_cpu_abi_version(void) { return KVM_CPU_ABI_VERSION; }
 
-static int decode_attention(int n, const float *q, int64_t q_head_stride, int64_t q_row_stride,
-                            const int64_t *caches, const int64_t *capacities, const int64_t *lengths,
-                            int layer, int kv_heads, int group, int head_dim, float scale,
-                            float *out, int num_threads, int bf16);
+enum { KVM_CPU_FLOAT32 = 0, KVM_CPU_BFLOAT16 = 1 };
 
 /* Attention of n query rows, row r over keys [0, lengths[r]) of its own cache, at one layer.
  *
  * q: float32, query head h of row r at q + h * q_head_stride + r * q_row_stride, head_dim
  *    contiguous; query head h uses key head h / group. head_dim is 16, 32, 64 or 128.
- * caches[r]: float32 [layers, 2 (K, V), kv_heads, capacities[r], head_dim], contiguous.
+ * caches[r]: [layers, 2 (K, V), kv_heads, capacities[r], head_dim], contiguous, in float32
+ *    (cache_dtype KVM_CPU_FLOAT32) or bfloat16 (KVM_CPU_BFLOAT16, widened as it is read).
  * out: float32 [n, kv_heads * group, head_dim], contiguous.
- * Returns KVM_CPU_OK, or an error code (nothing written) for an unsupported shape or no memory.
+ * Returns KVM_CPU_OK, or an error code (nothing written) for an unsupported shape or dtype, or
+ * no memory.
  */
-int kvm_cpu_decode_attention_f32(int n, const float *q, int64_t q_head_stride, int64_t q_row_stride,
-                                 const int64_t *caches, const int64_t *capacities, const int64_t *lengths,
-                                 int layer, int kv_heads, int group, int head_dim, float scale,
-                                 float *out, int num_threads) {
-    return decode_attention(n, q, q_head_stride, q_row_stride, caches, capacities, lengths, layer, kv_heads,
-                            group, head_dim, scale, out, num_threads, 0);
-}
-
-/* The same with bfloat16 caches, widened to float32 as they are read; q and out stay float32. */
-int kvm_cpu_decode_attention_bf16(int n, const float *q, int64_t q_head_stride, int64_t q_row_stride,
-                                  const int64_t *caches, const int64_t *capacities, const int64_t *lengths,
-                                  int layer, int kv_heads, int group, int head_dim, float scale,
-                                  float *out, int num_threads) {
-    return decode_attention(n, q, q_head_stride, q_row_stride, caches, capacities, lengths, layer, kv_heads,
-                            group, head_dim, scale, out, num_threads, 1);
-}
-
-static int decode_attention(int n, const float *q, int64_t q_head_stride, int64_t q_row_stride,
-                            const int64_t *caches, const int64_t *capacities, const int64_t *lengths,
-                            int layer, int kv_heads, int group, int head_dim, float scale,
-                            float *out, int num_threads, int bf16) {
+int kvm_cpu_decode_attention(int n, const float *q, int64_t q_head_stride, int64_t q_row_stride,
+                             const int64_t *caches, const int64_t *capacities, const int64_t *lengths,
+                             int layer, int kv_heads, int group, int head_dim, float scale,
+                             float *out, int num_threads, int cache_dtype) {
+    if (cache_dtype != KVM_CPU_FLOAT32 && cache_dtype != KVM_CPU_BFLOAT16) return KVM_CPU_ERR_SHAPE;
+    int bf16 = cache_dtype == KVM_CPU_BFLOAT16;
     int chunks = head_dim / 16;
     if (n <= 0 || group < 1 || group > MAX_GROUP || kv_heads < 1 || layer < 0 || head_dim % 16 != 0 ||
         (chunks != 1 && chunks != 2 && chunks != 4 && chunks != 8))

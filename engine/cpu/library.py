@@ -41,13 +41,12 @@ ABI_VERSION = 2  # KVM_CPU_ABI_VERSION in decode_attention.c
 COMPILE_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
 
 _i64p = ctypes.c_void_p
-_DECODE_ATTENTION_ARGS = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, _i64p, _i64p, _i64p,
-                          ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_void_p,
-                          ctypes.c_int]
 SIGNATURES = {
-    "kvm_cpu_decode_attention_f32": _DECODE_ATTENTION_ARGS,  # float32 caches
-    "kvm_cpu_decode_attention_bf16": _DECODE_ATTENTION_ARGS,  # bfloat16 caches, float32 q and out
+    "kvm_cpu_decode_attention": [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, _i64p, _i64p, _i64p,
+                                 ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float,
+                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int],
 }
+CACHE_DTYPES = {"float32": 0, "bfloat16": 1}  # the last argument of kvm_cpu_decode_attention
 ERRORS = {1: "unsupported shape", 2: "out of memory"}
 
 
@@ -116,8 +115,7 @@ class CpuLibrary:
         for name, argtypes in SIGNATURES.items():
             function = getattr(self._dll, name)
             function.argtypes, function.restype = argtypes, ctypes.c_int
-        self.decode_attention_f32 = self._dll.kvm_cpu_decode_attention_f32
-        self.decode_attention_bf16 = self._dll.kvm_cpu_decode_attention_bf16
+        self.decode_attention = self._dll.kvm_cpu_decode_attention
 
     def check(self, name: str, status: int) -> None:
         if status != 0:

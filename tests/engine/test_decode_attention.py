@@ -107,18 +107,21 @@ def test_padding_rows_get_zeros_and_a_strided_query_is_read_right(lib):
     torch.testing.assert_close(got, TorchStepAttention(caches, positions, 0.2)(0, q), rtol=1e-5, atol=1e-5)
 
 
-def test_an_unsupported_shape_is_refused_without_writing(lib):
-    caches = caches_of([10], 1, 48)  # head_dim 48: not compiled
-    out = torch.full((1, 2, 48), 7.0)
-    q = queries(2, 1, 48)
-    meta = torch.tensor([[caches[0].data.data_ptr()], [caches[0].capacity], [10]], dtype=torch.int64)
-    status = lib.decode_attention_f32(1, ctypes.c_void_p(q.data_ptr()), q.stride(0), q.stride(1),
+def test_an_unsupported_shape_or_cache_dtype_is_refused_without_writing(lib):
+    def call(cache, head_dim, cache_dtype):
+        out = torch.full((1, 2, head_dim), 7.0)
+        q = queries(2, 1, head_dim)
+        meta = torch.tensor([[cache.data.data_ptr()], [cache.capacity], [10]], dtype=torch.int64)
+        status = lib.decode_attention(1, ctypes.c_void_p(q.data_ptr()), q.stride(0), q.stride(1),
                                       ctypes.c_void_p(meta[0].data_ptr()), ctypes.c_void_p(meta[1].data_ptr()),
-                                      ctypes.c_void_p(meta[2].data_ptr()), 0, 1, 2, 48, 0.1,
-                                      ctypes.c_void_p(out.data_ptr()), 1)
-    with pytest.raises(library.CpuKernelError, match="unsupported shape"):
-        lib.check("kvm_cpu_decode_attention_f32", status)
-    assert torch.equal(out, torch.full((1, 2, 48), 7.0))
+                                      ctypes.c_void_p(meta[2].data_ptr()), 0, 1, 2, head_dim, 0.1,
+                                      ctypes.c_void_p(out.data_ptr()), 1, cache_dtype)
+        with pytest.raises(library.CpuKernelError, match="unsupported shape"):
+            lib.check("kvm_cpu_decode_attention", status)
+        assert torch.equal(out, torch.full((1, 2, head_dim), 7.0))
+
+    call(caches_of([10], 1, 48)[0], 48, library.CACHE_DTYPES["float32"])  # head_dim 48: not compiled
+    call(caches_of([10], 1, 16)[0], 16, 2)  # no such cache dtype
 
 
 def test_queries_or_caches_that_do_not_fit_are_refused(lib):
