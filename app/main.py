@@ -14,7 +14,9 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
+from app.api.deps import host_rule
 from app.api.errors import install_error_handlers
+from app.api.hosts import TrustedHostMiddleware
 from app.api.routes import ROUTERS
 from app.api.routes.web import WEB_DIR
 from app.api.openapi import install_openapi
@@ -49,6 +51,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     install_error_handlers(app)
     install_openapi(app, settings)
     app.add_middleware(ErrorMiddleware)  # inside the metrics, so they count its 500s
+    app.add_middleware(TrustedHostMiddleware, rule=host_rule(settings))
     app.add_middleware(MetricsMiddleware)
     for router in ROUTERS:
         app.include_router(router)

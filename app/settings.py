@@ -134,6 +134,9 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = None  # None: admin endpoints answer 403
     # None: document writes only from loopback clients (see app/api/access.py)
     write_token: SecretStr | None = None
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = Field(default=(), description=(
+        "Host names the server answers to, comma-separated (`*` any, `*.example.com` a domain); "
+        "empty: the bound host, localhost and loopback addresses (see app/api/hosts.py)"))
     # glibc malloc: arenas at most (0: glibc's default, 8 per core), idle trim period (0: off)
     malloc_arenas: int = Field(default=2, ge=0)
     trim_interval_s: float = Field(default=10.0, ge=0.0)
@@ -188,7 +191,7 @@ class Settings(BaseSettings):
     def _off_is_none(cls, value: object) -> object:
         return None if isinstance(value, str) and value.strip().lower() in ("", "off", "none") else value
 
-    @field_validator("store_tiers", mode="before")
+    @field_validator("store_tiers", "allowed_hosts", mode="before")
     @classmethod
     def _split_tiers(cls, value: object) -> object:
         if isinstance(value, str):

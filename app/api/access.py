@@ -8,10 +8,13 @@ The rule, checked in this order:
    without a preflight; without this check any web page a user visits could add documents
    that later answers retrieve.
 2. A bearer token equal to `KVMOSAIC_WRITE_TOKEN` or `KVMOSAIC_ADMIN_TOKEN` is accepted.
-3. With no write token set, a client on a loopback address is accepted: the web demo and
-   `./scripts/serve.sh` on one machine keep working out of the box, and nothing on the
-   network can write. Behind a reverse proxy on the same host every client looks local, so
-   such a deployment must set a write token.
+3. With no write token set, a client on a loopback address that names a trusted `Host`
+   (`HostRule.is_trusted`: a loopback name, the bound host or one in
+   `KVMOSAIC_ALLOWED_HOSTS`) is accepted: the web demo and `./scripts/serve.sh` on one
+   machine keep working out of the box, and nothing on the network can write. The `Host`
+   test stops DNS rebinding: a foreign name resolved to 127.0.0.1 is same-origin and
+   loopback, but its `Host` is the foreign name. Behind a reverse proxy on the same host
+   every client looks local, so such a deployment must set a write token.
 4. Anything else: 401 with `WWW-Authenticate: Bearer` when a write token is set, else 403.
 
 What it does not do: rate limiting, per-document ownership, or guarding reads.
@@ -26,10 +29,13 @@ from urllib.parse import urlsplit
 from fastapi import HTTPException, Request
 from pydantic import SecretStr
 
+from app.api.hosts import HostRule
+
 REFUSED_FETCH_SITES = ("cross-site", "same-site")
 
 
-def check_write_access(request: Request, write_token: SecretStr | None, admin_token: SecretStr | None) -> None:
+def check_write_access(request: Request, write_token: SecretStr | None, admin_token: SecretStr | None,
+                       hosts: HostRule) -> None:
     """Raise HTTPException (401/403) unless the request may write; see the module docstring."""
     if is_cross_site(request):
         raise HTTPException(403, "cross-site requests may not change documents")
@@ -37,7 +43,11 @@ def check_write_access(request: Request, write_token: SecretStr | None, admin_to
         return
     if _secret(write_token) is None:
         if request.client is not None and is_loopback(request.client.host):
-            return
+            if hosts.is_trusted(request.headers.get("host")):
+                return
+            raise HTTPException(403, "document writes from this machine must name it as the Host (localhost, "
+                                     "a loopback address or KVMOSAIC_ALLOWED_HOSTS): a foreign name that "
+                                     "resolves here is a DNS rebinding attempt")
         raise HTTPException(403, "document writes are open only to clients on this machine: set "
                                  "KVMOSAIC_WRITE_TOKEN and send it as a bearer token")
     raise HTTPException(401, "missing or wrong write bearer token", headers={"WWW-Authenticate": "Bearer"})

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Header, HTTPException, Request
 
 from app.api.access import check_write_access
+from app.api.hosts import HostRule
 from app.services import Services
 from app.settings import Settings
 
@@ -40,8 +41,14 @@ AdminDep = Depends(require_admin)
 
 
 def require_writer(request: Request, settings: SettingsDep) -> None:
-    """Document writes: the access rule of `app.api.access` (write or admin token, loopback)."""
-    check_write_access(request, settings.write_token, settings.admin_token)
+    """Document writes: the access rule of `app.api.access` (write or admin token, loopback
+    with a trusted Host)."""
+    check_write_access(request, settings.write_token, settings.admin_token, host_rule(settings))
+
+
+def host_rule(settings: Settings) -> HostRule:
+    """The `Host` names `settings` trust (`app.api.hosts`)."""
+    return HostRule.create(settings.host, settings.allowed_hosts)
 
 
 WriterDep = Depends(require_writer)

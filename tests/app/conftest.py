@@ -51,7 +51,8 @@ def make_settings(data_dir, **overrides):
                   chunk_tokens=48, chunk_overlap=8, default_max_tokens=8, max_tokens_limit=64,
                   max_upload_bytes=4096, max_question_chars=300, epic_tokens=4,
                   default_mode="cacheblend",  # the tests name the mode they expect
-                  fidelity="fast")  # ... and see it as it is (the guard: tests/app/test_guard_api.py)
+                  fidelity="fast",  # ... and see it as it is (the guard: tests/app/test_guard_api.py)
+                  allowed_hosts=("testserver",))  # the in-process client's Host, beside the loopback names
     values.update(overrides)
     return Settings(**values)
 

@@ -1,7 +1,8 @@
 """Who may add and delete documents: the rule of app/api/access.py.
 
-No write token: loopback clients only. A write token: it or the admin token as a bearer.
-Cross-site browser requests (Sec-Fetch-Site, Origin): refused whatever the setting.
+No write token: loopback clients naming a trusted Host only. A write token: it or the admin
+token as a bearer. Cross-site browser requests (Sec-Fetch-Site, Origin): refused whatever the
+setting. A Host the server does not know: 400 (DNS rebinding, app/api/hosts.py).
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ def app_for(services):
     """An app over the module's services with `write_token` set (or not); made once per setting."""
     apps = {}
 
-    def make(write_token: str | None):
-        if write_token not in apps:
+    def make(write_token: str | None, allowed_hosts: tuple[str, ...] = ("testserver",)):
+        if (write_token, allowed_hosts) not in apps:
             token = SecretStr(write_token) if write_token is not None else None
-            settings = services.settings.model_copy(update={"write_token": token})
-            apps[write_token] = create_app(services=dataclasses.replace(services, settings=settings))
-        return apps[write_token]
+            settings = services.settings.model_copy(update={"write_token": token, "allowed_hosts": allowed_hosts})
+            apps[write_token, allowed_hosts] = create_app(services=dataclasses.replace(services, settings=settings))
+        return apps[write_token, allowed_hosts]
 
     return make
 
@@ -96,3 +97,38 @@ def test_reads_stay_open_to_everyone(app_for):
     with TestClient(app_for(WRITE_TOKEN), client=REMOTE_CLIENT) as client:
         assert client.get("/documents").status_code == 200
         assert client.get("/documents/1", headers={"Sec-Fetch-Site": "cross-site"}).status_code in (200, 404)
+
+
+# The DNS rebinding request of issue #42: a foreign name resolved to 127.0.0.1 is both
+# "same origin" and "loopback"; only its Host header gives it away.
+REBIND = {"Host": "rebind.evil.test:8000", "Origin": "http://rebind.evil.test:8000", "Sec-Fetch-Site": "same-origin"}
+
+
+def test_a_foreign_host_is_refused_before_anything_runs(app_for, services):
+    before = len(services.retriever)
+    with TestClient(app_for(None), client=LOCAL_CLIENT) as client:
+        added = client.post("/documents", json={"text": "Rebound writes land here.", "title": "rebind"},
+                            headers=REBIND)
+        assert added.status_code == 400 and "KVMOSAIC_ALLOWED_HOSTS" in added.json()["error"]["message"]
+        assert client.get("/documents", headers=REBIND).status_code == 400  # reads leak answers: refused too
+        assert client.get("/healthz", headers=REBIND).status_code == 200  # probes address replicas by IP
+    assert len(services.retriever) == before
+
+
+def test_the_loopback_write_rule_needs_a_trusted_host_even_when_every_host_is_answered(app_for, services):
+    before = len(services.retriever)
+    with TestClient(app_for(None, ("*",)), client=LOCAL_CLIENT) as client:
+        added = client.post("/documents", json={"text": "Rebound writes land here.", "title": "rebind"},
+                            headers=REBIND)
+        assert added.status_code == 403 and "DNS rebinding" in added.json()["error"]["message"]
+        assert client.get("/documents", headers=REBIND).status_code == 200
+    assert len(services.retriever) == before
+    assert write(app_for(WRITE_TOKEN, ("*",)), LOCAL_CLIENT, {**REBIND, **WRITER}) == (201, 204)  # a token still works
+
+
+@pytest.mark.parametrize("host", ["localhost:8000", "127.0.0.1:8000", "[::1]:8000", "kb.example.com",
+                                  "docs.kb.example.com"])
+def test_loopback_and_listed_names_may_write(app_for, host):
+    app = app_for(None, ("*.kb.example.com",))
+    origin = {"Host": host, "Origin": f"http://{host}", "Sec-Fetch-Site": "same-origin"}
+    assert write(app, LOCAL_CLIENT, origin) == (201, 204)
