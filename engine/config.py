@@ -125,10 +125,11 @@ class EngineConfig:
         "auto", "Kernel of the model's linear layers and of the MiniLM embedder "
         "(engine/linear.py): `torch` (PyTorch's own: MKL for float32 on x86), `onednn`, or "
         "`auto` = `onednn` for a bfloat16 model on the CPU, and for a float32 one unless the "
-        "CPU is Intel's and torch has MKL, where the op exists and a probe agrees with `torch`; else `torch`. Results differ "
-        "in the last bits, so the kernel is part of the model fingerprint (KV cached under one is "
-        "recomputed under the other). Measure a new machine with `python -m engine.bench.linear` "
-        "before trusting `auto` there (docs/benchmarks/kernels.md).")
+        "CPU is Intel's and torch has MKL, where the op exists and a probe agrees with `torch`; "
+        "else `torch`. Results differ in the last bits, so the kernel is part of the model "
+        "fingerprint (KV cached under one is recomputed under the other). Measure a new machine "
+        "with `python -m engine.bench.linear` before trusting `auto` there "
+        "(docs/benchmarks/kernels.md).")
     decode_attention: str = described(
         "auto", "Attention of a decode step (engine/decode_attention.py): `native`, a C kernel "
         "compiled with `cc` on first use (engine/cpu/, cached under ~/.cache/kvmosaic/kernels) "
