@@ -38,7 +38,7 @@ from engine.prompt import PromptBuilder, PromptLayout
 from engine.result import PrefillResult, chunk_reports
 from engine.runner import LayerRunner, RunOutput
 from engine.scheduler import DecodeScheduler
-from engine.selfcheck import rope_shift_selfcheck
+from engine.selfcheck import rope_shift_selfcheck, tokenization_selfcheck
 from engine.threads import DEFAULT_THREADS, in_own_thread
 from engine.work import counted_as, is_background_thread
 
@@ -70,6 +70,8 @@ class Engine:
         self.selfcheck = self.compute(lambda: rope_shift_selfcheck(self.stack)) if config.selfcheck else None
         if self.selfcheck is not None:
             (log.info if self.selfcheck.ok else log.error)(self.selfcheck.message)
+        self.tokenization = tokenization_selfcheck(self.prompts)  # reports only (engine/selfcheck.py)
+        (log.info if self.tokenization.ok else log.warning)(self.tokenization.message)
 
     @classmethod
     def load(cls, config: EngineConfig) -> "Engine":

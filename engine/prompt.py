@@ -3,6 +3,8 @@
 Every mode runs on the same token sequence: each chunk is tokenized alone and the pieces are
 concatenated, and `full` prefills exactly that sequence. The prefix and suffix come from the
 model's own chat template, rendered once with a marker where the passages go and split there.
+`PromptBuilder.boundaries` says whether the pieces tokenized alone give the same ids as the
+whole text tokenized at once, and at which boundary they first differ.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from engine.errors import InvalidRequest
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+# What precedes every chunk and the question in the prompt's text: the instruction and each
+# chunk end with a blank line (`_split_template`, `_chunk_text`).
+_PIECE_ANCHOR = "\n\n"
 _CONTEXT_MARK = "\u2063KVMOSAIC_CONTEXT\u2063"
 _QUESTION_MARK = "\u2063KVMOSAIC_QUESTION\u2063"
 
@@ -75,12 +80,27 @@ class PromptLayout:
         return seg
 
 
+@dataclass(frozen=True)
+class BoundaryCheck:
+    """Pieces tokenized alone against the whole prompt text tokenized at once.
+
+    ok: the ids are identical. Otherwise `boundary` names where they first differ (e.g.
+    "system prefix | chunk 1") and `alone` / `together` hold a few tokens from there on.
+    """
+
+    ok: bool
+    boundary: str = ""
+    alone: tuple[str, ...] = ()
+    together: tuple[str, ...] = ()
+
+
 class PromptBuilder:
     """Turns (chunk texts, question) into a PromptLayout with the model's chat format."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, system_prompt: str, instruction: str):
         self.tokenizer = tokenizer
         prefix_text, suffix_text = _split_template(tokenizer, system_prompt, instruction)
+        self.prefix_text = prefix_text
         self.prefix_ids = tuple(self._encode(prefix_text))
         self._suffix_before, self._suffix_after = suffix_text.split(_QUESTION_MARK)
         self.prefix_digest = hashlib.sha256(repr(self.prefix_ids).encode()).hexdigest()[:16]
@@ -91,14 +111,36 @@ class PromptBuilder:
 
     def chunk_ids(self, text: str, title: str = "") -> tuple[int, ...]:
         """A chunk's ids, tokenized alone: "title\\n\\ntext\\n\\n" (title optional)."""
-        body = f"{title}\n\n{text}\n\n" if title else f"{text}\n\n"
-        return tuple(self._encode(body))
+        return tuple(self._encode_piece(_chunk_text(text, title)))
 
     def question_ids(self, question: str) -> tuple[int, ...]:
+        return tuple(self._encode_piece(self._question_text(question)))
+
+    def boundaries(self, chunks: list[tuple[str, str]], question: str) -> BoundaryCheck:
+        """Tokenize [prefix][chunks (title, text)...][question] piece by piece and as one text.
+
+        Every mode runs on the pieces' ids; this says whether they are also the ids of the
+        prompt's text, the sequence the model saw in training (and names the first boundary
+        where they are not).
+        """
+        texts = [self.prefix_text, *(_chunk_text(text, title) for title, text in chunks),
+                 self._question_text(question)]
+        names = ["system prefix", *(f"chunk {i + 1}" for i in range(len(chunks))), "question"]
+        pieces = [list(self.prefix_ids), *(self._encode_piece(text) for text in texts[1:])]
+        alone = [t for ids in pieces for t in ids]
+        together = self._encode("".join(texts))
+        first = next((i for i, (a, b) in enumerate(zip(alone, together)) if a != b), min(len(alone), len(together)))
+        if alone == together:
+            return BoundaryCheck(True)
+        tokens = self.tokenizer.convert_ids_to_tokens
+        return BoundaryCheck(False, _boundary_at(first, [len(ids) for ids in pieces], names),
+                             tuple(tokens(alone[first:first + 3])), tuple(tokens(together[first:first + 3])))
+
+    def _question_text(self, question: str) -> str:
         question = question.strip()
         if not question:
             raise InvalidRequest("the question is empty")
-        return tuple(self._encode(self._suffix_before + question + self._suffix_after))
+        return self._suffix_before + question + self._suffix_after
 
     def layout(self, chunk_ids: list[tuple[int, ...]], question: str) -> PromptLayout:
         if not chunk_ids:
@@ -110,6 +152,38 @@ class PromptBuilder:
     def _encode(self, text: str) -> list[int]:
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
         return ids
+
+    def _encode_piece(self, text: str) -> list[int]:
+        """Ids of a chunk or question piece as they are where it sits: after _PIECE_ANCHOR.
+
+        SentencePiece-style tokenizers (Llama-2, Mistral) prepend "▁" to every text they
+        encode, so a piece tokenized alone would start with a space it does not have in the
+        prompt; encoding anchor + piece and dropping the anchor's ids avoids that. Where the
+        anchor's ids are not a prefix of that encoding (the anchor merges into the piece, as
+        "\n\n" does with byte-level BPE of the GPT-2 split) the piece is encoded alone.
+        """
+        anchor = self._encode(_PIECE_ANCHOR)
+        ids = self._encode(_PIECE_ANCHOR + text)
+        if ids[:len(anchor)] == anchor:
+            return ids[len(anchor):]
+        return self._encode(text)
+
+
+def _chunk_text(text: str, title: str) -> str:
+    return f"{title}\n\n{text}\n\n" if title else f"{text}\n\n"
+
+
+def _boundary_at(index: int, lengths: list[int], names: list[str]) -> str:
+    """The boundary next to token `index` of the concatenated pieces: a piece's first token
+    differs because of what precedes it, any later one because of what follows the piece."""
+    start = 0
+    for i, length in enumerate(lengths):
+        if index < start + length or i == len(lengths) - 1:
+            if index == start and i > 0:
+                return f"{names[i - 1]} | {names[i]}"
+            return f"{names[i]} | {names[i + 1]}" if i + 1 < len(names) else f"end of {names[i]}"
+        start += length
+    return f"end of {names[-1]}"
 
 
 def _split_template(tokenizer: PreTrainedTokenizerBase, system_prompt: str, instruction: str) -> tuple[str, str]:
