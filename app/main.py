@@ -20,7 +20,7 @@ from app.api.hosts import TrustedHostMiddleware
 from app.api.routes import ROUTERS
 from app.api.routes.web import WEB_DIR
 from app.api.openapi import install_openapi
-from app.middleware import ErrorMiddleware, MetricsMiddleware
+from app.middleware import AllowedMethodsMiddleware, ErrorMiddleware, MetricsMiddleware, SecurityHeadersMiddleware
 from app.services import Services
 from app.settings import Settings
 
@@ -51,7 +51,9 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     install_error_handlers(app)
     install_openapi(app, settings)
     app.add_middleware(ErrorMiddleware)  # inside the metrics, so they count its 500s
+    app.add_middleware(AllowedMethodsMiddleware)
     app.add_middleware(TrustedHostMiddleware, rule=host_rule(settings))
+    app.add_middleware(SecurityHeadersMiddleware)  # on every answer, the host check's 400 included
     app.add_middleware(MetricsMiddleware)
     for router in ROUTERS:
         app.include_router(router)

@@ -1,11 +1,14 @@
-"""ASGI middleware: requests and latencies per route template (bounded labels), and the
-last line of defence that turns an unexpected exception into a JSON 500.
+"""ASGI middleware: requests and latencies per route template (bounded labels), the last
+line of defence that turns an unexpected exception into a JSON 500, `OPTIONS` and 405 with
+the true `Allow` header, and the security headers of every response.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+
+from starlette.routing import Match
 
 from app.api.errors import error_response
 
@@ -72,3 +75,87 @@ class MetricsMiddleware:
         route = getattr(scope.get("route"), "path", None) or "unmatched"
         services.metrics.requests.labels(route, scope["method"], str(status)).inc()
         services.metrics.latency.labels(route).observe(seconds)
+
+
+class AllowedMethodsMiddleware:
+    """`OPTIONS` answers 204 and a method no route takes answers 405, both with an `Allow`
+    header listing the methods of every route at the path.
+
+    Starlette's own 405 names the methods of the first route whose path matches, so
+    `/documents` (a GET route and a POST route) advertised only one of them. Requests a route
+    takes, and paths no route is at (404), pass through untouched.
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        routes = scope["app"].routes
+        if _match(routes, scope) is not Match.PARTIAL:  # a route takes it, or none is at the path
+            return await self.app(scope, receive, send)
+        methods = methods_at(routes, scope)
+        allow = {"Allow": ", ".join(sorted(methods | {"OPTIONS"}))}
+        if scope["method"] == "OPTIONS":
+            await send({"type": "http.response.start", "status": 204,
+                        "headers": [(b"allow", allow["Allow"].encode())]})
+            return await send({"type": "http.response.body", "body": b""})
+        await error_response(405, f"{scope['method']} is not allowed here; allowed: {allow['Allow']}",
+                             headers=allow)(scope, receive, send)
+
+
+PROBED_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def _match(routes, scope) -> Match:
+    """FULL if a route takes the request, PARTIAL if one is at its path with other methods, else NONE."""
+    best = Match.NONE
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match is Match.FULL:
+            return match
+        if match is Match.PARTIAL:
+            best = match
+    return best
+
+
+def methods_at(routes, scope) -> set[str]:
+    """The methods some route takes at the request's path (Starlette's own matching, so
+    routers included in routers count)."""
+    return {m for m in PROBED_METHODS if _match(routes, {**scope, "method": m}) is Match.FULL}
+
+# The web demo loads its script and styles from /static and talks to this server only; the
+# admin token it keeps in sessionStorage is what an injected script or a framing page would
+# be after. /docs and /redoc (Swagger UI, ReDoc from a CDN with inline scripts) get no CSP.
+DEMO_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+            "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+SECURITY_HEADERS = ((b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
+                    (b"referrer-policy", b"no-referrer"))
+
+
+class SecurityHeadersMiddleware:
+    """Every response gets `nosniff`, `X-Frame-Options: DENY` and `Referrer-Policy`; the web
+    demo's (`/`, `/static/...`) also its Content-Security-Policy (`DEMO_CSP`). A header the
+    route set itself is kept."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        extra = SECURITY_HEADERS
+        if path == "/" or path.startswith("/static/"):
+            extra = (*extra, (b"content-security-policy", DEMO_CSP.encode()))
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                headers += [(name, value) for name, value in extra if name not in present]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

@@ -12,6 +12,8 @@ a request valid by the document is one the server answers (schemathesis checks b
 
 from __future__ import annotations
 
+import copy
+
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
@@ -44,6 +46,7 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
                 schemas.update(schema.pop("$defs", {}))
                 schemas[model.__name__] = schema
             add_limits(schemas, settings, _tier_names(app, settings))
+            add_upload_limits(document, settings)
             exact_integer_bounds(document)
             app.openapi_schema = document
         return app.openapi_schema
@@ -79,6 +82,17 @@ def add_limits(schemas: dict, settings: Settings, tiers: list[str]) -> None:
     text = schemas["DocumentIn"]["properties"]["text"]
     text.update(maxLength=settings.max_upload_bytes, pattern=TEXT_WITHOUT_NUL,
                 description=f"UTF-8 text or markdown, at most {settings.max_upload_bytes} bytes (413 beyond)")
+
+
+def add_upload_limits(document: dict, settings: Settings) -> None:
+    """The multipart upload's file text gets the JSON `text` field's limits (see `add_limits`).
+
+    The body comes from the route's `openapi_extra`, a module constant that FastAPI merges
+    without copying: it is copied here, so that apps with other limits do not share it."""
+    post = document["paths"]["/documents"]["post"]
+    post["requestBody"] = copy.deepcopy(post["requestBody"])
+    file = post["requestBody"]["content"]["multipart/form-data"]["schema"]["properties"]["file"]
+    file.update(maxLength=settings.max_upload_bytes, pattern=TEXT_WITHOUT_NUL)
 
 
 BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")

@@ -1,5 +1,6 @@
 """Read a document from a request: JSON `{text, title?, source?, kv?}` or a multipart file
-upload (fields `file`, `title?`, `kv?`); `kv` ("eager" or "lazy") comes back beside it.
+upload (fields `file`, `title?`, `kv?`, each once, no others); `kv` ("eager" or "lazy") comes
+back beside it. The `file` part may also be a plain text field (curl's `-F file=<doc.txt`).
 
 Refuses, before anything is written: bodies over the size limit (413), other content types
 (415), malformed or too deeply nested JSON (400), schema violations (422), non-UTF-8 or empty
@@ -24,6 +25,7 @@ from retrieval.sources import SourceDocument, title_of
 JSON_OVERHEAD = 64 * 1024
 TEXT_TYPES = ("text/plain", "text/markdown", "text/x-markdown", "application/octet-stream", "")
 TEXT_SUFFIXES = (".txt", ".md", ".markdown")
+FORM_FIELDS = ("file", "title", "kv")
 
 
 class Upload(NamedTuple):
@@ -72,12 +74,29 @@ def _from_json(raw: bytes, limit: int) -> SourceDocument:
 
 async def _from_form(request: Request, limit: int) -> Upload:
     form = await request.form(max_files=1, max_fields=4, max_part_size=limit + 1)
+    unknown = sorted(set(form.keys()) - set(FORM_FIELDS))
+    if unknown:
+        raise HTTPException(422, f"unknown form field {unknown[0]!r}; the fields are {', '.join(FORM_FIELDS)}")
+    if any(len(form.getlist(field)) > 1 for field in FORM_FIELDS):
+        raise HTTPException(422, "each form field may be sent once")
     kv = form.get("kv")
     if kv is not None and kv not in get_args(KvMode):
         raise HTTPException(422, f"kv must be one of {', '.join(get_args(KvMode))}")
-    upload = form.get("file")
-    if not isinstance(upload, UploadFile):
+    name, text = await _file_text(form.get("file"), limit)
+    title = form.get("title")
+    if isinstance(title, str) and len(title) > TITLE_MAX_CHARS:
+        raise HTTPException(422, f"title: the title has {len(title)} characters; the limit is {TITLE_MAX_CHARS}")
+    return Upload(_document(text, title if isinstance(title, str) else None, f"upload:{name}", limit,
+                            fallback_title=name.rsplit(".", 1)[0]), kv)
+
+
+async def _file_text(upload: UploadFile | str | None, limit: int) -> tuple[str, str]:
+    """(file name, text) of the `file` part: a .txt / .md file part, or a plain text field
+    (no file name, as curl's `-F file=<doc.txt` sends it; named `upload.txt`)."""
+    if upload is None:
         raise HTTPException(422, "the form has no 'file' part")
+    if isinstance(upload, str):
+        return "upload.txt", upload
     name = upload.filename or "upload.txt"
     if len(name) > FILENAME_MAX_CHARS:
         raise HTTPException(422, f"the file name has {len(name)} characters; the limit is {FILENAME_MAX_CHARS}")
@@ -87,14 +106,9 @@ async def _from_form(request: Request, limit: int) -> Upload:
     if len(raw) > limit:
         raise _too_large(limit)
     try:
-        text = raw.decode("utf-8")
+        return name, raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise HTTPException(422, f"{name}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
-    title = form.get("title")
-    if isinstance(title, str) and len(title) > TITLE_MAX_CHARS:
-        raise HTTPException(422, f"title: the title has {len(title)} characters; the limit is {TITLE_MAX_CHARS}")
-    return Upload(_document(text, title if isinstance(title, str) else None, f"upload:{name}", limit,
-                            fallback_title=name.rsplit(".", 1)[0]), kv)
 
 
 def _document(text: str, title: str | None, source: str, limit: int, fallback_title: str = "untitled") -> SourceDocument:

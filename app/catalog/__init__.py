@@ -46,7 +46,7 @@ from app.catalog.records import (
     context_signature,
     parse_context_signature,
 )
-from app.catalog.repository import Catalog, CatalogError
+from app.catalog.repository import Catalog, CatalogError, DocumentState
 from engine.variant_stats import VariantStats
 
 __all__ = [
@@ -68,6 +68,7 @@ __all__ = [
     "ChunkRecord",
     "DeletedDocument",
     "DocumentRecord",
+    "DocumentState",
     "NewChunk",
     "NewVariant",
     "VariantLocation",

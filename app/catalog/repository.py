@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, Literal, TypeVar
 
-from sqlalchemy import Engine, Select, delete, func, select, update
+from sqlalchemy import Engine, Select, delete, exists, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
@@ -28,6 +28,9 @@ from app.catalog.ingests import IngestLeases
 from app.catalog.models import MISSING, READY, REMOVE, Base, Chunk, Document, Ingest, Variant, utcnow
 from engine.errors import KvMosaicError
 from engine.variant_stats import VariantStats
+
+# A document's state for listings: its ingest finished, or it is still under an ingest row.
+DocumentState = Literal["ready", "ingesting"]
 
 # Bound parameters per IN (...) clause; SQLite allows 32766, PostgreSQL 65535.
 _IN_BATCH = 500
@@ -101,16 +104,26 @@ class Catalog(IngestLeases, ChangeLog):
             return rec.AddedDocument(rec.document_record(document, len(chunks)),
                                      tuple(rec.chunk_record(c) for c in document.chunks))
 
-    def get_document(self, document_id: int) -> rec.DocumentRecord | None:
+    def get_document(self, document_id: int, state: DocumentState | None = None) -> rec.DocumentRecord | None:
+        """The document, or None; `state` as in `list_documents` (a document in another state is None)."""
         with self.session() as s:
-            rows = self._documents_with_counts(s, select(Document).where(Document.id == document_id))
+            query = _in_state(select(Document).where(Document.id == document_id), state)
+            rows = self._documents_with_counts(s, query)
             return rows[0] if rows else None
 
-    def list_documents(self, offset: int = 0, limit: int = 100) -> list[rec.DocumentRecord]:
-        """Documents by id (oldest first)."""
+    def list_documents(self, offset: int = 0, limit: int = 100,
+                       state: DocumentState | None = None) -> list[rec.DocumentRecord]:
+        """Documents by id (oldest first). `state`: "ready", only those whose ingest finished
+        (retrievable); "ingesting", only those under an ingest row (running, or a crash
+        leftover until its lease expires); None, both."""
         with self.session() as s:
-            query = select(Document).order_by(Document.id).offset(offset).limit(limit)
+            query = _in_state(select(Document), state).order_by(Document.id).offset(offset).limit(limit)
             return self._documents_with_counts(s, query)
+
+    def count_documents(self, state: DocumentState | None = None) -> int:
+        """How many documents `list_documents(state=state)` pages through."""
+        with self.session() as s:
+            return int(s.scalar(_in_state(select(func.count()).select_from(Document), state)) or 0)
 
     def find_documents_by_hash(self, content_hash: str) -> list[rec.DocumentRecord]:
         with self.session() as s:
@@ -317,6 +330,14 @@ class Catalog(IngestLeases, ChangeLog):
             return rec.CatalogStats(_count(s, Document), _count(s, Chunk), int(by_status.get(READY, 0)),
                                     int(by_status.get(MISSING, 0)), {t: int(b) for t, b in by_tier},
                                     int(accesses))
+
+
+def _in_state(query: Select[Any], state: DocumentState | None) -> Select[Any]:
+    """`query` over documents narrowed to `state` (see `Catalog.list_documents`)."""
+    if state is None:
+        return query
+    ingesting = exists().where(Ingest.document_id == Document.id)
+    return query.where(ingesting if state == "ingesting" else ~ingesting)
 
 
 def _count(s: Session, model: type[Base]) -> int:

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from app.schemas.common import Seed, TokenBudget, TopK
+from app.schemas.common import Ratio, Seed, Temperature, TokenBudget, TopK, TopP
 
 # The fidelity guard's levels (engine.config.FIDELITIES, spelled out for the OpenAPI schema).
 Fidelity = Literal["fast", "balanced", "exact"]
@@ -22,11 +22,11 @@ class AskRequest(BaseModel):
     question: str = Field(min_length=1, description="the question; its length limit is a setting")
     top_k: TopK | None = Field(default=None, description="chunks to retrieve (1-20)")
     mode: str | None = Field(default=None, description="recompute mode (see GET /modes)")
-    ratio: float | None = Field(default=None, ge=0.0, le=1.0, description="cacheblend recompute ratio")
+    ratio: Ratio | None = Field(default=None, description="cacheblend recompute ratio")
     fidelity: Fidelity | None = Field(default=None, description=FIDELITY_DOC)
     max_tokens: TokenBudget | None = Field(default=None, description="answer token budget; its limit is a setting")
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 = greedy")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    temperature: Temperature = Field(default=0.0, description="0 = greedy")
+    top_p: TopP = 1.0
     seed: Seed | None = None
     stream: StrictBool = Field(default=False, description="Server-Sent Events: piece*, then report")
     explain: StrictBool = Field(default=False, description="add each chunk's tokens and recomputed offsets")

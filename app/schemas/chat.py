@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from app.schemas.ask import FIDELITY_DOC, Fidelity
-from app.schemas.common import Seed, TokenBudget, TopK, json_int
+from app.schemas.common import Ratio, Seed, Temperature, TokenBudget, TopK, TopP, json_int
 
 OneChoice = json_int(1, 1)
 
@@ -54,13 +54,13 @@ class ChatRequest(BaseModel):
     stream_options: StreamOptions | None = None
     max_tokens: TokenBudget | None = Field(default=None)
     max_completion_tokens: TokenBudget | None = Field(default=None)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     seed: Seed | None = None
     n: OneChoice | None = Field(default=None, description="only one choice is supported")
     mode: str | None = None
     top_k: TopK | None = Field(default=None)
-    ratio: float | None = Field(default=None, ge=0.0, le=1.0)
+    ratio: Ratio | None = None
     fidelity: Fidelity | None = Field(default=None, description=FIDELITY_DOC)
 
     def question(self) -> str:

@@ -3,8 +3,9 @@
 Every integer a client sends ends up somewhere with a fixed width: catalog ids and offsets
 in 64-bit database columns (SQLite raises OverflowError, PostgreSQL "integer out of range"),
 seeds in torch's 64-bit generator. Bounding them here turns an out-of-range value into a 422
-instead of a 500 deep in the database driver. Body integers and booleans are strict, so
-`true` is not an id and `0` is not a boolean (an integral `3.0` is an integer, as in JSON Schema).
+instead of a 500 deep in the database driver. Body integers, numbers and booleans are strict,
+so `true` is not an id or a temperature and `0` is not a boolean (an integral `3.0` is an
+integer, as in JSON Schema; `1` is a number).
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ def json_int(ge: int | None = None, le: int | None = None, lt: int | None = None
     return Annotated[int, Strict(), Field(ge=ge, le=le, lt=lt), BeforeValidator(_whole_float_to_int)]
 
 
+def json_number(ge: float | None = None, le: float | None = None, gt: float | None = None):
+    """A JSON Schema number within the bounds: 1 and 0.5 yes; true, false, "0.5" no (422)."""
+    return Annotated[float, Strict(), Field(ge=ge, le=le, gt=gt)]
+
+
 TopK = json_int(1, 20)
 TokenBudget = json_int(1)  # its upper limit is a setting (`max_tokens_limit`)
 # A catalog row id in a JSON body (ids start at 1).
@@ -45,3 +51,7 @@ RowId = json_int(1, lt=INT64_END)
 Seed = json_int(INT64_MIN, lt=INT64_END)
 # A byte count.
 ByteCount = json_int(1, lt=INT64_END)
+# Sampling and recompute knobs of /ask and chat.
+Ratio = json_number(0.0, 1.0)
+Temperature = json_number(0.0, 2.0)
+TopP = json_number(le=1.0, gt=0.0)

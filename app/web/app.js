@@ -180,7 +180,7 @@ async function compare(event) {
 }
 
 function compareCard(mode) {
-  const bar = el("div", { class: `bar ${mode}`, style: "width: 0" });
+  const bar = el("div", { class: `bar ${mode}` });  // starts at width 0 (style.css): the CSP refuses style attributes
   const ttft = el("div", { class: "ttft" }, "waiting…");
   const answer = el("p", { class: "answer" });
   const root = el("article", { class: "card", "data-mode": mode }, el("h2", {}, mode), bar, ttft, answer);

@@ -63,7 +63,10 @@ def documents_count(client) -> int:
     (dict(files={"file": ("latin1.txt", "caf\u00e9 cr\u00e8me".encode("latin-1"), "text/plain")}), 422,
      "not valid UTF-8"),
     (dict(files={"file": ("doc.pdf", b"%PDF-1.4", "application/pdf")}), 415, "only UTF-8 .txt and .md"),
-    (dict(files={"other": ("a.txt", b"hello", "text/plain")}), 422, "no 'file' part"),
+    (dict(files={"other": ("a.txt", b"hello", "text/plain")}), 422, "unknown form field 'other'"),
+    (dict(files={"title": (None, "only a title")}), 422, "no 'file' part"),
+    (dict(files=[("file", ("a.txt", b"hello", "text/plain")), ("title", (None, "a")), ("title", (None, "b"))]),
+     422, "once"),
     (dict(json={"text": "nul \x00 byte"}), 422, "NUL"),
 ])
 def test_bad_uploads_write_nothing(client, services, kwargs, status, needle):

@@ -66,3 +66,24 @@ def test_kv_lazy_indexes_without_computing_kv_and_bad_kv_is_refused(client, serv
         assert bad.status_code == 422, bad.text
     client.delete(f"/documents/{body['document']['id']}")
     client.delete(f"/documents/{form.json()['document']['id']}")
+
+
+def test_an_unfinished_ingest_is_not_listed(client, services):
+    """A `kvmosaic ingest` killed mid-way leaves its document under a live lease for a while:
+    the listing, its total and the detail show finished documents only; `state=ingesting`
+    shows the other kind (issue #42)."""
+    from app.catalog import NewChunk
+
+    chunks = [NewChunk(f"half-ingested chunk {i}", 4, f"{i:064x}") for i in range(32)]
+    crashed = services.catalog.begin_ingest("killed", "Half ingested", "e" * 64, chunks, "killed-ingest",
+                                            lease_s=3600.0)
+    try:
+        ready = client.get("/documents", params={"limit": 500}).json()
+        assert crashed.document.id not in [d["id"] for d in ready["documents"]]
+        assert ready["total"] == len(ready["documents"])
+        assert client.get(f"/documents/{crashed.document.id}").status_code == 404
+        ingesting = client.get("/documents", params={"state": "ingesting"}).json()
+        assert [d["id"] for d in ingesting["documents"]] == [crashed.document.id] and ingesting["total"] == 1
+        assert client.get("/documents", params={"state": "gone"}).status_code == 422
+    finally:
+        services.catalog.delete_document(crashed.document.id)

@@ -66,7 +66,9 @@ def test_bad_evict_integers_are_422(client, body, field):
 
 @pytest.mark.parametrize("body,field", [({"explain": 0}, "explain"), ({"stream": "yes"}, "stream"),
                                         ({"top_k": True}, "top_k"), ({"max_tokens": 2.5}, "max_tokens"),
-                                        ({"seed": "7"}, "seed")])
+                                        ({"seed": "7"}, "seed"), ({"temperature": False}, "temperature"),
+                                        ({"ratio": False}, "ratio"), ({"top_p": True}, "top_p"),
+                                        ({"ratio": "0.5"}, "ratio")])
 def test_ask_types_are_strict(client, body, field):
     assert field in refused(client.post("/ask", json={"question": "ok?", **body}))
 
@@ -75,6 +77,8 @@ def test_chat_types_are_strict(client):
     chat = {"messages": [{"role": "user", "content": "ok?"}]}
     assert "stream" in refused(client.post("/v1/chat/completions", json={**chat, "stream": 1}))
     assert "top_k" in refused(client.post("/v1/chat/completions", json={**chat, "top_k": False}))
+    for field in ("ratio", "temperature", "top_p"):  # booleans are not numbers (issue #42)
+        assert field in refused(client.post("/v1/chat/completions", json={**chat, field: False}))
 
 
 def test_long_multipart_title_or_file_name_is_422(client, services):

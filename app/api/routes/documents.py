@@ -12,6 +12,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from app.api.deps import ServicesDep, WriterDep
 from app.api.errors import documented
 from app.api.uploads import read_document
+from app.catalog import DocumentState
 from app.schemas.common import INT64_END
 from app.schemas.documents import (
     TITLE_MAX_CHARS,
@@ -28,13 +29,19 @@ router = APIRouter(prefix="/documents", tags=["documents"])
 DocumentId = Annotated[int, Path(ge=1, lt=INT64_END, description="a document id")]
 
 # The body is read by hand (JSON or multipart, size-capped while streaming), so FastAPI cannot
-# see it: describe both forms here; `app.api.openapi` adds DocumentIn to the components.
+# see it: describe both forms here as `app.api.uploads` enforces them; `app.api.openapi` adds
+# DocumentIn to the components and the size limit. The file part is UTF-8 text, which only a
+# text schema can say (a `binary` one promises that any bytes are accepted); no other fields.
 UPLOAD_BODY = {"requestBody": {"required": True, "content": {
     "application/json": {"schema": {"$ref": "#/components/schemas/DocumentIn"}},
-    "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": {
-        "file": {"type": "string", "format": "binary", "description": "a UTF-8 .txt or .md file"},
+    "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "additionalProperties": False,
+                                       "properties": {
+        "file": {"type": "string", "contentMediaType": "text/plain",
+                 "description": "the document: UTF-8 text or markdown, a .txt or .md file part (or a plain "
+                                "field, as curl's `-F file=<doc.txt` sends it)"},
         "title": {"type": "string", "maxLength": TITLE_MAX_CHARS},
-        "kv": {"type": "string", "enum": ["eager", "lazy"], "description": KV_HELP}}}}}}}
+        "kv": {"type": "string", "enum": ["eager", "lazy"], "description": KV_HELP}}},
+        "encoding": {"file": {"contentType": "text/plain, text/markdown"}}}}}}
 
 
 @router.post("", response_model=IngestOut, status_code=201, openapi_extra=UPLOAD_BODY, dependencies=[WriterDep],
@@ -51,17 +58,24 @@ async def add_document(request: Request, response: Response, services: ServicesD
                      kv_tiers=result.kv_tiers)
 
 
+STATE_HELP = ("ready: documents whose ingest finished (retrievable); ingesting: those still being ingested, "
+              "or left by a crashed ingest until its lease expires")
+
+
 @router.get("", response_model=DocumentList, responses=documented(422))
 def list_documents(services: ServicesDep, offset: int = Query(0, ge=0, lt=INT64_END),
-                   limit: int = Query(50, ge=1, le=500)) -> DocumentList:
-    documents = services.catalog.list_documents(offset=offset, limit=limit)
+                   limit: int = Query(50, ge=1, le=500),
+                   state: DocumentState = Query("ready", description=STATE_HELP)) -> DocumentList:
+    """Documents by id; only finished ones unless `state=ingesting` asks for the others."""
+    documents = services.catalog.list_documents(offset=offset, limit=limit, state=state)
     return DocumentList(documents=[document_out(d) for d in documents], offset=offset, limit=limit,
-                        total=services.catalog.stats().num_documents)
+                        total=services.catalog.count_documents(state))
 
 
 @router.get("/{document_id}", response_model=DocumentDetail, responses=documented(404, 422))
 def get_document(document_id: DocumentId, services: ServicesDep) -> DocumentDetail:
-    document = services.catalog.get_document(document_id)
+    """A finished document and its chunks (404 while it is being ingested)."""
+    document = services.catalog.get_document(document_id, state="ready")
     if document is None:
         raise HTTPException(404, f"no document {document_id}")
     chunks = [ChunkBrief(id=c.id, ordinal=c.ordinal, num_tokens=c.num_tokens, text=c.text)
