@@ -6,7 +6,7 @@ Layout (plain safetensors, readable by `safetensors.torch.load`; never pickle):
 
 The header maps `layer.0000`, `layer.0001`, ... to dtype, shape and byte offsets of each
 layer's payload ([2, kv_heads, tokens, head_dim] floats, or the uint8 bytes of a quantized
-layer, see `quant.py`), and `__metadata__` holds strings: `format`, `meta` (the
+layer, see `codecs/`), and `__metadata__` holds strings: `format`, `meta` (the
 `EntryMeta` as JSON), `checksums` (crc32 of every layer's bytes, JSON list) and
 `header_crc` (crc32 of format + meta + checksums). One tensor per layer lets a reader fetch
 and verify layer i alone (`decode_layer`), so loading can start before the whole entry is read.

@@ -1,73 +1,104 @@
-"""`StoreConfig`: every knob of the tiered KV store, one frozen dataclass built by the app."""
+"""`StoreConfig`: every knob of the tiered KV store, one frozen dataclass built by the app.
+
+Every default and description lives here, once: `app/settings.py` derives its `KVMOSAIC_STORE_*`
+fields from these (`store_setting`), and `kvmosaic settings` prints the descriptions.
+Evidence for the defaults: docs/benchmarks/codecs.md.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
-from app.store.quant import CODECS, get_codec
+from app.store.codecs import CODECS, get_codec
+from engine.config import described
 
 GiB = 1 << 30
-KNOWN_TIERS = ("gpu", "cpu", "disk", "redis")
-KNOWN_POLICIES = ("lru", "lfu", "value")
+Tier = Literal["gpu", "cpu", "disk", "redis"]
+KNOWN_TIERS: tuple[str, ...] = get_args(Tier)
+Policy = Literal["lru", "lfu", "value"]
+KNOWN_POLICIES: tuple[str, ...] = get_args(Policy)
+# The registered codecs (app/store/codecs/registry.py; tests/app/store check the two agree).
+Codec = Literal[
+    "float16", "bfloat16", "float32", "int8", "int4", "k4v3", "h4v3", "h4v3c", "ch4v3", "ch4v3c"
+]
+VariantCodec = Literal[
+    "auto",
+    "float16",
+    "bfloat16",
+    "float32",
+    "int8",
+    "int4",
+    "k4v3",
+    "h4v3",
+    "h4v3c",
+    "ch4v3",
+    "ch4v3c",
+]
 
 
 @dataclass(frozen=True)
 class StoreConfig:
-    """Settings of the tiered store (env names the app maps them from in brackets).
+    """Settings of the tiered store; each field's description is in its metadata
+    (`field_doc(StoreConfig, name)`). Raises ValueError for unknown names and negative sizes."""
 
-    tiers: lookup order, fastest first [KVMOSAIC_STORE_TIERS, comma-separated]. A tier that
-      cannot start (`gpu` without CUDA, unreachable Redis) is skipped with a log line.
-    gpu_bytes / cpu_bytes / disk_bytes / redis_bytes: byte capacity of each tier, counted
-      as KV payload bytes [KVMOSAIC_STORE_<TIER>_BYTES].
-    disk_dir: directory of the disk tier's files [KVMOSAIC_STORE_DISK_DIR]; default
-      `data/kv` (the app passes `<data_dir>/kv`).
-    disk_fsync: fsync each file and its directory before it becomes visible, so a power
-      cut never leaves a torn entry (a crash never can: writes go to a temp file first).
-    redis_url: the shared Redis [KVMOSAIC_REDIS_URL]; redis_prefix: namespace of its keys
-      (several deployments can share one Redis); redis_timeout_s: socket timeouts;
-      redis_retry_s: how long a Redis tier that failed is skipped before it is tried again.
-    codec: how KV is stored in every tier (`app/store/quant.py`): `float16` (the default;
-      half of float32), `bfloat16`, `float32`, or quantized `int8` (0.53x float16's bytes),
-      `int4` (0.28x) and `k4v3` (0.24x: 4-bit keys, 3-bit values), keys per channel and
-      values per token (KIVI), or after a Hadamard rotation (`app/store/rotated.py`) `h4v3`
-      (0.25x), `h4v3c` (its bits split toward the check layers' values), `ch4v3` (0.244x:
-      keys centred per channel first; the compressed codec recommended) and `ch4v3c`.
-      Entries are decoded to the engine's dtype layer by layer when loaded; tiers keep and
-      count the encoded bytes [KVMOSAIC_STORE_CODEC].
-    variant_codec: how context variants (a chunk's KV computed after other chunks: harvests
-      and Cache-Craft's builds) are stored; base variants use `codec`. `auto` (the default):
-      `codec` when it is a float codec, else `float16`, because a lossy copy of an exact
-      variant is no longer exact (the guard must then judge and often re-run the request) and
-      variants are the few hot entries, where bases are the whole corpus; any codec name
-      forces that codec [KVMOSAIC_STORE_VARIANT_CODEC]. When it differs from `codec`, a
-      chunk that a request computed exactly at the head of its prompt is also kept as a copy
-      of its base in this codec, loaded before the base (so a recurring prompt starts exact).
-    eviction: `lru`, `lfu` or `value` (expected savings x access frequency / size)
-      [KVMOSAIC_STORE_EVICTION].
-    load_threads: background threads that read layers ahead of the compute.
-    prefetch_layers: how many layers ahead of the one the runner asks for are read.
-    """
-
-    tiers: tuple[str, ...] = ("gpu", "cpu", "disk")
-    gpu_bytes: int = 1 * GiB
-    cpu_bytes: int = 4 * GiB
-    disk_bytes: int = 50 * GiB
-    redis_bytes: int = 8 * GiB
-    disk_dir: Path = Path("data/kv")
-    disk_fsync: bool = True
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    redis_prefix: str = "kvmosaic:kv:"
-    redis_timeout_s: float = 2.0
-    redis_retry_s: float = 30.0
-    codec: str = "float16"
-    variant_codec: str = "auto"
-    # lfu by measurement: `kvmosaic bench store --capacity` (300 entries, Zipf 1.0, 3000 lookups)
-    # hit rate at 10 / 25 / 50% capacity: lfu 0.590 / 0.727 / 0.849, lru 0.499 / 0.689 / 0.833,
-    # value 0.537 / 0.643 / 0.726
-    eviction: str = "lfu"
-    load_threads: int = 2
-    prefetch_layers: int = 2
+    tiers: tuple[Tier, ...] = described(
+        ("gpu", "cpu", "disk"),
+        "Tiers in lookup order, fastest first (`gpu`, `cpu`, `disk`, "
+        "`redis`). A tier that cannot start (`gpu` without CUDA) is left out with a log line; an "
+        "unreachable Redis is skipped and retried every `redis_retry_s`.",
+    )
+    gpu_bytes: int = described(1 * GiB, "Capacity of the `gpu` tier, in KV payload bytes.")
+    cpu_bytes: int = described(4 * GiB, "Capacity of the `cpu` tier, in KV payload bytes.")
+    disk_bytes: int = described(50 * GiB, "Capacity of the `disk` tier, in KV payload bytes.")
+    redis_bytes: int = described(8 * GiB, "Capacity of the `redis` tier, in KV payload bytes.")
+    disk_dir: Path = described(Path("data/kv"), "Directory of the disk tier's files.")
+    disk_fsync: bool = described(
+        True,
+        "fsync each file and its directory before it becomes visible, "
+        "so a power cut never leaves a torn entry (a crash never can: writes "
+        "go to a temp file first).",
+    )
+    redis_url: str = described(
+        "redis://127.0.0.1:6379/0",
+        "Redis of the `redis` tier (shared by replicas; give it `maxmemory-policy noeviction`).",
+    )
+    redis_prefix: str = described(
+        "kvmosaic:kv:",
+        "Namespace of the tier's Redis keys (deployments sharing one Redis use different ones).",
+    )
+    redis_timeout_s: float = described(2.0, "Socket timeouts of the Redis tier.")
+    redis_retry_s: float = described(
+        30.0, "How long a Redis tier that failed is skipped before it is tried again."
+    )
+    codec: Codec = described(
+        "float16",
+        "How chunk KV is stored in every tier (app/store/codecs/): `float16`, "
+        "`bfloat16`, `float32`; quantized per channel and token (KIVI) `int8`, `int4`, `k4v3`; or "
+        "after a Hadamard rotation `h4v3`, `h4v3c` (its bits split toward the check layers' "
+        "values), `ch4v3` (keys centred per channel: the compressed codec recommended) and "
+        "`ch4v3c`. Entries are decoded layer by layer on load; tiers keep and count the encoded "
+        "bytes (docs/benchmarks/codecs.md).",
+    )
+    variant_codec: VariantCodec = described(
+        "auto",
+        "How context variants (a chunk's KV computed after other chunks) are stored; base "
+        "variants use `codec`. `auto`: `codec` when it is a float one, else `float16`, because a "
+        "lossy copy of an exact variant is not exact (the guard must then judge, and often re-run, "
+        "the request). When it differs from `codec`, a chunk that a request computed exactly at "
+        "the head of its prompt is also kept as a copy of its base in this codec, loaded before "
+        "the base, so a recurring prompt starts exact.",
+    )
+    eviction: Policy = described(
+        "lfu",
+        "Eviction policy: `lru`, `lfu`, or `value` (expected savings × access frequency / "
+        "size); `lfu` had the highest hit rate under a capped tier (docs/benchmarks/codecs.md).",
+    )
+    load_threads: int = described(2, "Background threads that read layers ahead of the compute.")
+    prefetch_layers: int = described(
+        2, "How many layers ahead of the one the runner asks for are read."
+    )
 
     def __post_init__(self) -> None:
         unknown = [t for t in self.tiers if t not in KNOWN_TIERS]

@@ -3,7 +3,7 @@
 A `KVEntry` is the unit every tier stores. Its `EntryMeta` says which model, system prefix
 and token ids the KV belongs to, so a reader can refuse an entry that does not match what it
 asked for (`EntryExpectation.mismatch`) — such an entry is a miss, never served — and which
-codec (`app.store.quant.CODECS`) encoded it. Tiers keep
+codec (`app.store.codecs.CODECS`) encoded it. Tiers keep
 and move the encoded payload; only `decode_layer` / `chunk_from_entry` turn it back into KV.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from app.store.codecs import FLOAT_CODECS, KVCodec, LayerShape, get_codec
 from engine.errors import KvMosaicError
 from engine.kv import ChunkId, ChunkKV, ValueRounding
-from app.store.quant import FLOAT_CODECS, KVCodec, LayerShape, get_codec
 
 # Codecs that store the KV as plain floats of this dtype (the others quantize).
 STORAGE_DTYPES = FLOAT_CODECS
@@ -59,7 +59,8 @@ def token_ids_hash(token_ids: Sequence[int]) -> str:
 @dataclass(frozen=True)
 class EntryMeta:
     """Identity and shape of a stored KV. shape: [layers, 2, kv_heads, tokens, head_dim] (the
-    decoded KV); `dtype` names the codec (a float dtype or a quantized codec, `app.store.quant.CODECS`)."""
+    decoded KV); `dtype` names the codec (a float dtype or a quantized codec,
+    `app.store.codecs.CODECS`)."""
 
     fingerprint: str
     prefix_digest: str

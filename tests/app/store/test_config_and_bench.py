@@ -8,7 +8,7 @@ import torch
 from app.bench.store import StoreBenchOptions, format_codec_sizes, run_overlap, run_throughput
 from app.cli import build_parser
 from app.cli.bench import STORE_CODECS
-from app.store.quant import CODECS
+from app.store.codecs import CODECS
 from app.store.lazy import hidden_share
 from app.store import StoreConfig, TierUnavailable, create_store, create_tier
 

@@ -14,7 +14,7 @@ from app.store import CorruptEntry, StoreConfig, create_tier
 from app.store import codec as entry_codec
 from app.store.entry import EntryMeta, KVEntry, chunk_from_entry, decode_layer, entry_from_chunk, roundtrip
 from app.store.lazy import LazyChunkKV
-from app.store.quant import CODECS, QuantCodec, get_codec, pack_codes, packed_bytes, unpack_codes
+from app.store.codecs import CODECS, QuantCodec, get_codec, pack_codes, packed_bytes, unpack_codes
 from tests.app.store.helpers import key_of
 
 SHAPE = (3, 2, 3, 100, 64)  # [layers, 2, kv_heads, tokens, head_dim]; 100 tokens: a partial key group

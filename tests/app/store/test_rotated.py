@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.store.quant import get_codec
-from app.store.rotated import CLIPS, RotatedQuantCodec, hadamard
+from app.store.codecs import get_codec
+from app.store.codecs import CLIPS, RotatedQuantCodec, hadamard
 
 SHAPE = (2, 2, 3, 100, 64)  # [layers, 2, kv_heads, tokens, head_dim]
 
