@@ -1,4 +1,4 @@
-"""The request path of one question: retrieve → plan → load → run layers → decode → store variants.
+"""The request path of one question: retrieve → order → plan → load → run layers → decode → store variants.
 
 `RagService.ask` is the whole sequence in one function; everything it calls lives in
 `retrieval/` (search), the catalog (chunk rows), the chunk cache (KV from the store, new
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from app.catalog import Catalog
 from app.kvcache.chunk_cache import ServiceChunkCache
+from app.kvcache.order import OrderedChunks
 from app.retrieve import Retrieved, retrieve_chunks
 from app.settings import Settings
 from engine.config import FIDELITIES
@@ -24,6 +25,8 @@ from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.planners import planner_names
 from engine.result import PrefillResult
+from engine.variants.order import CHUNK_ORDERS
+from engine.variants.served import ServedTokens
 from retrieval import Retriever
 
 OnPiece = Callable[[str], None]
@@ -39,11 +42,13 @@ class Query:
     ratio: float | None
     sampling: SamplingParams
     fidelity: str = "balanced"  # the fidelity guard's level (engine/guard.py)
+    order: str = "retrieval"  # the chunk order rule (KVMOSAIC_CHUNK_ORDER, app/kvcache/order.py)
 
 
 @dataclass
 class Answer:
-    """What `ask` produced: the text, why it ended, the chunks and the prefill, per-stage seconds."""
+    """What `ask` produced: the text, why it ended, the chunks (in prompt order) and the prefill,
+    per-stage seconds, the order they were given and how their tokens were served."""
 
     text: str
     finish_reason: str
@@ -51,6 +56,8 @@ class Answer:
     result: PrefillResult
     variants: list[str]
     stages: dict[str, float] = field(default_factory=dict)
+    order: OrderedChunks | None = None
+    served: ServedTokens = field(default_factory=ServedTokens)
 
 
 class StageClock:
@@ -90,8 +97,9 @@ class RagService:
         clock = StageClock()
         with clock("retrieve"):
             retrieved = retrieve_chunks(self.retriever, self.catalog, self.engine, query.question, query.top_k)
-        with clock("load"):  # plan: pick each chunk's variant; load: pin its KV in the store
-            loaded = self.chunk_cache.load(retrieved, query.mode)
+        with clock("load"):  # order: the prompt's chunk order; plan: each chunk's variant; load: pin its KV
+            ordered = self.chunk_cache.order(retrieved, query.mode, query.order)
+            loaded = self.chunk_cache.load(ordered.retrieved, query.mode)
         try:
             with clock("prefill"):  # run layers: reuse cached rows, recompute the selected ones
                 result = self.engine.prefill(loaded.inputs, query.question, mode=query.mode, ratio=query.ratio,
@@ -102,7 +110,8 @@ class RagService:
             text, finish = self.decode(result, query.sampling, on_piece, cancel)
         with clock("store"):  # the KV this context produced becomes new variants
             self.chunk_cache.store_variants(loaded, result)
-        answer = Answer(text, finish, retrieved, result, loaded.variant_labels, clock.finish())
+        answer = Answer(text, finish, ordered.retrieved, result, loaded.variant_labels, clock.finish(), ordered,
+                        self.chunk_cache.served(loaded, result))
         if self.observe is not None:
             self.observe(answer)
         return answer
@@ -123,7 +132,8 @@ class RagService:
 
     def query(self, question: str, top_k: int | None = None, mode: str | None = None,
               ratio: float | None = None, max_tokens: int | None = None, temperature: float = 0.0,
-              top_p: float = 1.0, seed: int | None = None, fidelity: str | None = None) -> Query:
+              top_p: float = 1.0, seed: int | None = None, fidelity: str | None = None,
+              order: str | None = None) -> Query:
         """Validate a question against the settings; raises InvalidRequest with a clear message."""
         s = self.settings
         question = question.strip()
@@ -140,5 +150,8 @@ class RagService:
         fidelity = fidelity or s.fidelity
         if fidelity not in FIDELITIES:
             raise InvalidRequest(f"unknown fidelity {fidelity!r}; known: {', '.join(FIDELITIES)}")
+        order = order or s.chunk_order
+        if order not in CHUNK_ORDERS:
+            raise InvalidRequest(f"unknown chunk order {order!r}; known: {', '.join(CHUNK_ORDERS)}")
         sampling = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
-        return Query(question, top_k or s.default_top_k, mode, ratio, sampling, fidelity)
+        return Query(question, top_k or s.default_top_k, mode, ratio, sampling, fidelity, order)

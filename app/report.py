@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.kvcache.chunk_cache import COMPUTED_NOW
-from app.schemas.ask import AskResponse, ChunkOut, GuardOut, Timings, Usage
+from app.schemas.ask import AskResponse, ChunkOut, GuardOut, OrderOut, Timings, Usage
 from app.rag import Answer
 
 
@@ -12,9 +12,21 @@ def ask_response(answer: Answer, tokenizer=None) -> AskResponse:
     result = answer.result
     chunks = [chunk_out(r, report, variant, result.mode, tokenizer)
               for r, report, variant in zip(answer.retrieved, result.chunks, answer.variants)]
+    for i, chunk in enumerate(chunks):
+        chunk.rank = answer.order.ranks[i] if answer.order is not None else i
+        chunk.exact = i < len(answer.served.exact_chunks) and answer.served.exact_chunks[i]
     return AskResponse(answer=answer.text, mode=result.mode, finish_reason=answer.finish_reason,
                        fallback_reason=result.fallback_reason, guard=guard_out(result.guard), chunks=chunks,
-                       timings=timings(answer), usage=usage(answer))
+                       timings=timings(answer), usage=usage(answer), order=order_out(answer))
+
+
+def order_out(answer: Answer) -> OrderOut | None:
+    """The order rule the answer's chunks followed and how their tokens were served."""
+    if answer.order is None:
+        return None
+    served = answer.served
+    return OrderOut(rule=answer.order.ordering.rule, planned_exact=answer.order.ordering.exact,
+                    exact_tokens=served.exact, blended_tokens=served.blended, computed_tokens=served.computed)
 
 
 def guard_out(report) -> GuardOut | None:

@@ -40,6 +40,9 @@ INDEX_SAVE_S = 60.0
 # Peers may hold shorter leases than this replica: look for expired ones at least this often.
 RECLAIM_EVERY_S = 5.0
 PRUNE_EVERY_S = 3600.0
+# The prefix tree of chunk sequences re-reads the catalog this often (peers' variants come
+# and go; this replica's own changes apply at once): a stale node only costs a miss.
+TREE_REFRESH_S = 5.0
 
 
 @dataclass
@@ -141,7 +144,8 @@ def replica_daemon(settings: Settings, catalog: Catalog, chunk_cache: ServiceChu
     """Follow the change log every `index_poll_s`; look for expired ingests (of any replica,
     whatever their lease) every `RECLAIM_EVERY_S` or a third of this replica's lease if
     shorter; sweep orphan KV every half grace period (at least every 10 s); save the index
-    when it changed; prune the change log hourly."""
+    when it changed; prune the change log hourly; rebuild the prefix tree of chunk sequences
+    from the catalog every `TREE_REFRESH_S` (never when `index_poll_s` is 0: no following)."""
     follower = IndexFollower(catalog, retriever)
     grace = settings.kv_orphan_grace_s
     return ReplicaDaemon([
@@ -151,6 +155,8 @@ def replica_daemon(settings: Settings, catalog: Catalog, chunk_cache: ServiceChu
         PeriodicJob("sweep orphan KV", max(10.0, grace / 2), lambda: chunk_cache.cache.maintenance.sweep_orphans(grace)),
         PeriodicJob("save the index", INDEX_SAVE_S, retriever.save_if_behind),
         PeriodicJob("prune the change log", PRUNE_EVERY_S, follower.prune),
+        PeriodicJob("rebuild the chunk tree", TREE_REFRESH_S if settings.index_poll_s > 0 else 0.0,
+                    chunk_cache.cache.tree.rebuild),
     ])
 
 

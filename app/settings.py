@@ -23,6 +23,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from engine import EngineConfig
 from engine.config import FIELD_BOUNDS, Fidelity, gradual_multipliers
 from engine.encoder import DEFAULT_BATCH_TOKENS
+from engine.variants.order import ChunkOrder
 from app.store.config import StoreConfig
 from retrieval.index import IndexConfig
 
@@ -112,6 +113,11 @@ class Settings(BaseSettings):
     ingest_kv: Literal["eager", "lazy"] = "eager"  # base KV at ingest, or on first retrieval
     ingest_batch_tokens: int = Field(default=DEFAULT_BATCH_TOKENS, ge=1)  # chunk rows per encoding pass
     default_top_k: int = Field(default=6, ge=1, le=20)
+    chunk_order: ChunkOrder = Field(default="retrieval", description=(
+        "Prompt order of the retrieved chunks: `retrieval` (the retriever's), or `cache-aware` "
+        "(the longest path of stored exact-context variants first, the rest in retrieval rank; "
+        "only modes that load context variants, prefix and cachecraft, are reordered; "
+        "see docs/chunk-order.md)"))
     # -- request limits -----------------------------------------------------------------------
     max_question_chars: int = Field(default=2000, ge=1)
     default_max_tokens: int = Field(default=96, ge=1)

@@ -13,7 +13,7 @@ Public API (stable; the service and the chunk cache build on it):
   Variants: `put_variant(NewVariant)` (insert or refresh by store key), `get_variant`,
   `variants_of_chunk`, `record_access`, `update_variant_stats`, `set_variant_tier`,
   `mark_missing`, `mark_ready`, `delete_variants`, `variant_statuses`,
-  `variant_locations`. Totals: `stats()`.
+  `variant_locations`, `variant_contexts` (the prefix tree's rows). Totals: `stats()`.
   Ingest leases: `begin_ingest` (document + chunks with embeddings + a RUNNING row owned
   by a replica), `heartbeat`, `finish_ingest` (the commit point; `LeaseLost` if reclaimed),
   `expired_ingests`, `claim_ingest`, `ingest_of`, `ingests`.
@@ -41,6 +41,7 @@ from app.catalog.records import (
     IngestRecord,
     NewChunk,
     NewVariant,
+    VariantContext,
     VariantLocation,
     VariantRecord,
     context_signature,
@@ -71,6 +72,7 @@ __all__ = [
     "DocumentState",
     "NewChunk",
     "NewVariant",
+    "VariantContext",
     "VariantLocation",
     "VariantRecord",
     "VariantStats",

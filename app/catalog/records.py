@@ -98,6 +98,17 @@ class VariantRecord:
 
 
 @dataclass(frozen=True)
+class VariantContext:
+    """A ready variant as the prefix tree of chunk sequences needs it (app/kvcache/chunk_tree.py):
+    its store key, its chunk, the ordered chunk ids it was computed after, its codec."""
+
+    store_key: str
+    chunk_id: int
+    context: tuple[ChunkId, ...]
+    storage_dtype: str
+
+
+@dataclass(frozen=True)
 class VariantLocation:
     """Where the catalog believes a variant's KV is, and what eviction needs of it."""
 

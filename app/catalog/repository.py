@@ -304,6 +304,16 @@ class Catalog(IngestLeases, ChangeLog):
             return {key: rec.VariantLocation(status, tier, count, savings)
                     for key, status, tier, count, savings in rows}
 
+    def variant_contexts(self, model_fingerprint: str, prefix_digest: str) -> list[rec.VariantContext]:
+        """Every ready variant of one model and system prefix: key, chunk, context, codec."""
+        with self.session() as s:
+            rows = s.execute(select(Variant.store_key, Variant.chunk_id, Variant.context_signature,
+                                    Variant.storage_dtype)
+                             .where(Variant.status == READY, Variant.model_fingerprint == model_fingerprint,
+                                    Variant.prefix_digest == prefix_digest))
+            return [rec.VariantContext(key, chunk_id, rec.parse_context_signature(signature), dtype)
+                    for key, chunk_id, signature, dtype in rows]
+
     def variant_statuses(self) -> dict[str, str]:
         """{store key: status} of every variant (start-up reconciliation reads this)."""
         with self.session() as s:

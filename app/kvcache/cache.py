@@ -14,7 +14,9 @@
 - `loader` (`loader.py`): the request's KV read from the store (pinned, lazy), missing base
   KV computed and stored;
 - `maintenance` (`maintenance.py`): catalog and store kept in step (reconcile, orphan sweep,
-  document deletion, the store's own moves and drops).
+  document deletion, the store's own moves and drops);
+- `tree` (`chunk_tree.py`): the prefix tree of chunk sequences over the stored exact-context
+  variants, which the order stage walks (rebuild it from the catalog after `reconcile`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.catalog import Catalog
+from app.kvcache.chunk_tree import ChunkTreeIndex
 from app.kvcache.keys import VariantKeys
 from app.kvcache.loader import ChunkLoader
 from app.kvcache.maintenance import KVMaintenance
@@ -39,6 +42,7 @@ class ChunkKVCache:
     variants: ChunkVariants
     loader: ChunkLoader
     maintenance: KVMaintenance
+    tree: ChunkTreeIndex
 
     @classmethod
     def open(cls, engine: Engine, store: TieredStore, catalog: Catalog, storage_dtype: str = "float16",
@@ -48,6 +52,8 @@ class ChunkKVCache:
         base variants; `variant_dtype`: of context variants (None: the same); `base_tier`:
         where base variants computed on use are stored (None: the first tier); see `ChunkLoader`."""
         keys = VariantKeys(engine, storage_dtype, variant_dtype)
-        variants = ChunkVariants(engine, store, catalog, keys)
+        tree = ChunkTreeIndex(catalog, keys)
+        store.subscribe(tree)  # evictions and corrupt entries leave the tree at once
+        variants = ChunkVariants(engine, store, catalog, keys, tree)
         loader = ChunkLoader(engine, store, catalog, variants, prefetch_layers, base_tier)
-        return cls(engine, store, catalog, keys, variants, loader, KVMaintenance(store, catalog))
+        return cls(engine, store, catalog, keys, variants, loader, KVMaintenance(store, catalog, tree), tree)

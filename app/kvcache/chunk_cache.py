@@ -1,7 +1,9 @@
 """The service's view of chunk KV: `ChunkKVCache`'s parts behind what the service asks, plus the admin side.
 
-What the request path needs from it: `load` (the retrieved chunks' KV, pinned, read layer
-by layer; a chunk with no stored KV is computed and stored), `store_variants` (the KV a
+What the request path needs from it: `order` (the chunks' prompt order, `order.py`: the
+longest cached exact path first under `KVMOSAIC_CHUNK_ORDER=cache-aware`), `load` (the
+retrieved chunks' KV, pinned, read layer by layer; a chunk with no stored KV is computed and
+stored), `served` (how the prefill served each context token), `store_variants` (the KV a
 request produced in a new context) and `release`. Ingest uses `put_base`; deletion uses
 `forget_document`; `/admin` uses `tier_stats`, `evict` and `clear`.
 
@@ -22,6 +24,7 @@ from app.catalog import Catalog, DeletedDocument, context_signature
 from app.kvcache.builder import VariantBuilder
 from app.kvcache.cache import ChunkKVCache
 from app.kvcache.loader import LoadedChunks
+from app.kvcache.order import OrderedChunks, order_retrieved
 from app.retrieve import Retrieved
 from app.settings import Settings
 from app.store import LazyChunkKV, TierFigures, create_store
@@ -34,6 +37,7 @@ from engine.plan import ChunkInput
 from engine.planners import planner_class
 from engine.result import PrefillResult
 from engine.variants.harvest import source_contexts
+from engine.variants.served import ServedTokens, served_tokens
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +84,14 @@ class ServiceChunkCache:
         self.builder = VariantBuilder(cache.variants)
 
     # -- the request path ----------------------------------------------------------------------
+
+    def order(self, retrieved: Sequence[Retrieved], mode: str, rule: str) -> OrderedChunks:
+        """The retrieved chunks in the order `rule` (`KVMOSAIC_CHUNK_ORDER`) chooses for `mode`."""
+        return order_retrieved(self.cache.tree, retrieved, rule, self.cache.variants.policy.uses_variants(mode))
+
+    def served(self, chunks: RequestChunks, result: PrefillResult) -> ServedTokens:
+        """How the prefill served the context tokens: exact, blended or computed."""
+        return served_tokens(result, chunks.inputs, self.engine.loaded.spec.num_layers)
 
     def load(self, retrieved: Sequence[Retrieved], mode: str) -> RequestChunks:
         """Pinned KV sources for the retrieved chunks; computed and stored where missing.
@@ -173,6 +185,7 @@ class ServiceChunkCache:
             removed = [v for v in self.cache.catalog.variants_of_chunk(chunk_id, status=None)
                        if self.store.remove(v.store_key)]
             self.cache.catalog.mark_missing([v.store_key for v in removed])
+            self.cache.tree.removed(v.store_key for v in removed)
             entries, freed = len(removed), sum(v.num_bytes for v in removed)
         if tier is not None or num_bytes is not None:
             moved = self.store.evict(tier or self.store.names[0], num_bytes, policy)
@@ -184,6 +197,7 @@ class ServiceChunkCache:
         before = sum(s["bytes"] for s in self.tier_stats().values())
         keys = self.store.clear()
         self.cache.catalog.mark_missing(keys)
+        self.cache.tree.removed(keys)
         return len(keys), before - sum(s["bytes"] for s in self.tier_stats().values())
 
     def close(self) -> None:
@@ -201,6 +215,7 @@ def open_chunk_cache(settings: Settings, catalog: Catalog, engine: Engine) -> Se
                               base_tier=first_persistent_tier(store.names),
                               variant_dtype=config.context_variant_codec)
     cache.maintenance.reconcile(settings.kv_orphan_grace_s)
+    cache.tree.rebuild()  # the catalog as reconciled: this replica's and its peers' variants
     return ServiceChunkCache(cache, settings.ingest_batch_tokens)
 
 

@@ -4,6 +4,7 @@ deletion, and the store's moves and drops mirrored into the catalog."""
 from __future__ import annotations
 
 from app.catalog import Catalog, DeletedDocument
+from app.kvcache.chunk_tree import ChunkTreeIndex
 from app.kvcache.reconcile import ReconcileReport, Reconciler
 from app.store import TieredStore
 
@@ -11,8 +12,9 @@ from app.store import TieredStore
 class KVMaintenance:
     """Thread-safe. Subscribes to the store on construction (a `StoreListener`)."""
 
-    def __init__(self, store: TieredStore, catalog: Catalog):
-        self.store, self.catalog = store, catalog
+    def __init__(self, store: TieredStore, catalog: Catalog, tree: ChunkTreeIndex | None = None):
+        """`tree`: the prefix tree of chunk sequences, told of the variants a deletion removes."""
+        self.store, self.catalog, self.tree = store, catalog, tree
         self.reconciler = Reconciler(store, catalog)
         store.subscribe(self)
 
@@ -29,6 +31,8 @@ class KVMaintenance:
         """Delete a document from the catalog, then its variants' KV from the store; None if
         there was no such document."""
         deleted = self.catalog.delete_document(document_id)
+        if deleted is not None and self.tree is not None:
+            self.tree.removed(deleted.store_keys)
         for key in deleted.store_keys if deleted else ():
             self.store.remove(key)
         return deleted

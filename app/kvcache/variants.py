@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.catalog import Catalog, CatalogError, NewVariant, VariantRecord
+from app.kvcache.chunk_tree import ChunkTreeIndex
 from app.kvcache.keys import VariantKeys
 from app.store import KVEntry, TieredStore, entry_from_chunk
 from app.store.quant import get_codec
@@ -53,8 +54,11 @@ class ChunkRef:
 class ChunkVariants:
     """Thread-safe (the catalog and the store are); one per engine and store."""
 
-    def __init__(self, engine: Engine, store: TieredStore, catalog: Catalog, keys: VariantKeys):
+    def __init__(self, engine: Engine, store: TieredStore, catalog: Catalog, keys: VariantKeys,
+                 tree: ChunkTreeIndex | None = None):
+        """`tree`: the prefix tree that hears of every variant stored and pruned here."""
         self.engine, self.store, self.catalog, self.keys = engine, store, catalog, keys
+        self.tree = tree if tree is not None else ChunkTreeIndex(catalog, keys)
         self.policy = VariantPolicy(engine.config, engine.loaded.spec.num_layers)
 
     def choose(self, mode: str, chunks: Sequence[tuple[ChunkId, Sequence[int]]]) -> list[ChunkRef]:
@@ -144,6 +148,7 @@ class ChunkVariants:
         if not doomed:
             return
         self.catalog.delete_variants([r.store_key for r in doomed])
+        self.tree.removed(r.store_key for r in doomed)
         for record in doomed:
             self.store.remove(record.store_key)
 
@@ -175,11 +180,13 @@ class ChunkVariants:
         new = NewVariant(chunk_id, meta.context, meta.fingerprint, meta.prefix_digest, meta.dtype,
                          key, stored_in, entry.num_bytes, meta.num_tokens, stats)
         try:
-            return self.catalog.put_variant(new)
+            record = self.catalog.put_variant(new)
         except CatalogError as exc:  # the chunk was deleted meanwhile: its KV is an orphan
             log.warning("not recording the KV of chunk %s: %s", chunk_id, exc)
             self.store.remove(key)
             return None
+        self.tree.stored(key, chunk_id, meta.context, meta.dtype)
+        return record
 
 
 def _candidate(record: VariantRecord) -> Candidate:

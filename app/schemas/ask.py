@@ -51,6 +51,10 @@ class ChunkOut(BaseModel):
                                      "because it was not stored or its stored entry was corrupt)")
     variant: str = Field(description="'base' or the context (chunk ids) the KV was computed under")
     stopped_layer: int | None = Field(default=None, description="layer where recompute stopped early")
+    rank: int | None = Field(default=None, description="the chunk's place in retrieval order (0 = best match); "
+                                                       "the list is in prompt order")
+    exact: bool = Field(default=False, description="its KV came from a variant computed after exactly the "
+                                                   "chunks before it in this prompt (exact reuse, no blending)")
     token_texts: list[str] | None = None
     recomputed_offsets: list[int] | None = None
 
@@ -97,6 +101,17 @@ class GuardOut(BaseModel):
                                                            "of blending (KVMOSAIC_GUARD_BUSY_REPAIR_SHARE)")
 
 
+class OrderOut(BaseModel):
+    """The prompt order of the chunks and how their context tokens were served (docs/chunk-order.md)."""
+
+    rule: str = Field(description="'retrieval' (the retriever's order) or 'cache-aware' (the longest path "
+                                  "of stored exact-context variants first, the rest by retrieval rank)")
+    planned_exact: int = Field(description="leading chunks on a stored exact path when the order was chosen")
+    exact_tokens: int = Field(description="context tokens served from exact-context KV")
+    blended_tokens: int = Field(description="context tokens reused from KV of another context (fixed in part or not)")
+    computed_tokens: int = Field(description="context tokens computed through every layer")
+
+
 class AskResponse(BaseModel):
     answer: str
     mode: str
@@ -106,6 +121,7 @@ class AskResponse(BaseModel):
     chunks: list[ChunkOut]
     timings: Timings
     usage: Usage
+    order: OrderOut | None = None
 
 
 class ModesResponse(BaseModel):

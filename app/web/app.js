@@ -118,6 +118,7 @@ function renderReport(report) {
                  ["prefill", ms(t.prefill_ms)], ["decode", ms(t.decode_ms)], ["total", ms(t.total_ms)],
                  ["recomputed", `${report.usage.recomputed_tokens} / ${report.usage.context_tokens} tokens`]];
   if (report.guard) facts.push(["fidelity", guardText(report.guard)]);
+  if (report.order) facts.push(["order", orderText(report.order)]);
   $("timings").replaceChildren(...facts.map(([k, v]) => el("div", {}, el("dt", {}, k), el("dd", {}, v))));
   $("chunks").replaceChildren(...report.chunks.map(renderChunk));
   $("chunks-card").hidden = report.chunks.length === 0;
@@ -134,15 +135,22 @@ function guardText(guard) {
   return parts.join(" · ");
 }
 
+// The chunk order used and how the context tokens were served (docs/chunk-order.md).
+function orderText(order) {
+  return `${order.rule} · exact ${order.exact_tokens} · blended ${order.blended_tokens} · computed ${order.computed_tokens} tokens`;
+}
+
 function renderChunk(chunk) {
   const stopped = chunk.stopped_layer !== null && chunk.stopped_layer !== undefined;
   const header = el("header", {},
     el("strong", {}, chunk.document),
+    el("span", {}, `rank ${chunk.rank ?? "-"}`),
     el("span", {}, `score ${chunk.score.toFixed(3)}`),
     el("span", {}, chunk.strategy),
     el("span", {}, `reused ${chunk.reused} · recomputed ${chunk.recomputed}`),
     el("span", {}, `variant ${chunk.variant}`));
   if (stopped) header.append(el("span", { class: "pill stop" }, `stopped at layer ${chunk.stopped_layer}`));
+  if (chunk.exact) header.append(el("span", { class: "pill" }, "exact"));
   return el("li", { class: "chunk" + (stopped ? " stopped" : ""), "data-chunk": chunk.chunk_id },
             header, renderTokens(chunk));
 }
