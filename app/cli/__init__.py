@@ -10,9 +10,12 @@ import logging
 import os
 import sys
 
-from app.cli import ask, bench, calibrate, ingest, serve
+from pydantic import ValidationError
 
-SUBCOMMANDS = [bench, calibrate, serve, ingest, ask]
+from app.cli import ask, bench, calibrate, ingest, serve, settings
+from app.cli.common import setting_errors
+
+SUBCOMMANDS = [bench, calibrate, serve, ingest, ask, settings]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return int(args.handler(args) or 0)
+    except ValidationError as exc:  # a bad KVMOSAIC_* variable: name it and its allowed values
+        for line in setting_errors(exc):
+            print(f"kvmosaic: error: {line}", file=sys.stderr)
+        return 2
     except InvalidRequest as exc:
         print(f"kvmosaic: error: {exc}", file=sys.stderr)
         return 2

@@ -1,28 +1,52 @@
-"""Settings come from KVMOSAIC_* variables, are all documented, and build the engine and store configs."""
+"""Settings come from KVMOSAIC_* variables, are all described, and build the engine and store configs."""
 
 from __future__ import annotations
 
 import os
-import re
 import typing
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from app.cli.common import setting_errors
+from app.cli.settings import literal_choices, reference
 from app.settings import ENGINE_DEFAULTS, Settings, engine_settings, parse_bytes
+from app.store.codecs import CODECS
+from app.store.config import KNOWN_POLICIES, KNOWN_TIERS, Codec, StoreConfig, VariantCodec
 from engine import EngineConfig
-from engine.config import FIDELITIES, FIELD_BOUNDS, gradual_multipliers
+from engine.config import (
+    CRAFT_BUILDS,
+    DECODE_ATTENTIONS,
+    DEVIATIONS,
+    DTYPES,
+    ENCODE_DTYPES,
+    FIDELITIES,
+    FIELD_BOUNDS,
+    LINEAR_KERNELS,
+    SELECTIONS,
+    gradual_multipliers,
+)
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CONFIGURATION = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+# The engine's choice fields: EngineConfig checks its str against the tuple, Settings types the
+# field with the Literal the tuple comes from.
+ENGINE_CHOICES = {"dtype": DTYPES, "encode_dtype": ENCODE_DTYPES, "linear_kernel": LINEAR_KERNELS,
+                  "decode_attention": DECODE_ATTENTIONS, "deviation": DEVIATIONS,
+                  "selection": SELECTIONS, "craft_build": CRAFT_BUILDS, "fidelity": FIDELITIES}
 
 
-def test_every_setting_is_documented_in_the_readme():
-    documented = set(re.findall(r"`(KVMOSAIC_[A-Z_]+)`", README.read_text()))
-    documented |= {f"KVMOSAIC_STORE_{t}_BYTES" for t in ("GPU", "CPU", "DISK", "REDIS")}  # the <TIER> row
-    documented |= {"KVMOSAIC_HOST", "KVMOSAIC_PORT"}  # one row, "HOST` / `KVMOSAIC_PORT"
-    missing = {f"KVMOSAIC_{name.upper()}" for name in Settings.model_fields} - documented
-    assert not missing, f"undocumented settings: {sorted(missing)}"
+def test_every_setting_has_a_description():
+    missing = [name for name, field in Settings.model_fields.items() if not (field.description or "").strip()]
+    assert not missing, f"settings without a description: {missing}"
+
+
+def test_the_configuration_reference_is_current():
+    assert CONFIGURATION.read_text() == reference(), \
+        "docs/configuration.md is stale: run `.venv/bin/kvmosaic settings > docs/configuration.md`"
+    for name in Settings.model_fields:
+        assert f"`KVMOSAIC_{name.upper()}`" in CONFIGURATION.read_text(), name
 
 
 def test_environment_overrides(monkeypatch, tmp_path):
@@ -76,9 +100,10 @@ def test_engine_settings_have_engine_config_defaults_and_types():
     for name in engine_settings():
         field = Settings.model_fields[name]
         assert field.default == ENGINE_DEFAULTS[name], name
-        if name != "fidelity":  # a Literal of the levels EngineConfig checks its str against
+        if name in ENGINE_CHOICES:  # a Literal of the values EngineConfig checks its str against
+            assert typing.get_args(field.annotation) == ENGINE_CHOICES[name], name
+        else:
             assert field.annotation == hints[name], name
-    assert typing.get_args(Settings.model_fields["fidelity"].annotation) == FIDELITIES
     # check_multipliers None means gradual filtering, EngineConfig's default at its check layers
     assert gradual_multipliers(len(EngineConfig.check_layers)) == EngineConfig.check_ratio_multipliers
 
@@ -102,29 +127,44 @@ def test_engine_bounds_are_checked_when_the_settings_are_read(clean_environment,
             EngineConfig(**{name: cast(value)})
 
 
-def test_cross_field_and_choice_checks_wait_for_the_engine_config(clean_environment):
-    for values in ({"craft_reuse_below": 0.8, "craft_full_above": 0.7}, {"craft_build": "later"},
-                   {"selection": "nearest"}, {"deviation": "query"}, {"check_layers": (2, 1)}):
+def test_cross_field_checks_wait_for_the_engine_config(clean_environment):
+    for values in ({"craft_reuse_below": 0.8, "craft_full_above": 0.7}, {"check_layers": (2, 1)}):
         settings = Settings(**values)  # accepted as before; the engine config refuses them
         with pytest.raises(ValueError, match=next(iter(values))):
             settings.engine_config()
 
 
-def test_readme_defaults_are_the_settings_defaults():
-    rows = re.findall(r"^\| `KVMOSAIC_([A-Z_]+)` \| `([^`|]*)` \|", README.read_text(), flags=re.M)
-    assert len(rows) > 40
-    for name, documented in rows:
-        default = Settings.model_fields[name.lower()].default
-        if default is not None:  # None is documented in words, e.g. `<data dir>/kv`
-            assert _as_documented(default, documented) == documented, name
+@pytest.mark.parametrize("name,value,allowed", [
+    ("KVMOSAIC_DEVIATION", "query", "'value' or 'key'"),
+    ("KVMOSAIC_SELECTION", "nearest", "'deviation' or 'question_weighted'"),
+    ("KVMOSAIC_CRAFT_BUILD", "later", "'background' or 'inline'"),
+    ("KVMOSAIC_STORE_CODEC", "fp8", "'ch4v3'"),
+    ("KVMOSAIC_STORE_TIERS", "cpu,ssd", "'redis'"),
+    ("KVMOSAIC_LOG_LEVEL", "loud", "'info'"),
+])
+def test_a_bad_choice_fails_at_start_up_naming_the_variable_and_the_choices(clean_environment, monkeypatch,
+                                                                          name, value, allowed):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    [line] = setting_errors(refused.value)
+    assert line.startswith(f"{name}=") and allowed in line, line
 
 
-def _as_documented(default, documented: str) -> str:
-    """`default` written the way the README writes it (numbers compared by value)."""
-    if isinstance(default, bool):
-        return str(default).lower()
-    if isinstance(default, tuple):
-        return ",".join(str(x) for x in default)
-    if isinstance(default, (int, float)) and float(default) == float(documented):
-        return documented
-    return str(default)
+def test_choice_literals_match_what_the_configs_accept():
+    assert typing.get_args(Codec) == tuple(CODECS)
+    assert typing.get_args(VariantCodec) == ("auto", *CODECS)
+    assert literal_choices(Settings.model_fields["store_tiers"].annotation) == KNOWN_TIERS
+    assert literal_choices(Settings.model_fields["store_eviction"].annotation) == KNOWN_POLICIES
+
+
+def test_store_settings_derive_from_store_config(clean_environment):
+    store_fields = {f.name: f for f in fields(StoreConfig)}
+    for name, field in Settings.model_fields.items():
+        source = {"store_codec": "codec", "store_variant_codec": "variant_codec",
+                  "store_eviction": "eviction", "store_tiers": "tiers", "redis_url": "redis_url",
+                  "redis_prefix": "redis_prefix"}.get(name, name[len("store_"):] if name.startswith("store_") else "")
+        if source in store_fields and source != "disk_dir":
+            assert field.default == store_fields[source].default, name
+            assert field.description == store_fields[source].metadata["doc"], name
+    assert Settings().store_config() == StoreConfig(disk_dir=Settings().data_dir / "kv")
