@@ -24,12 +24,8 @@ import torch.nn.functional as F
 
 # Queries per block when the query rows are scattered. Each block attends to the keys up to
 # its last query's position, so cost follows the causal triangle while a block stays large
-# enough for the kernel to be efficient (measured on CPU with the split below: 128-384 rows
-# per block are best, 3-7% faster cacheblend prefill than 96 rows without the split). 128
-# rather than 192: a blend's scattered rows (200-1,200 of 1,500-3,000 keys, 9 query and 3
-# key heads, float32, 2-core Xeon) attended 4-8% faster in every case measured, e.g. 200 of
-# 1,500 rows 6.21 -> 5.86 ms and 1,200 of 3,000 rows 35.3 -> 33.9 ms (96 and 64 win below
-# ~400 rows and lose above).
+# enough for the kernel to be efficient; 128 was the fastest size for a blend's scattered rows
+# (docs/benchmarks/kernels.md, "Attention blocks").
 QUERY_BLOCK = 128
 # Split a block's keys only when the unmasked head is at least this long (below it the
 # second kernel call and the merge cost more than the mask does).
@@ -133,9 +129,8 @@ def _one_row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
 
     Grouped-query heads are folded into rows ([kv_heads, group, head_dim]; query head h uses
     key head h // group), so each key head's K and V are read once for its whole group instead
-    of once per query head. Decode attention is bound by reading K and V: on the 2-core Xeon
-    with 9 query and 3 key heads in float32 this took a row over 1,000 / 3,000 / 5,000 keys
-    from 125 / 326 / 759 us to 75 / 301 / 554 us (`enable_gqa` against folded).
+    of once per query head: decode attention is bound by reading K and V
+    (docs/benchmarks/kernels.md, "Attention blocks").
     """
     heads, kv_heads, head_dim = q.shape[0], k.shape[0], q.shape[2]
     folded = q.reshape(kv_heads, heads // kv_heads, head_dim)

@@ -1,31 +1,24 @@
 """Blend or not, under load: a balanced request skips its blend when the blend would only add work.
 
 Under `balanced` (engine/guard.py) a blended first attempt ends in a full prefill whenever the
-guard re-runs it at the first token or repairs its decode; on SmolLM2 that is almost every
-blended request (workload bench, default trace: every blended request on both traces). Such a
-request pays its blend (about a third of a full prefill at r = 0.2) and then the reference
-prefill anyway. When the engine is idle, the blend still buys its TTFT. When other requests
-wait for the same cores, the blend's work delays them all and its own first token waits in
-line anyway; the request then does better to compute what it would be repaired to at once:
-every row after its exact leading chunks, as `prefix` does (exact over float KV, so nothing is
-checked or repaired, and its chunks are kept as exact variants, as a repair's are).
+guard re-runs it at the first token or repairs its decode; on a small model that is almost
+every blended request. Such a request pays its blend and then the reference prefill anyway.
+When the engine is idle, the blend still buys its TTFT. When other requests wait for the same
+cores, the blend's work delays them all and its own first token waits in line anyway; the
+request then does better to compute what it would be repaired to at once: every row after its
+exact leading chunks, as `prefix` does (exact over float KV, so nothing is checked or repaired,
+and its chunks are kept as exact variants, as a repair's are).
 
 `RepairOdds` keeps the share of recent blended balanced requests that needed a full prefill;
-`BusyGate.skip_blend` says to skip when another request is being served (its prefill or repair
-in flight, or it is decoding) and that share is at least `guard_busy_repair_share` (None: never). Skipping costs the reference
-prefill from the exact prefix; blending costs a blend b plus, with odds p, that prefill: the
-skip saves work when p >= 1 - b, and b is about 0.3 here (`EngineConfig.guard_busy_repair_share`).
-Every `EXPLORE_EVERY`-th request that would skip blends instead, so the odds keep learning
-under sustained load.
+`BusyGate.skip_blend` says to skip when another request is being served (its prefill or
+repair in flight, or it is decoding) and that share is at least `guard_busy_repair_share`
+(None: never). Skipping costs the reference prefill from the exact prefix; blending costs a
+blend b plus, with odds p, that prefill: the skip saves work when p >= 1 - b
+(`EngineConfig.guard_busy_repair_share`). Every `EXPLORE_EVERY`-th request that would skip
+blends instead, so the odds keep learning under sustained load. The engine asks only for a
+balanced request about to blend; this module computes nothing itself.
 
-Measured (workload bench, default trace, cachecraft balanced, 2-vCPU Intel Xeon with AMX, skip off against on in
-the same run; README "Under load, balanced skips the blends it would repair"): four closed-loop
-clients, 0.300 -> 0.335 req/s, work 0.75 -> 0.63 of full's, TTFT mean 2.61 -> 2.75 s and p50
-1.95 -> 2.34 s (a skipped request waits for a whole exact prefill); Poisson arrivals at 0.3 req/s,
-near capacity, TTFT p50 2.81 -> 2.36 s, p95 7.53 -> 4.25 s, latency p50 15.0 -> 10.2 s. Counting
-only other prefills and repairs in flight (not requests decoding) skipped 12% of the requests at
-c=4 and changed the work by 1%: a prefill rarely waits behind another, but decoding requests
-share the cores with it all the time.
+What the skip buys and costs, with and without load: docs/benchmarks/guard.md ("Under load").
 """
 
 from __future__ import annotations

@@ -5,20 +5,16 @@ Two implementations of one contract, chosen once per engine by `decode_attention
 - `native`: `engine/cpu/decode_attention.c`, one call per layer for every row of the step
   (float32 or bfloat16 on the CPU, head_dim 16, 32, 64 or 128; bfloat16 caches are widened
   as they are read and the arithmetic is float32, where SDPA computes in bfloat16). SDPA's CPU
-  kernel parallelises a one-row call over its key heads only (SmolLM2 has 3, on 2 cores) and
-  runs it per request; the kernel splits every
-  request's keys into blocks of 256 and spreads all of them over the cores, reading each K and V
-  row once. Measured on 2 vCPUs of an AMD EPYC (AVX-512), SmolLM2's shapes, 30 layers' attention
-  for 4 rows: 14.2 -> 2.6 ms at 300 keys each, 36.3 -> 15.0 ms at 2,500, 64.1 -> 26.5 ms at
-  4,000; one row at 2,500 keys 9.7 -> 4.7 ms. On 2 vCPUs of a Xeon (AVX-512, AMX), 4 rows over
-  3,600 keys: float32 64 -> 58 ms, bfloat16 50 -> 33 ms (one row 11.0 -> 5.2 ms).
+  kernel parallelises a one-row call over its key heads only and runs it per request; the
+  kernel splits every request's keys into blocks of 256 and spreads all of them over the
+  cores, reading each K and V row once (docs/benchmarks/kernels.md, "Decode attention").
 - `auto`: `native` where it applies and its library builds and agrees with the twin on a probe,
   else `torch`.
 
 Both make a row's output independent of its companions, and the lone decode step runs the same
 code (`decode.decode_step`), so batched and lone greedy decodes stay token-for-token equal. The
-two differ from each other in the last bits (~2e-7 in float32; in bfloat16 by the twin's
-rounding), which changes no cached KV: prefill never runs this code, and decode rows are never
+two differ from each other in the last bits (in bfloat16 by the twin's rounding), which
+changes no cached KV: prefill never runs this code, and decode rows are never
 stored.
 """
 

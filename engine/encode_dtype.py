@@ -1,25 +1,18 @@
 """Which dtype computes base KV (`EngineConfig.encode_dtype`), and the model copy that does it.
 
-Ingest is almost all matrix products (SmolLM2, 3 MuSiQue records: 83% of ingest time in
-`encode_chunks`, 77% of it in linear layers, which run near the rate a lone float32 product
-of these shapes reaches on the 2-core machine: packing cannot buy much more).
-On CPUs with AMX-BF16 a bfloat16 product of ingest's shapes runs 5.7-6.3x faster than
-float32 (576x1536 weights, 64-2048 rows), and encoding a record's 6 chunks 2.5x faster
-(3.69 s -> 1.47 s). Blended first-token KL does not notice: served by the float32 engine
-after float16 storage, first-token KL against full prefill changed by -0.0019 +/- 0.0015
-(`cacheblend`, MuSiQue 0-11) and +0.0058 +/- 0.0034 (`naive`, no recompute at all); on
-records 100-119 by +0.0018 +/- 0.0015 (`cacheblend`) and +0.0017 +/- 0.0011 (`cachecraft`),
-without the guard. Ingest of the workload corpus (MuSiQue 100-111, 67,274 tokens; `kvmosaic
-bench ingest`): 1,684 tokens/s against 906 packed in float32 and 806 one chunk per pass.
+`engine` (the default) computes base KV with the engine's own model. Any other dtype loads a
+copy of the model in that dtype, once, on the first encoding; its KV is returned in the
+engine's dtype and carries the engine's fingerprint (the same weights, rounded), so the store
+serves it like the engine's own. `auto` picks `bfloat16` for a float32 engine on a CPU with
+AMX-BF16 (where bfloat16 products are native and much faster) and the engine's dtype elsewhere
+(where they are emulated and slower).
 
-But a bfloat16 base variant is not exact: the first chunk's base variant, which `prefix`
-reuses as is and the guard's repairs keep as exact leading rows, differs from what full
-prefill computes by bfloat16's rounding, so greedy answers split at near-ties. Through the
-server on the workload's default trace (c=1) 3 of 32 `cachecraft` answers differed from
-full's (EM 0.91, ROUGE-L 0.96) where float32 base KV gave 32 of 32. So the default is
-"engine"; "auto" (bfloat16 on such CPUs, the engine's dtype elsewhere, where bfloat16
-products are emulated and slower) and "bfloat16" are opt-in. The copy's KV carries the
-engine's fingerprint: it is the same weights, rounded, and the store serves it like its own.
+Why `engine` stays the default: ingest is almost all matrix products, so bfloat16 ingests much
+faster and blended first-token KL does not notice, but a bfloat16 base variant is not exact:
+the first chunk's base variant, which `prefix` reuses as is and the guard's repairs keep as
+exact leading rows, differs from full prefill's by bfloat16's rounding, so greedy answers
+split at near-ties (docs/benchmarks/bfloat16.md, "bfloat16 base KV"). Opt in where ingest
+speed matters more.
 """
 
 from __future__ import annotations

@@ -1,32 +1,17 @@
 """Which kernel computes the model's linear layers (q/k/v/o, MLP, lm_head) on the CPU.
 
 PyTorch sends a float32 `nn.Linear` on the CPU to its BLAS (MKL in the x86 wheels). On an AMD
-EPYC with AVX-512 (2 vCPUs, SmolLM2-135M's shapes) MKL was 1.5-2.9x slower than oneDNN, the
-library PyTorch already uses for bfloat16 and its compiler uses for float32, on every shape
-that matters here (`python -m engine.bench.linear`):
-
-| product (the model's own weights) | MKL | oneDNN |
-|---|---|---|
-| prefill: 2,048 rows x up_proj (1536 x 576) | 17.7 ms | 8.2 ms |
-| prefill: 512 rows x up_proj | 4.4 ms | 2.0 ms |
-| decode: 1 row x the 30 layers' q/k/v/o/MLP | 26.0 ms | 17.1 ms |
-| decode: 4 rows x the same (a batched step) | 38.5 ms | 21.8 ms |
-| decode: 1 / 4 rows x lm_head (49152 x 576) | 6.8 / 9.4 ms | 2.3 / 3.8 ms |
+EPYC MKL was much slower than oneDNN, the library PyTorch already uses for bfloat16 and its
+compiler uses for float32, on every shape that matters here; on an Intel Xeon MKL was the
+faster at float32 decode (`python -m engine.bench.linear`; docs/benchmarks/kernels.md).
 
 So `onednn` replaces every `nn.Linear` of the model with `OneDnnLinear`, which calls oneDNN's
 linear (`torch.ops.mkldnn._linear_pointwise`, the op the PyTorch compiler emits for CPU
 linears) on the same weight tensors: no copy, same parameter names and state dict, tied
-weights stay tied. Results differ from MKL's in the last bits (|diff| ~1e-6 on outputs of
-~5), so the kernel is part of the model's fingerprint (KV computed by one is never reused as
-exact under the other). Rows are computed alike whatever block they sit in, as with MKL: a
+weights stay tied. Results differ from MKL's in the last bits, so the kernel is part of the
+model's fingerprint (KV computed by one is never reused as exact under the other). Rows are computed alike whatever block they sit in, as with MKL: a
 multi-row product gives each row the same bits inside any larger product (a single row takes
 a matrix-vector path in both libraries, which the decode step's row multiple accounts for).
-
-On an Intel CPU, where MKL is at home, it is the other way round for float32 decode (2 vCPUs
-of a Xeon with AVX-512 and AMX, same bench, MKL / oneDNN): one row through the 30 layers
-16.3 / 29.3 ms, four rows 26.6 / 36.6 ms, lm_head 2.7 / 2.9 and 5.7 / 4.9 ms, prefill products
-within 8% (10.0 / 10.9 ms at 2,048 rows); in bfloat16 the two are within 4% everywhere (torch
-sends bfloat16 to oneDNN itself).
 
 `auto` picks `onednn` for bfloat16 models on the CPU, and for float32 ones unless the CPU is
 Intel's and torch has MKL, when the op exists and a probe agrees with

@@ -13,27 +13,13 @@ prefill waits at most for the step under way (one token), never for the batch to
 one thread computes everything. That matters on a CPU: each thread that runs torch operations
 keeps its own OpenMP pool, and once the pools' threads outnumber the cores libgomp stops
 letting them spin between operations, so each of a step's thousands of small operations pays a
-wake-up (`engine/threads.py`). On 2 vCPUs of a Sapphire Rapids Xeon (AMX), SmolLM2, a 4-row
-step took 89-97 ms in the scheduler thread while requests prefilled on their own threads,
-against 60-65 ms once they prefilled here; `python -m engine.bench.batching --concurrency 4
---max-tokens 48` went from 1.40-1.43x the decode tokens/s of batching off (28-29 tokens/s) to
-2.09-2.16x (46-50 tokens/s), and TTFT p95 from 1.12-1.27x batching off's to 0.95-0.99x; with
-`--dtype bfloat16`, from 1.60x to 2.53x (same answers both ways).
+wake-up (`engine/threads.py`; docs/benchmarks/batching.md, "Scheduler thread").
 With `prefill_slots` > 1, prefills run on their callers' threads instead, holding a
 `prefill_turn()` (no step starts while one is held or awaited); on a CPU, concurrent prefills
 only share the cores and all finish late.
 
-What batching buys depends on the cores. A step is mostly weight traffic (py-spy: 75% of a
-4-row step in `Linear.forward`). On 2 vCPUs of an AMD EPYC (AVX-512, no AMX), with prefills
-still on the request threads, the bench above gave 1.07x the decode tokens/s of batching off
-and 1.74x the tokens per CPU second; a 4-row product there kept 1.0 cores busy in a
-scheduler-like thread, which the pool effect above explains (measured before it was found).
-Splitting each product over two Python threads gained 13-27% decode tokens/s there, and
-transposing it (weights times rows) nothing. The cause was MKL: its float32 products of 2-8
-rows ran at about half oneDNN's speed there; with the model's linears on oneDNN
-(engine/linear.py) a 4-row step with short caches took 46 ms against 64, a lone one 31
-against 41, and the bench gave 2.00-2.14x (44-49 against 22-23 tokens/s; batching off fell
-from 35, four threads' oneDNN pools sharing two cores).
+What batching buys depends on the cores and the linear kernel: a step is mostly weight
+traffic (docs/benchmarks/batching.md).
 
 The scheduler knows nothing about text; it streams token ids (`engine.decode.stream_text`
 turns them into text on the consumer's thread).

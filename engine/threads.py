@@ -4,29 +4,19 @@ On a CPU, PyTorch parallelises an operation with OpenMP, and every thread that r
 its own pool of helper threads. While the pools' threads together do not outnumber the cores,
 the helpers spin between operations and the next one starts at once; beyond that, OpenMP
 (libgomp) cuts their spinning to almost nothing, and every operation pays a wake-up. Decode
-steps and blended prefills are thousands of small operations, so this costs them a lot:
-on 2 vCPUs (Sapphire Rapids), SmolLM2, with a second pool alive, a 4-row decode step took
-120-125 ms against 101 ms when one thread computed everything, a 1-row step 67-68 against
-51 ms, and a blended prefill of 6 chunks 618-707 against 571 ms; a full prefill (large
-products) was not slower (`engine/scheduler.py` runs the engine's compute on one thread).
+steps and blended prefills are thousands of small operations, so this costs them a lot,
+while a full prefill (large products) is not slower (docs/benchmarks/batching.md, "Thread
+pools"; `engine/scheduler.py` runs the engine's compute on one thread).
 
 So the application sends its model work to that thread (`Engine.compute`: prefills, repairs,
 base-KV encodings, embeddings through `Embedder.running_on`); threads that only help (store
 loaders, the request workers, the low-priority variant builder, whose builds run beside it)
 run torch single-threaded and never form a pool; and work that needs the cores but runs once
 on some other thread (loading the models) runs on a passing thread, whose pool ends with it
-(a benchmark that built a second engine on its main thread took batched decode from 46.5 back
-to 28.7 tokens/s). A thread that only coordinates must not form one either, and OpenMP work of other libraries
-counts too: on 2 vCPUs of an AMD EPYC, one FAISS search (`IndexFlatIP`, 326 rows) or one
-parallel torch operation on the main thread left every later 1-row decode step of the compute
-thread at 36-37 ms against 24-26 ms, for good; the same search on a `single_threaded` thread
-changed nothing. The workload bench searched its trace's chunks on its main thread, so every
-cell it ran before this was found decoded at that slower pace (a `full` cell's decode steps,
-median 36.2 -> 25.5 ms with the main thread single-threaded; decode tokens/s 26.7 -> 36.8).
-Measured on the ingest bench (`kvmosaic bench ingest --runs 2048:engine`, same machine): with
-embeddings still on the calling thread, packed ingest fell from 884 to 715 tokens/s (the
-calling thread's pool and the compute thread's throttled each other); with them on the
-compute thread, 860.
+(a benchmark that built a second engine on its main thread lost most of what batching
+buys). A thread that only coordinates must not form one either, and OpenMP work of other
+libraries counts too: one FAISS search or one parallel torch operation on the main thread slows every
+later decode step of the compute thread, for good.
 
 Two guards make this the default rather than a rule every thread must remember:
 - once a thread pins a count above one (`use_threads`), torch's process-wide count goes back

@@ -31,9 +31,9 @@ class Embedder:
     def __init__(self, model_path: str | Path | None = None, device: str = "cpu", batch_size: int = 32,
                  linear_kernel: str = "auto"):
         """`linear_kernel`: the kernel of the model's linear layers, as the LLM's
-        (`KVMOSAIC_LINEAR_KERNEL`, engine/linear.py): on the 2-vCPU EPYC oneDNN embedded 316
-        chunks in 6.3 s against MKL's 9.6 s. Vectors differ from MKL's by ~3e-7, so the kernel
-        is not part of `name`: an index built under either stays valid."""
+        (`KVMOSAIC_LINEAR_KERNEL`, engine/linear.py; docs/benchmarks/kernels.md, "Embedder").
+        Vectors differ between kernels only in the last bits, so the kernel is not part of
+        `name`: an index built under either stays valid."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
 

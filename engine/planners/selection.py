@@ -4,11 +4,8 @@ Two scores, chosen by `EngineConfig.selection`:
 - "deviation": CacheBlend's KV deviation ‖fresh − cached‖² of V (or K), summed over heads;
 - "question_weighted": that deviation times the attention the question's rows pay to the
   row at the check layer. A row whose KV changed but that the question does not read barely
-  moves the answer; on SmolLM2 / MuSiQue this halved the first-token KL at r = 0.15 when it
-  was introduced. Measured again on records 0-99 (6 chunks cut to 256 tokens, cold base
-  variants, cacheblend at `fast`, r = 0.15, check layers 1 and 2): mean KL 0.225 weighted
-  against 0.207 plain (paired difference −0.018 ± 0.013 for plain: no significant
-  difference either way); V and K deviation summed gave 0.207 too. The default stays.
+  moves the answer; measured again later, the two were not told apart, and the default stays
+  (docs/benchmarks/recompute.md, "Selection").
 """
 
 from __future__ import annotations
