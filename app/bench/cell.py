@@ -59,6 +59,8 @@ class RequestFacts:
     forced: torch.Tensor | None = None  # reference cells: [answer tokens, vocab] logits along its own answer
     answer: TeacherForced | None = None  # this answer's fidelity along the reference's (teacher forcing)
     decoding: tuple[float, float] | None = None  # perf_counter of its first and last streamed piece
+    served: tuple[int, int, int] = (0, 0, 0)  # context tokens served exact, blended, computed (app/bench/served.py)
+    reordered: bool = False  # the order stage moved its chunks off retrieval order (chunk_ids: prompt order)
 
 
 @dataclass
@@ -158,7 +160,9 @@ def _facts(outcome: Outcome, answer) -> RequestFacts:
                         result.repaired, result.guard.margin if result.guard is not None else None,
                         skipped_blend=bool(result.guard is not None and result.guard.skipped_blend),
                         decoding=(outcome.first_piece, outcome.last_piece)
-                        if outcome.first_piece is not None and outcome.last_piece is not None else None)
+                        if outcome.first_piece is not None and outcome.last_piece is not None else None,
+                        served=(answer.served.exact, answer.served.blended, answer.served.computed),
+                        reordered=answer.order is not None and answer.order.reordered)
 
 
 def _cpu_seconds() -> float:

@@ -3,9 +3,11 @@
     full
     cacheblend:selection=deviation,check_layers=1     (CacheBlend as published)
     cachecraft:craft_alpha=0.3
+    prefix:order=cache-aware                          (the longest cached exact path first)
 
 A spec's settings are `KVMOSAIC_*` setting names (lower case, without the prefix) and are
-applied to the whole server of that run; `ratio` is short for `recompute_ratio`. In a
+applied to the whole server of that run; `ratio` is short for `recompute_ratio`, `order` for
+`chunk_order`. In a
 comma-separated list, a `key=value` item belongs to the spec before it, so a list setting
 separates its items by semicolons there (`cacheblend:check_layers=1;2;6`). Settings fixed
 when the models load (`LOAD_SETTINGS`: dtype, linear kernel, model, device, embedder) are
@@ -20,7 +22,7 @@ from app.settings import Settings
 from engine.errors import InvalidRequest
 from engine.planners import planner_names
 
-ALIASES = {"ratio": "recompute_ratio"}
+ALIASES = {"ratio": "recompute_ratio", "order": "chunk_order"}
 # Settings fixed when the models load: every spec of a run shares one loaded model and
 # embedder, so a spec could not change them (set them for the whole run instead).
 LOAD_SETTINGS = frozenset({"model_path", "device", "dtype", "linear_kernel", "embedder_path", "data_dir"})

@@ -7,11 +7,12 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 
+from app.bench.served import SERVED_KINDS
 from app.bench.summary import CellSummary
 from app.bench.trace import write_trace
 
 COLUMNS = ("mode", "load", "ok", "err", "req/s", "TTFT p50", "p95", "p99", "lat p50", "p95", "tok/s", "dec tok/s",
-           "CPU s/req", "work/full", "work/prefix", "bg", "recomp", "esc", "rep", "skip", "EM", "ROUGE-L", "KL", "top-1", "ans top-1", "ans KL", "KV MiB", "tier hits")
+           "CPU s/req", "work/full", "work/prefix", "bg", "recomp", "exact", "blend", "comp", "reord", "esc", "rep", "skip", "EM", "ROUGE-L", "KL", "top-1", "ans top-1", "ans KL", "KV MiB", "tier hits")
 
 
 def format_table(summaries: list[CellSummary]) -> str:
@@ -27,11 +28,18 @@ def _row(s: CellSummary) -> tuple[str, ...]:
             _ms(s.ttft_p50), _ms(s.ttft_p95), _ms(s.ttft_p99), _ms(s.latency_p50), _ms(s.latency_p95),
             f"{s.output_tokens_per_s:.1f}", _num(s.decode_tokens_per_s, 1), f"{s.cpu_s_per_request:.2f}", _ratio(s.work_vs_full),
             _ratio(s.work_vs_prefix), f"{s.background_share:.2f}", f"{s.recompute_share:.2f}",
+            *served_cells(s), f"{s.reordered_share:.2f}",
             _num(s.escalated_share, 2), _num(s.repaired_share, 2), _num(s.skipped_share, 2),
             *((f"{f.exact_match:.2f}", f"{f.rouge_l:.2f}", f"{f.first_kl:.3f}", f"{f.first_top1:.2f}",
                _num(f.answer_top1, 3), _num(f.answer_kl, 3)) if f else ("-",) * 6),
             f"{sum(s.kv_bytes.values()) / 2**20:.0f}" if s.kv_bytes else "-",
             " ".join(f"{tier}:{hits}" for tier, hits in s.tier_hits.items() if hits))
+
+
+def served_cells(s: CellSummary) -> tuple[str, str, str]:
+    """The shares of context tokens served exact, blended and computed (app/bench/served.py)."""
+    exact, blended, computed = (f"{s.served[k]:.2f}" if k in s.served else "-" for k in SERVED_KINDS)
+    return exact, blended, computed
 
 
 def _ms(seconds: float) -> str:
@@ -52,8 +60,15 @@ def run_json(run) -> dict:
     options["modes"] = [m.name for m in run.options.modes]
     snapshot = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(run.snapshot).items()}
     return {"options": options, "corpus": run.corpus, "snapshot": snapshot, "trace_stats": asdict(run.stats),
-            "environment": run.environment, "seconds": run.seconds,
+            "oracle": _oracle_json(run), "environment": run.environment, "seconds": run.seconds,
             "cells": [s.as_dict() for s in run.summaries]}
+
+
+def _oracle_json(run) -> dict | None:
+    oracle = getattr(run, "oracle", None)
+    if oracle is None:
+        return None
+    return {**asdict(oracle), "exact_share": oracle.exact_share, "rows_vs_full": oracle.rows_vs_full}
 
 
 def write_json(run, path: Path) -> None:
@@ -96,6 +111,7 @@ def _markdown(run, command: str, plots: list[str]) -> str:
         f"chunks retrieved; **{s.seen_before:.0%} of retrieved chunks had been retrieved before**. Chunk lists: "
         f"same as an earlier request in the same order {s.same_order:.0%}, in another order {s.other_order:.0%}, "
         f"partly shared {s.partly:.0%}, nothing shared {s.fresh:.0%}.", "",
+        *([f"Limit: {run.oracle.line()}.", ""] if getattr(run, "oracle", None) is not None else []),
         "```", format_table(run.summaries), "```", "",
         "Columns: answered requests and errors; throughput (answered requests per second of wall time, the",
         "background drain after the last answer included); TTFT from submission to the first answer piece",
@@ -103,7 +119,10 @@ def _markdown(run, command: str, plots: list[str]) -> str:
         "the whole process per request; model work per request (prefill FLOPs of every layer-row run, background",
         "variant builds and base KV computed on a miss included) over `full`'s and `prefix`'s at the same load,",
         "and the share of that work done off the request path (`bg`: background variant builds);",
-        "mean share of context tokens recomputed; shares of requests the fidelity guard re-ran in full at the",
+        "mean share of context tokens recomputed; shares of context tokens served exact (from a variant computed",
+        "after exactly the chunks before it), blended (reused from another context's KV) and computed (every layer),",
+        "to read against the limit above; share of requests whose chunks the order stage moved (`reord`);",
+        "shares of requests the fidelity guard re-ran in full at the",
         "first token (`esc`) or moved to full prefill while decoding (`rep`); fidelity against `full` on the same request: greedy-answer",
         "exact match, ROUGE-L, first-token KL(full ‖ mode), first-token top-1 agreement, and along full's answer",
         "fed to the mode (teacher forcing, pooled over answer positions) top-1 agreement and mean KL; the",

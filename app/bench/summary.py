@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from app.bench.cell import CellResult, RequestFacts
+from app.bench.served import served_shares
 from engine.bench.metrics import kl_divergence, normalize_answer, rouge_l, same_top1
 
 
@@ -66,6 +67,8 @@ class CellSummary:
     fidelity: Fidelity | None
     ttfts: list[float]  # every answered request's client TTFT, in trace order (for the CDF)
     per_request: list[dict]  # `request_rows`: what each answered request did, for analysis
+    served: dict = field(default_factory=dict)  # shares of context tokens served exact / blended / computed
+    reordered_share: float = 0.0  # requests whose chunks the order stage moved off retrieval order
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -114,7 +117,8 @@ def summarize(cell: CellResult, flops_of, reference: dict[int, RequestFacts] | N
         computed_now=sum(f.computed_now for f in facts), drain_s=cell.drain_s,
         tier_hits=dict(cell.tier_hits), kv_bytes=dict(cell.kv_bytes),
         fidelity=fidelity(facts, reference) if reference is not None else None, ttfts=ttfts,
-        per_request=request_rows(facts, reference))
+        per_request=request_rows(facts, reference), served=served_shares(facts),
+        reordered_share=_mean([f.reordered for f in facts]) if facts else 0.0)
 
 
 def decode_tokens_per_s(facts: Sequence[RequestFacts]) -> float:
@@ -141,7 +145,8 @@ def request_rows(facts: Sequence[RequestFacts], reference: dict[int, RequestFact
     for f in facts:
         row = {"index": f.index, "chunk_ids": list(f.chunk_ids), "ttft_s": f.ttft_s, "latency_s": f.latency_s,
                "recompute_share": f.recompute_share,
-               "margin": f.margin, "escalated": f.escalated, "repaired": f.repaired, "skipped_blend": f.skipped_blend}
+               "margin": f.margin, "escalated": f.escalated, "repaired": f.repaired, "skipped_blend": f.skipped_blend,
+               "served": list(f.served), "reordered": f.reordered}
         ref = (reference or {}).get(f.index)
         if ref is not None and ref.chunk_ids == f.chunk_ids:
             row.update(first_kl=kl_divergence(ref.first_logits, f.first_logits),

@@ -5,7 +5,7 @@ optional). The generator draws from a dataset's questions with a Zipf popularity
 questions are asked often, most rarely) and turns some repeats into reformulations: the same
 need in other words, as users ask it, so retrieval returns an overlapping chunk set in another
 order, or asked together with part of another popular question (a follow-up that brings other
-companions along). Reuse is not assumed from that recipe: `trace_stats` measures it on the chunks that
+companions along). `distinct_trace` asks each question once instead (no repeats at all). Reuse is not assumed from that recipe: `trace_stats` measures it on the chunks that
 retrieval really returned.
 """
 
@@ -105,6 +105,20 @@ def generate_trace(questions: Sequence[str], num_requests: int, seed: int = 0, z
         requests.append(TraceRequest(text, None, need, again))
         asked.add(need)
     return requests
+
+
+def distinct_trace(questions: Sequence[str], num_requests: int, seed: int = 0) -> list[TraceRequest]:
+    """`num_requests` distinct questions (each asked once, no reformulations) in a seeded order:
+    the reuse left is only what retrieval shares between different needs."""
+    unique = list(dict.fromkeys(questions))
+    if num_requests < 1:
+        raise InvalidRequest("a trace needs at least one request")
+    if num_requests > len(unique):
+        raise InvalidRequest(f"a trace of distinct questions needs {num_requests} questions; the corpus has "
+                             f"{len(unique)} (pool more records, or ask for fewer requests)")
+    order = list(range(len(unique)))
+    random.Random(seed).shuffle(order)
+    return [TraceRequest(unique[i], None, i) for i in order[:num_requests]]
 
 
 def reformulation(question: str, rng: random.Random, other: str = "") -> str:

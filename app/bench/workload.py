@@ -24,8 +24,9 @@ import torch
 from app.bench.cell import CellResult, Fidelity, Load, run_cell
 from app.bench.corpus import Corpus, Snapshot, build_snapshot, clone_snapshot, load_corpus, snapshot_key
 from app.bench.modes import ModeSpec
+from app.bench.served import OracleWork, oracle_work
 from app.bench.summary import CellSummary, summarize
-from app.bench.trace import TraceRequest, TraceStats, generate_trace, read_trace, trace_stats
+from app.bench.trace import TraceRequest, TraceStats, distinct_trace, generate_trace, read_trace, trace_stats
 from engine.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class WorkloadOptions:
     seed: int = 0
     zipf_s: float = 1.2
     reformulate: float = 0.8
+    distinct: bool = False  # generated trace: each question once, in a seeded order (no repeats)
     concurrency: tuple[int, ...] = (1, 4)
     rate: float | None = None
     max_tokens: int = 32
@@ -72,6 +74,7 @@ class WorkloadRun:
     summaries: list[CellSummary]
     environment: dict = field(default_factory=dict)
     seconds: float = 0.0
+    oracle: OracleWork | None = None  # the trace's limit: every chunk seen before reused exactly
 
 
 class Server:
@@ -104,14 +107,15 @@ def run_workload(options: WorkloadOptions, server: Server, say: Callable[[str], 
     corpus = load_corpus(options.corpus, options.start, options.records)
     trace = _trace(options, corpus)
     snapshot = _snapshot(options, corpus, server, say)
-    retrieved = _retrieve_all(server, snapshot, trace, options.work_dir / "runs" / "retrieval")
+    retrieved, oracle = _retrieve_all(server, snapshot, trace, options.work_dir / "runs" / "retrieval")
     stats = trace_stats(trace, retrieved)
     say(f"trace: {stats.requests} requests, {stats.seen_before:.0%} of retrieved chunks seen before; "
         f"chunk lists repeated in order {stats.same_order:.0%}, in another order {stats.other_order:.0%}, "
         f"partly {stats.partly:.0%}, not at all {stats.fresh:.0%}")
+    say(oracle.line())
     cells = _run_cells(options, server, snapshot, trace, say)
     run = WorkloadRun(options, corpus.name, snapshot, trace, stats, _summaries(cells, server),
-                      _environment(server), time.perf_counter() - started)
+                      _environment(server), time.perf_counter() - started, oracle)
     return run
 
 
@@ -120,6 +124,8 @@ def _trace(options: WorkloadOptions, corpus: Corpus) -> list[TraceRequest]:
         return read_trace(options.trace)
     if not corpus.questions:
         raise InvalidRequest(f"{options.corpus}: a directory corpus has no questions; pass --trace FILE")
+    if options.distinct:
+        return distinct_trace(corpus.questions, options.requests, options.seed)
     return generate_trace(corpus.questions, options.requests, options.seed, options.zipf_s, options.reformulate)
 
 
@@ -133,15 +139,21 @@ def _snapshot(options: WorkloadOptions, corpus: Corpus, server: Server, say) -> 
     return snapshot
 
 
-def _retrieve_all(server: Server, snapshot: Snapshot, trace: list[TraceRequest], scratch: Path) -> list[list[int]]:
-    """The chunk ids each request retrieves (the same in every cell: one index, one embedder)."""
+def _retrieve_all(server: Server, snapshot: Snapshot, trace: list[TraceRequest],
+                  scratch: Path) -> tuple[list[list[int]], OracleWork]:
+    """The chunk ids each request retrieves (the same in every cell: one index, one embedder),
+    and the trace's oracle work (`app/bench/served.py`)."""
     from app.retrieve import retrieve_chunks
 
     services = server.open(clone_snapshot(snapshot.path, scratch))
     try:
         top_k = services.settings.default_top_k
-        return [[r.chunk.id for r in retrieve_chunks(services.retriever, services.catalog, services.engine,
-                                                     t.question, t.top_k or top_k)] for t in trace]
+        hits = [retrieve_chunks(services.retriever, services.catalog, services.engine, t.question, t.top_k or top_k)
+                for t in trace]
+        tokens = {r.chunk.id: len(r.token_ids) for rs in hits for r in rs}
+        questions = [len(services.engine.prompts.question_ids(t.question)) for t in trace]
+        retrieved = [[r.chunk.id for r in rs] for rs in hits]
+        return retrieved, oracle_work(retrieved, tokens, questions)
     finally:
         services.close()
         shutil.rmtree(scratch, ignore_errors=True)

@@ -28,6 +28,9 @@ def add_workload_parser(kinds, add_engine_arguments) -> None:
     p.add_argument("--zipf", type=float, default=1.2, help="generated trace: Zipf exponent of popularity (1.2)")
     p.add_argument("--reformulate", type=float, default=0.8,
                    help="generated trace: chance that a repeated question is reworded (default 0.8)")
+    p.add_argument("--distinct", action="store_true",
+                   help="generated trace: each question once, in a seeded order (no repeats; needs "
+                        "--records with at least --requests questions)")
     p.add_argument("--modes", default=DEFAULT_MODES,
                    help="mode specs, e.g. full,cacheblend:selection=deviation,check_layers=1 "
                         f"(preset cacheblend-paper; default {DEFAULT_MODES})")
@@ -77,7 +80,8 @@ def workload_options(args, data_dir: Path):
     return WorkloadOptions(corpus=args.corpus, modes=tuple(parse_modes(args.modes)),
                            work_dir=args.work_dir or data_dir / "bench-workload", start=args.start,
                            records=args.records, trace=args.trace, requests=args.requests, seed=args.seed,
-                           zipf_s=args.zipf, reformulate=args.reformulate, concurrency=concurrency,
+                           zipf_s=args.zipf, reformulate=args.reformulate, distinct=args.distinct,
+                           concurrency=concurrency,
                            rate=args.rate, max_tokens=args.max_tokens, max_seconds=args.max_seconds,
                            keep=args.keep, answer_fidelity=args.answer_fidelity, progress=sys.stderr.isatty())
 
