@@ -51,7 +51,9 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g"
 
 
 def parse_bytes(text: str) -> int:
-    """'4GiB' -> 4294967296, '500MB' -> 500000000, '1024' -> 1024."""
+    """A byte size as an int: digits with an optional unit in any case, `b`, `k`/`kb`, `m`/`mb`,
+    `g`/`gb`, `tb` (powers of 1000) or `kib`, `mib`, `gib`, `tib` (of 1024), e.g. `512MiB`;
+    ValueError otherwise."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     if not match or match.group(2).lower() not in _UNITS:
         raise ValueError(f"not a byte size: {text!r} (use e.g. 1048576, 512MiB, 4GiB, 10GB)")
