@@ -47,6 +47,10 @@ class Metrics:
         self.generated_tokens = Counter("kvmosaic_generated_tokens", "Generated answer tokens", registry=r)
         self.rejected = Counter("kvmosaic_rejected_requests", "Requests refused with 503 (queue full)",
                                 registry=r)
+        self.abandoned = Counter("kvmosaic_abandoned_requests", "Requests whose client disconnected before the "
+                                 "answer, by where their work stopped: queued (dropped before the prefill), "
+                                 "decoding (cancelled mid-answer), finished (it ended first) (app/api/abandon.py)",
+                                 ["stage"], registry=r)
 
     def observe_answer(self, mode: str, ttft_s: float, share: float, stages: dict[str, float],
                        generated: int, guard: GuardReport | None = None) -> None:

@@ -3,6 +3,10 @@
 `workers` threads run jobs; at most `queue_size` more jobs wait. A job submitted beyond that
 is refused at once with `QueueFull` (the API turns it into 503 + Retry-After) rather than
 waiting without bound: an overloaded server answers quickly instead of hanging.
+
+A job submitted with a cancel flag (`submit_cancellable`) whose flag is set by the time a
+worker picks it up is dropped unrun (`Abandoned`): a client that gave up while its request
+waited costs no compute. The job itself checks the same flag as it goes (`raise_if_abandoned`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,17 @@ class QueueFull(Exception):
         self.retry_after_s = retry_after_s
 
 
+class Abandoned(Exception):
+    """The job's cancel flag was set before it started (or before a stage it checks): its
+    client went away, so the work was dropped."""
+
+
+def raise_if_abandoned(cancel: threading.Event | None, stage: str) -> None:
+    """Raise Abandoned if `cancel` is set; `stage` names what is skipped (for the message)."""
+    if cancel is not None and cancel.is_set():
+        raise Abandoned(f"the client went away before the {stage}")
+
+
 class WorkQueue:
     def __init__(self, workers: int, queue_size: int, retry_after_s: int = 2,
                  initializer: Callable[[], None] | None = None):
@@ -40,6 +55,7 @@ class WorkQueue:
         self._running = 0
         self.num_rejected = 0
         self.num_completed = 0
+        self.num_dropped = 0  # cancellable jobs dropped unrun: their client had gone
 
     @property
     def pending(self) -> int:
@@ -69,6 +85,11 @@ class WorkQueue:
             self._finish(started=False)
             raise QueueFull(self.retry_after_s) from None
 
+    def submit_cancellable(self, cancel: threading.Event, fn: Callable[[*Args], T], *args: *Args) -> Future[T]:
+        """`submit`, but a worker that picks the job up with `cancel` set drops it: the
+        future then raises Abandoned and `fn` never runs."""
+        return self.submit(self._unless_cancelled, cancel, partial(fn, *args))
+
     async def run(self, fn: Callable[[*Args], T], *args: *Args) -> T:
         """Submit and await the result from the event loop."""
         return await asyncio.wrap_future(self.submit(fn, *args))
@@ -83,6 +104,13 @@ class WorkQueue:
             return job()
         finally:
             self._finish(started=True)
+
+    def _unless_cancelled(self, cancel: threading.Event, job: Callable[[], T]) -> T:
+        if cancel.is_set():
+            with self._lock:
+                self.num_dropped += 1
+            raise Abandoned("the client went away while its request waited")
+        return job()
 
     def _finish(self, started: bool) -> None:
         with self._lock:

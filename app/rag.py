@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from app.catalog import Catalog
 from app.kvcache.chunk_cache import ServiceChunkCache
+from app.queue import raise_if_abandoned
 from app.kvcache.order import OrderedChunks
 from app.retrieve import Retrieved, retrieve_chunks
 from app.settings import Settings
@@ -93,10 +94,14 @@ class RagService:
 
     def ask(self, query: Query, on_piece: OnPiece | None = None,
             cancel: threading.Event | None = None) -> Answer:
-        """Answer one question; pieces go to `on_piece` as they are decoded."""
+        """Answer one question; pieces go to `on_piece` as they are decoded.
+
+        `cancel` set (the client went away): Abandoned before the prefill, or the answer so
+        far with finish reason `cancelled` once decoding has begun."""
         clock = StageClock()
         with clock("retrieve"):
             retrieved = retrieve_chunks(self.retriever, self.catalog, self.engine, query.question, query.top_k)
+        raise_if_abandoned(cancel, "prefill")  # a client gone while it waited or retrieved: no prefill
         with clock("load"):  # order: the prompt's chunk order; plan: each chunk's variant; load: pin its KV
             ordered = self.chunk_cache.order(retrieved, query.mode, query.order)
             loaded = self.chunk_cache.load(ordered.retrieved, query.mode)

@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.api.abandon import ClientGone
 from app.queue import QueueFull
 from app.catalog import LeaseLost
 from app.schemas.errors import ErrorBody
@@ -61,6 +62,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(InvalidRequest, _invalid_request)
     app.add_exception_handler(QueueFull, _queue_full)
     app.add_exception_handler(LeaseLost, _lease_lost)
+    app.add_exception_handler(ClientGone, _client_gone)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -87,6 +89,11 @@ async def _lease_lost(request: Request, exc: LeaseLost) -> JSONResponse:
     away: nothing was added; the same request again starts afresh."""
     return error_response(503, f"the ingest was interrupted and undone, send it again: {exc}",
                           headers={"Retry-After": "1"})
+
+
+async def _client_gone(request: Request, exc: ClientGone) -> JSONResponse:
+    """Nobody will read it: 499 ("client closed request", nginx's code) is for the request log and metrics."""
+    return error_response(499, str(exc))
 
 
 async def _queue_full(request: Request, exc: QueueFull) -> JSONResponse:

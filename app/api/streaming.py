@@ -3,8 +3,8 @@
 `AnswerStream.start` submits the job at once, so a full queue raises `QueueFull` before the
 response has started (the client gets a proper 503, not a broken stream). `events()` then
 yields ("piece", text) as pieces arrive and ends with ("done", Answer) or ("error", exc).
-If the client goes away, closing the generator sets the cancel flag and the worker stops
-decoding at the next token, freeing its slot.
+If the client goes away, closing the generator sets the cancel flag: a request still queued is
+dropped unrun, one decoding stops at its next piece, freeing its slot.
 """
 
 from __future__ import annotations
@@ -15,19 +15,24 @@ import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 
+from app.api.abandon import abandoned_stage
+from app.metrics import Metrics
+
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class AnswerStream:
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, metrics: Metrics | None = None):
         self._loop = loop
         self._items: asyncio.Queue = asyncio.Queue()
         self.cancel = threading.Event()
+        self._metrics = metrics  # counts the answer as abandoned if its client left first
 
     @classmethod
     def start(cls, services, query) -> "AnswerStream":
-        stream = cls(asyncio.get_running_loop())
-        future = services.queue.submit(services.rag.ask, query, stream._piece, stream.cancel)
+        stream = cls(asyncio.get_running_loop(), services.metrics)
+        future = services.queue.submit_cancellable(stream.cancel, services.rag.ask, query, stream._piece,
+                                                   stream.cancel)
         future.add_done_callback(stream._finished)
         return stream
 
@@ -45,6 +50,8 @@ class AnswerStream:
         self._post(("piece", text))
 
     def _finished(self, future: Future) -> None:
+        if self.cancel.is_set() and self._metrics is not None:  # the client left before the end
+            self._metrics.abandoned.labels(abandoned_stage(future)).inc()
         error = future.exception()
         self._post(("error", error) if error is not None else ("done", future.result()))
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from app.api.abandon import answer_while_connected
 from app.api.deps import ServicesDep
 from app.api.errors import documented, error_body
 from app.api.streaming import SSE_HEADERS, AnswerStream, sse
@@ -27,13 +28,13 @@ def modes(services: ServicesDep) -> ModesResponse:
 
 
 @router.post("/ask", response_model=AskResponse, responses={**STREAM_DOC, **documented(400, 422, 503)})
-async def ask(body: AskRequest, services: ServicesDep):
+async def ask(body: AskRequest, services: ServicesDep, request: Request):
     """Retrieve, prefill by mode reusing chunk KV, decode; report per chunk and per stage."""
     query = services.rag.query(body.question, body.top_k, body.mode, body.ratio, body.max_tokens,
                                body.temperature, body.top_p, body.seed, body.fidelity)
     tokenizer = services.engine.loaded.tokenizer if body.explain else None
     if not body.stream:
-        answer = await services.queue.run(services.rag.ask, query)
+        answer = await answer_while_connected(request, services.queue, services.rag, query, services.metrics)
         return ask_response(answer, tokenizer)
     stream = AnswerStream.start(services, query)
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import time
 import uuid
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from app.api.abandon import answer_while_connected
 from app.api.deps import ServicesDep
 from app.api.errors import documented, error_body
 from app.api.streaming import SSE_HEADERS, AnswerStream, sse
@@ -39,13 +40,13 @@ def models(services: ServicesDep) -> ModelList:
 
 
 @router.post("/chat/completions", response_model=ChatResponse, responses={**STREAM_DOC, **documented(400, 422, 503)})
-async def chat_completions(body: ChatRequest, services: ServicesDep):
+async def chat_completions(body: ChatRequest, services: ServicesDep, request: Request):
     query = services.rag.query(body.question(), body.top_k, body.mode, body.ratio,
                                body.max_completion_tokens or body.max_tokens,
                                body.temperature or 0.0, body.top_p or 1.0, body.seed, body.fidelity)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": services.model_name}
     if not body.stream:
-        answer = await services.queue.run(services.rag.ask, query)
+        answer = await answer_while_connected(request, services.queue, services.rag, query, services.metrics)
         return ChatResponse(**head, choices=[Choice(message=AssistantMessage(content=answer.text),
                                                     finish_reason=finish_reason(answer.finish_reason))],
                             usage=chat_usage(answer), kvmosaic=ask_response(answer).model_dump(mode="json"))
