@@ -116,6 +116,14 @@ def test_naive_with_kv_moved_back_and_forth_equals_full(family_engine):
     torch.testing.assert_close(naive.logits, full.logits, **TOL)
 
 
+def test_packed_encoder_equals_encoding_each_chunk_alone(family_engine):
+    """Ingest encodes base KV packed (engine/encoder.py): the same KV as one chunk at a time."""
+    _, engine = family_engine
+    ids = [engine.chunk_ids(text, title) for title, text in PASSAGES]
+    for packed, token_ids in zip(engine.encode_chunks(ids), ids):
+        torch.testing.assert_close(packed.kv, engine.encode_chunk(token_ids).kv, **TOL)
+
+
 def test_naive_on_one_chunk_equals_full(family_engine):
     _, engine = family_engine
     chunks = chunk_inputs(engine, PASSAGES[:1])
