@@ -101,6 +101,7 @@ class PromptBuilder:
         self.tokenizer = tokenizer
         prefix_text, suffix_text = _split_template(tokenizer, system_prompt, instruction)
         self.prefix_text = prefix_text
+        self._anchor_ids = self._encode(_PIECE_ANCHOR)
         self.prefix_ids = tuple(self._encode(prefix_text))
         self._suffix_before, self._suffix_after = suffix_text.split(_QUESTION_MARK)
         self.prefix_digest = hashlib.sha256(repr(self.prefix_ids).encode()).hexdigest()[:16]
@@ -159,10 +160,10 @@ class PromptBuilder:
         SentencePiece-style tokenizers (Llama-2, Mistral) prepend "▁" to every text they
         encode, so a piece tokenized alone would start with a space it does not have in the
         prompt; encoding anchor + piece and dropping the anchor's ids avoids that. Where the
-        anchor's ids are not a prefix of that encoding (the anchor merges into the piece, as
-        "\n\n" does with byte-level BPE of the GPT-2 split) the piece is encoded alone.
+        anchor's own ids are not a prefix of that encoding (the anchor tokenizes otherwise
+        before the piece, as "\n\n" does with the GPT-2 split) the piece is encoded alone.
         """
-        anchor = self._encode(_PIECE_ANCHOR)
+        anchor = self._anchor_ids
         ids = self._encode(_PIECE_ANCHOR + text)
         if ids[:len(anchor)] == anchor:
             return ids[len(anchor):]
@@ -206,5 +207,10 @@ def _split_template(tokenizer: PreTrainedTokenizerBase, system_prompt: str, inst
 
 
 def _render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> str:
-    """The chat template rendered as text (typed as any of its tokenized forms; tokenize=False gives a str)."""
-    return cast(str, tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+    """The chat template rendered as text (typed as any of its tokenized forms; tokenize=False gives a str).
+
+    enable_thinking=False: templates with a reasoning switch (Qwen3) open the answer directly, as a
+    RAG answer of a few words needs; templates without one ignore the variable.
+    """
+    return cast(str, tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                   enable_thinking=False))

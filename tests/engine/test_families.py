@@ -33,7 +33,7 @@ TOL = dict(rtol=1e-4, atol=1e-4)
 TEMPLATE_MARKS = {"llama": ("<|start_header_id|>system<|end_header_id|>", "<|start_header_id|>assistant<|end_header_id|>"),
                   "mistral": ("[INST]", "[/INST]"),
                   "qwen2": ("<|im_start|>system", "<|im_start|>assistant\n"),
-                  "qwen3": ("<|im_start|>system", "<|im_start|>assistant\n")}
+                  "qwen3": ("<|im_start|>system", "<|im_start|>assistant\n<think>\n\n</think>")}
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=[f.name for f in FAMILIES])
@@ -64,6 +64,17 @@ def test_checkpoint_loads_as_its_own_family(family_engine):
     assert hasattr(attn, "k_norm") == (family.model_type == "qwen3")
     tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     assert tied == bool(model.config.tie_word_embeddings)
+
+
+def test_rope_scaling_is_in_effect(family_engine):
+    """The scaled rows rotate by other frequencies than plain RoPE (dynamic only past its
+    context), and YaRN scales cos and sin by its attention factor: the matrix tests them."""
+    family, engine = family_engine
+    head_dim = engine.loaded.spec.head_dim
+    plain = 1.0 / 10000.0 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    scaled = family.rope_type not in ("default", "dynamic")
+    assert torch.allclose(engine.stack.inv_freq, plain) != scaled
+    assert (engine.stack.rotary.attention_scaling > 1.0) == (family.rope_type == "yarn")
 
 
 def test_full_prefill_equals_transformers_forward(family_engine):
