@@ -90,7 +90,9 @@ def _block_mask(rows: torch.Tensor, first_key: int, dtype: torch.dtype) -> torch
         return None
     end = int(rows[-1]) + 1
     hidden = torch.arange(first_key, end, device=rows.device)[None, :] > rows[:, None]
-    return torch.zeros(hidden.shape, dtype=dtype, device=rows.device).masked_fill_(hidden, float("-inf"))
+    return torch.zeros(hidden.shape, dtype=dtype, device=rows.device).masked_fill_(
+        hidden, float("-inf")
+    )
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: QueryLayout,
@@ -103,7 +105,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: 
     if layout.pad is not None:
         out = _padded_causal(q, k, v, layout.pad, scale, gqa)
     else:
-        out = torch.cat([_block_attention(q, k, v, block, scale, gqa) for block in layout.blocks], dim=1)
+        out = torch.cat(
+            [_block_attention(q, k, v, block, scale, gqa) for block in layout.blocks], dim=1
+        )
     return out.transpose(0, 1).reshape(layout.num_rows, -1)
 
 
@@ -124,7 +128,9 @@ def attend_each(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[
     return out.reshape(rows, heads * head_dim)
 
 
-def _one_row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def _one_row_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> torch.Tensor:
     """One query row over every key, no mask: q [heads, 1, head_dim] -> [heads, 1, head_dim].
 
     Grouped-query heads are folded into rows ([kv_heads, group, head_dim]; query head h uses
@@ -143,11 +149,17 @@ def _block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: _
     """One block's output [heads, rows, head_dim]."""
     if block.split:
         return _split_block_attention(q, k, v, block, scale)
-    if block.stop - block.start == 1 and block.end == k.shape[1]:  # one row that sees every key: decode
+    # one row that sees every key: decode
+    if block.stop - block.start == 1 and block.end == k.shape[1]:
         return _one_row_attention(q[:, block.start:block.stop], k, v, scale)
-    return F.scaled_dot_product_attention(q[None, :, block.start:block.stop], k[None, :, :block.end],
-                                          v[None, :, :block.end], attn_mask=block.mask, scale=scale,
-                                          enable_gqa=gqa)[0]
+    return F.scaled_dot_product_attention(
+        q[None, :, block.start : block.stop],
+        k[None, :, : block.end],
+        v[None, :, : block.end],
+        attn_mask=block.mask,
+        scale=scale,
+        enable_gqa=gqa,
+    )[0]
 
 
 def _split_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: _Block,
@@ -162,12 +174,21 @@ def _split_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bl
     heads, kv_heads, head_dim = q.shape[0], k.shape[0], q.shape[2]
     group, rows = heads // kv_heads, block.stop - block.start
     folded = q[:, block.start:block.stop].reshape(kv_heads, group * rows, head_dim)[None]
-    head_out, head_lse = _CPU_FLASH(folded, k[None, :, :block.split], v[None, :, :block.split], scale=scale)
-    tail_out, tail_lse = _CPU_FLASH(folded, k[None, :, block.split:block.end], v[None, :, block.split:block.end],
-                                    attn_mask=block.mask_for(group), scale=scale)
+    head_out, head_lse = _CPU_FLASH(
+        folded, k[None, :, : block.split], v[None, :, : block.split], scale=scale
+    )
+    tail_out, tail_lse = _CPU_FLASH(
+        folded,
+        k[None, :, block.split : block.end],
+        v[None, :, block.split : block.end],
+        attn_mask=block.mask_for(group),
+        scale=scale,
+    )
     top = torch.maximum(head_lse, tail_lse)
     head_w, tail_w = (head_lse - top).exp_(), (tail_lse - top).exp_()
-    merged = (head_out.float() * head_w[..., None] + tail_out.float() * tail_w[..., None]) / (head_w + tail_w)[..., None]
+    merged = (head_out.float() * head_w[..., None] + tail_out.float() * tail_w[..., None]) / (
+        head_w + tail_w
+    )[..., None]
     return merged.to(q.dtype).reshape(heads, rows, head_dim)
 
 
@@ -175,7 +196,9 @@ def _padded_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: int, 
                    gqa: bool) -> torch.Tensor:
     if pad:
         q = torch.cat([q.new_zeros(q.shape[0], pad, q.shape[2]), q], dim=1)
-    out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scale, enable_gqa=gqa)[0]
+    out = F.scaled_dot_product_attention(
+        q[None], k[None], v[None], is_causal=True, scale=scale, enable_gqa=gqa
+    )[0]
     return out[:, pad:]
 
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 # Under load, one in this many requests that would skip their blend blends anyway, so that the
 # odds follow a change in traffic (a blend that now holds) without waiting for an idle spell.

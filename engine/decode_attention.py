@@ -54,21 +54,37 @@ class TorchStepAttention:
 
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         pairs = list(zip(self.caches, self.positions))
-        return attend_each(q, [c.keys(layer, p + 1) for c, p in pairs], [c.values(layer, p + 1) for c, p in pairs],
-                           self.scale)
+        return attend_each(
+            q,
+            [c.keys(layer, p + 1) for c, p in pairs],
+            [c.values(layer, p + 1) for c, p in pairs],
+            self.scale,
+        )
 
 
 class NativeStepAttention:
     """The kernel: one call per layer for every row; the caches' pointers are read once a step.
     Queries come in the caches' dtype or in float32, and the output in the queries' dtype."""
 
-    def __init__(self, lib: library.CpuLibrary, caches: Sequence[KVCache], positions: Sequence[int], scale: float):
+    def __init__(
+        self,
+        lib: library.CpuLibrary,
+        caches: Sequence[KVCache],
+        positions: Sequence[int],
+        scale: float,
+    ):
         dtype = caches[0].data.dtype if caches else torch.float32
         for cache in caches:
-            if not cache.data.is_contiguous() or cache.data.dtype != dtype or cache.data.device.type != "cpu" \
-                    or dtype not in NATIVE_DTYPES:
-                raise ValueError("the native decode attention needs contiguous caches on the CPU, all float32 "
-                                 "or all bfloat16")
+            if (
+                not cache.data.is_contiguous()
+                or cache.data.dtype != dtype
+                or cache.data.device.type != "cpu"
+                or dtype not in NATIVE_DTYPES
+            ):
+                raise ValueError(
+                    "the native decode attention needs contiguous caches on the CPU, all float32 "
+                    "or all bfloat16"
+                )
         self.lib, self.caches, self.scale, self.dtype = lib, caches, scale, dtype
         self.cache_dtype = library.CACHE_DTYPES[str(dtype).removeprefix("torch.")]
         self.meta = torch.tensor([[c.data.data_ptr() for c in caches], [c.capacity for c in caches],
@@ -77,23 +93,46 @@ class NativeStepAttention:
 
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         heads, rows, head_dim = q.shape
-        if rows < len(self.caches) or q.dtype not in (self.dtype, torch.float32) or head_dim != self.head_dim:
-            raise ValueError(f"queries {tuple(q.shape)} {q.dtype} do not fit {len(self.caches)} {self.dtype} caches "
-                             f"of head_dim {self.head_dim}")
+        if (
+            rows < len(self.caches)
+            or q.dtype not in (self.dtype, torch.float32)
+            or head_dim != self.head_dim
+        ):
+            raise ValueError(
+                f"queries {tuple(q.shape)} {q.dtype} do not fit {len(self.caches)} {self.dtype} "
+                "caches "
+                f"of head_dim {self.head_dim}"
+            )
         query = q.float()  # the kernel's arithmetic is float32 (a no-op for a float32 q)
         if query.stride(2) != 1:
             query = query.contiguous()
-        out = (torch.empty if rows == len(self.caches) else torch.zeros)(rows, heads, head_dim, dtype=torch.float32)
+        out = (torch.empty if rows == len(self.caches) else torch.zeros)(
+            rows, heads, head_dim, dtype=torch.float32
+        )
         status = self.lib.decode_attention(
-            len(self.caches), ctypes.c_void_p(query.data_ptr()), query.stride(0), query.stride(1),
-            ctypes.c_void_p(self.meta[0].data_ptr()), ctypes.c_void_p(self.meta[1].data_ptr()),
-            ctypes.c_void_p(self.meta[2].data_ptr()), layer, self.kv_heads, heads // self.kv_heads, head_dim,
-            self.scale, ctypes.c_void_p(out.data_ptr()), torch.get_num_threads(), self.cache_dtype)
+            len(self.caches),
+            ctypes.c_void_p(query.data_ptr()),
+            query.stride(0),
+            query.stride(1),
+            ctypes.c_void_p(self.meta[0].data_ptr()),
+            ctypes.c_void_p(self.meta[1].data_ptr()),
+            ctypes.c_void_p(self.meta[2].data_ptr()),
+            layer,
+            self.kv_heads,
+            heads // self.kv_heads,
+            head_dim,
+            self.scale,
+            ctypes.c_void_p(out.data_ptr()),
+            torch.get_num_threads(),
+            self.cache_dtype,
+        )
         self.lib.check("kvm_cpu_decode_attention", status)
         return out.reshape(rows, heads * head_dim).to(q.dtype)
 
 
-def step_attention(kind: str, caches: Sequence[KVCache], positions: Sequence[int], scale: float) -> StepAttention:
+def step_attention(
+    kind: str, caches: Sequence[KVCache], positions: Sequence[int], scale: float
+) -> StepAttention:
     """The step's attention by `kind` (`torch` or `native`, as `resolve_decode_attention` gave)."""
     if kind == "native":
         lib = library.get()
@@ -108,7 +147,9 @@ def resolve_decode_attention(name: str, device: torch.device, dtype: torch.dtype
     """`torch` or `native` for a model of these shapes; ValueError for an unknown name, or for
     `native` where it cannot run (with the reason)."""
     if name not in DECODE_ATTENTIONS:
-        raise ValueError(f"unknown decode attention {name!r}; use one of {', '.join(DECODE_ATTENTIONS)}")
+        raise ValueError(
+            f"unknown decode attention {name!r}; use one of {', '.join(DECODE_ATTENTIONS)}"
+        )
     if name == "torch":
         return name
     reason = _native_unusable(device, dtype, num_heads, num_kv_heads, head_dim)
@@ -126,9 +167,16 @@ def _native_unusable(device: torch.device, dtype: torch.dtype, num_heads: int, n
     group = num_heads // num_kv_heads
     if device.type != "cpu" or dtype not in NATIVE_DTYPES:
         return f"it runs float32 and bfloat16 on the CPU only (model: {dtype} on {device})"
-    if head_dim not in NATIVE_HEAD_DIMS or not 1 <= group <= NATIVE_MAX_GROUP or group * num_kv_heads != num_heads:
-        return (f"it supports head_dim {', '.join(map(str, NATIVE_HEAD_DIMS))} and up to {NATIVE_MAX_GROUP} "
-                f"query heads per key head (model: head_dim {head_dim}, {num_heads} / {num_kv_heads} heads)")
+    if (
+        head_dim not in NATIVE_HEAD_DIMS
+        or not 1 <= group <= NATIVE_MAX_GROUP
+        or group * num_kv_heads != num_heads
+    ):
+        return (
+            f"it supports head_dim {', '.join(map(str, NATIVE_HEAD_DIMS))} and up to "
+            f"{NATIVE_MAX_GROUP} query heads per key head (model: head_dim {head_dim}, "
+            f"{num_heads} / {num_kv_heads} heads)"
+        )
     if library.get() is None:
         return f"its library is unavailable: {library.failure()}"
     if not native_agrees(num_heads, num_kv_heads, head_dim, dtype):
@@ -136,8 +184,13 @@ def _native_unusable(device: torch.device, dtype: torch.dtype, num_heads: int, n
     return None
 
 
-def native_agrees(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.float32,
-                  tolerance: float = 1e-5) -> bool:
+def native_agrees(
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+    tolerance: float = 1e-5,
+) -> bool:
     """Whether the kernel on `dtype` caches matches the twin on the same values in float32, on
     random caches of several lengths (a ragged block tail, several blocks, one key) and a padded
     step, to within float32 rounding (bfloat16 queries and outputs are compared before rounding)."""
@@ -152,13 +205,18 @@ def native_agrees(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch
         widened.data.copy_(cache.data)
         wide.append(widened)
     positions = [n - 1 for n in lengths]
-    q = (torch.randn(num_heads, len(lengths) + 1, head_dim, generator=generator) * 2).to(dtype).float()
+    q = (
+        (torch.randn(num_heads, len(lengths) + 1, head_dim, generator=generator) * 2)
+        .to(dtype)
+        .float()
+    )
     lib = library.get()
     if lib is None:
         return False
     with torch.inference_mode():
         for layer in (0, 1):
-            got = NativeStepAttention(lib, caches, positions, head_dim ** -0.5)(layer, q)  # float32 q: no rounding
+            # float32 q: no rounding
+            got = NativeStepAttention(lib, caches, positions, head_dim ** -0.5)(layer, q)
             expected = TorchStepAttention(wide, positions, head_dim ** -0.5)(layer, q)
             if not torch.allclose(got, expected, atol=tolerance, rtol=tolerance):
                 log.warning("native decode attention disagrees with torch by %.3g",

@@ -37,7 +37,9 @@ def cpu_has_amx_bf16(cpuinfo: Path = CPUINFO) -> bool:
         text = cpuinfo.read_text(errors="replace")
     except OSError:
         return False
-    return any(line.startswith("flags") and "amx_bf16" in line.split() for line in text.splitlines())
+    return any(
+        line.startswith("flags") and "amx_bf16" in line.split() for line in text.splitlines()
+    )
 
 
 def resolve_encode_dtype(name: str, loaded: LoadedModel, amx: bool | None = None) -> torch.dtype:
@@ -49,7 +51,9 @@ def resolve_encode_dtype(name: str, loaded: LoadedModel, amx: bool | None = None
         on_cpu_float32 = loaded.device.type == "cpu" and loaded.dtype == torch.float32
         return torch.bfloat16 if on_cpu_float32 and amx else loaded.dtype
     if name not in DTYPES:
-        raise ValueError(f"unknown encode dtype {name!r}; use auto, engine or one of {', '.join(DTYPES)}")
+        raise ValueError(
+            f"unknown encode dtype {name!r}; use auto, engine or one of {', '.join(DTYPES)}"
+        )
     return DTYPES[name]
 
 

@@ -9,7 +9,8 @@ So `onednn` replaces every `nn.Linear` of the model with `OneDnnLinear`, which c
 linear (`torch.ops.mkldnn._linear_pointwise`, the op the PyTorch compiler emits for CPU
 linears) on the same weight tensors: no copy, same parameter names and state dict, tied
 weights stay tied. Results differ from MKL's in the last bits, so the kernel is part of the
-model's fingerprint (KV computed by one is never reused as exact under the other). Rows are computed alike whatever block they sit in, as with MKL: a
+model's fingerprint (KV computed by one is never reused as exact under the other). Rows are computed
+alike whatever block they sit in, as with MKL: a
 multi-row product gives each row the same bits inside any larger product (a single row takes
 a matrix-vector path in both libraries, which the decode step's row multiple accounts for).
 
@@ -53,7 +54,8 @@ class OneDnnLinear(torch.nn.Module):
         return _ONEDNN_LINEAR(x, self.weight, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}")
 
 
 def resolve_linear_kernel(name: str, device: torch.device, dtype: torch.dtype) -> str:
@@ -63,10 +65,14 @@ def resolve_linear_kernel(name: str, device: torch.device, dtype: torch.dtype) -
         raise ValueError(f"unknown linear kernel {name!r}; use one of {', '.join(LINEAR_KERNELS)}")
     if name == "torch" or (name == "auto" and dtype == torch.float32 and mkl_is_at_home()):
         return "torch"
-    usable = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and onednn_agrees(dtype)
+    usable = (
+        device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and onednn_agrees(dtype)
+    )
     if name == "onednn" and not usable:
-        raise ValueError(f"the onednn linear kernel needs a float32 or bfloat16 model on the CPU and a "
-                         f"PyTorch build with oneDNN (model: {dtype} on {device})")
+        raise ValueError(
+            f"the onednn linear kernel needs a float32 or bfloat16 model on the CPU and a "
+            f"PyTorch build with oneDNN (model: {dtype} on {device})"
+        )
     return "onednn" if usable else "torch"
 
 
@@ -80,8 +86,10 @@ def mkl_is_at_home() -> bool:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return False
-    return any(line.split(":")[0].strip() == "vendor_id" and line.split(":")[1].strip() == "GenuineIntel"
-               for line in lines)
+    return any(
+        line.split(":")[0].strip() == "vendor_id" and line.split(":")[1].strip() == "GenuineIntel"
+        for line in lines
+    )
 
 
 def onednn_agrees(dtype: torch.dtype) -> bool:
@@ -95,11 +103,16 @@ def onednn_agrees(dtype: torch.dtype) -> bool:
     tolerance = 1e-5 if dtype == torch.float32 else 3e-2
     try:
         with torch.inference_mode():
-            for x in (torch.randn(1, 40, generator=generator), torch.randn(40, 5, generator=generator).t()):
+            for x in (
+                torch.randn(1, 40, generator=generator),
+                torch.randn(40, 5, generator=generator).t(),
+            ):
                 x = x.to(dtype)
                 expected = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
                 got = _ONEDNN_LINEAR(x, weight, bias, "none", [], "").float()
-                if got.shape != expected.shape or not torch.allclose(got, expected, atol=tolerance, rtol=tolerance):
+                if got.shape != expected.shape or not torch.allclose(
+                    got, expected, atol=tolerance, rtol=tolerance
+                ):
                     return False
     except RuntimeError:  # a build whose op refuses these inputs
         log.warning("oneDNN linear is present but failed its probe; using torch's", exc_info=True)
@@ -110,7 +123,9 @@ def onednn_agrees(dtype: torch.dtype) -> bool:
 def use_linear_kernel(model: torch.nn.Module, name: str) -> str:
     """Make `model`'s linear layers run on kernel `name` (see `resolve_linear_kernel`), in
     place; returns the kernel used. `torch` leaves the model as it is."""
-    kernel = resolve_linear_kernel(name, next(model.parameters()).device, next(model.parameters()).dtype)
+    kernel = resolve_linear_kernel(
+        name, next(model.parameters()).device, next(model.parameters()).dtype
+    )
     if kernel == "onednn":
         for parent in list(model.modules()):
             for child_name, child in list(parent.named_children()):

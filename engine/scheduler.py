@@ -70,10 +70,13 @@ class _Sequence:
                  generator: torch.Generator | None = None):
         self.cache, self.logits, self.params, self.eos_ids = cache, first_logits, params, eos_ids
         self.check = check
-        self.generator = new_generator(params.seed, first_logits.device) if generator is None else generator
+        self.generator = (
+            new_generator(params.seed, first_logits.device) if generator is None else generator
+        )
         self.num_picked = 0
         self.token = -1  # the last token picked, whose K/V the next step computes
-        self.out: queue.SimpleQueue[int | _End | BaseException] = queue.SimpleQueue()  # ids, then _END or an error
+        # ids, then _END or an error
+        self.out: queue.SimpleQueue[int | _End | BaseException] = queue.SimpleQueue()
         self.cancelled = False
 
     @property
@@ -97,7 +100,10 @@ class _Sequence:
             self.out.put(_END)
             return False
         self.out.put(token)
-        if self.num_picked == self.params.max_new_tokens or self.cache.length >= self.cache.capacity:
+        if (
+            self.num_picked == self.params.max_new_tokens
+            or self.cache.length >= self.cache.capacity
+        ):
             self.out.put(_END)
             return False
         self.token = token
@@ -137,10 +143,10 @@ class _Job(Generic[T]):
 class TokenStream:
     """One request's token ids, as the scheduler picks them; `close` cancels the request."""
 
-    def __init__(self, scheduler: "DecodeScheduler", seq: _Sequence):
+    def __init__(self, scheduler: DecodeScheduler, seq: _Sequence):
         self._scheduler, self._seq, self._done = scheduler, seq, False
 
-    def __iter__(self) -> "TokenStream":
+    def __iter__(self) -> TokenStream:
         return self
 
     def __next__(self) -> int:
@@ -171,7 +177,8 @@ class DecodeScheduler:
         if max_batch < 1 or max_batch_tokens < 1 or prefill_slots < 1:
             raise ValueError("max_batch, max_batch_tokens and prefill_slots must be >= 1")
         self.stack = stack
-        self.max_batch, self.max_batch_tokens, self.invariant = max_batch, max_batch_tokens, invariant
+        self.max_batch, self.max_batch_tokens = max_batch, max_batch_tokens
+        self.invariant = invariant
         self.num_threads = num_threads or DEFAULT_THREADS  # torch threads of the scheduler thread
         self._cond = threading.Condition()
         self._jobs: deque[_Job[Any]] = deque()  # compute to run before the next step, in order
@@ -188,7 +195,7 @@ class DecodeScheduler:
 
     def submit(self, cache: KVCache, first_logits: torch.Tensor, params: SamplingParams,
                eos_ids: tuple[int, ...], check: StepCheck | None = None,
-               generator: torch.Generator | None = None) -> "TokenStream":
+               generator: torch.Generator | None = None) -> TokenStream:
         """Queue a prefilled request at once; returns its generated token ids as they come.
 
         The EOS token that ends generation is not yielded. Closing the stream early (or
@@ -215,7 +222,7 @@ class DecodeScheduler:
         self._enqueue(self._jobs, job)
         return job.wait()
 
-    def _enqueue(self, line: "deque[Any]", item: object) -> None:
+    def _enqueue(self, line: deque[Any], item: object) -> None:
         """Append `item` to one of the scheduler's lines and wake its thread (starting one if
         none runs); EngineClosed once the scheduler is closed."""
         with self._cond:
@@ -270,7 +277,8 @@ class DecodeScheduler:
             self._thread.start()
 
     def _loop(self) -> None:
-        use_threads(self.num_threads)  # its own count, whatever helper threads set (engine/threads.py)
+        # its own count, whatever helper threads set (engine/threads.py)
+        use_threads(self.num_threads)
         while (work := self._next_work()) is not None:
             if isinstance(work, _Job):
                 work.run()
@@ -286,12 +294,18 @@ class DecodeScheduler:
                 job.fail(error)
             self._active, self._waiting, self._jobs = [], deque(), deque()
 
-    def _next_work(self) -> "_Job[Any] | list[_Sequence] | None":
+    def _next_work(self) -> _Job[Any] | list[_Sequence] | None:
         """Wait for work: the oldest job first; else, when no prefill turn is held or awaited,
         the batch for the next step (admitting waiting requests). None once closed or idle."""
         with self._cond:
-            while not self._closed and not self._jobs and (self._prefills or not (self._active or self._waiting)):
-                if not self._cond.wait(IDLE_EXIT_S) and not (self._jobs or self._active or self._waiting):
+            while (
+                not self._closed
+                and not self._jobs
+                and (self._prefills or not (self._active or self._waiting))
+            ):
+                if not self._cond.wait(IDLE_EXIT_S) and not (
+                    self._jobs or self._active or self._waiting
+                ):
                     self._thread = None  # idle: the thread ends (the next submit starts one)
                     return None
             if self._closed:
@@ -321,8 +335,13 @@ class DecodeScheduler:
         going = [seq for seq in batch if not seq.cancelled and seq.advance()]
         if going:
             try:
-                logits = decode_batch(self.stack, [seq.cache for seq in going], [seq.token for seq in going],
-                                      invariant=self.invariant, max_rows=self.max_batch)
+                logits = decode_batch(
+                    self.stack,
+                    [seq.cache for seq in going],
+                    [seq.token for seq in going],
+                    invariant=self.invariant,
+                    max_rows=self.max_batch,
+                )
             except Exception as error:  # e.g. out of memory: these requests fail, the others go on
                 log.exception("decode step failed for %d requests", len(going))
                 for seq in going:

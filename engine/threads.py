@@ -15,7 +15,8 @@ run torch single-threaded and never form a pool; and work that needs the cores b
 on some other thread (loading the models) runs on a passing thread, whose pool ends with it
 (a benchmark that built a second engine on its main thread lost most of what batching
 buys). A thread that only coordinates must not form one either, and OpenMP work of other
-libraries counts too: one FAISS search or one parallel torch operation on the main thread slows every
+libraries counts too: one FAISS search or one parallel torch operation on the main thread slows
+every
 later decode step of the compute thread, for good.
 
 Two guards make this the default rather than a rule every thread must remember:

@@ -28,8 +28,13 @@ def default_model_path() -> Path:
 class Embedder:
     """Embeds texts into normalised vectors [n, dim]. Safe to call from several threads."""
 
-    def __init__(self, model_path: str | Path | None = None, device: str = "cpu", batch_size: int = 32,
-                 linear_kernel: str = "auto"):
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        device: str = "cpu",
+        batch_size: int = 32,
+        linear_kernel: str = "auto",
+    ):
         """`linear_kernel`: the kernel of the model's linear layers, as the LLM's
         (`KVMOSAIC_LINEAR_KERNEL`, engine/linear.py; docs/benchmarks/kernels.md, "Embedder").
         Vectors differ between kernels only in the last bits, so the kernel is not part of
@@ -43,7 +48,10 @@ class Embedder:
         self.model = SentenceTransformer(str(self.model_path), device=device, local_files_only=True)
         self.linear_kernel = use_linear_kernel(self.model, linear_kernel)
         self.batch_size = batch_size
-        get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        get_dim = (
+            getattr(self.model, "get_embedding_dimension", None)
+            or self.model.get_sentence_embedding_dimension
+        )
         dim = get_dim()
         if dim is None:
             raise TypeError(f"{self.model_path}: the model reports no embedding dimension")
@@ -52,7 +60,7 @@ class Embedder:
         self._lock = threading.Lock()
         self._run: Callable[[Callable[[], Any]], Any] = _call
 
-    def running_on(self, run: Callable[[Callable[[], Any]], Any]) -> "Embedder":
+    def running_on(self, run: Callable[[Callable[[], Any]], Any]) -> Embedder:
         """A view of this embedder (the same model, lock and name) whose encodings are run by
         `run(fn)`, which returns fn's result: the application passes the LLM engine's compute
         (`Engine.compute`), so that one thread runs all model work (engine/threads.py)."""
@@ -79,12 +87,22 @@ class Embedder:
         # the runner (the engine's compute thread) for more than one batch at a time.
         step = self.batch_size if self._run is not _call else len(items)
         with self._lock:
-            parts = [self._run(partial(self._encode, items[i:i + step])) for i in range(0, len(items), step)]
+            parts = [
+                self._run(partial(self._encode, items[i : i + step]))
+                for i in range(0, len(items), step)
+            ]
         return np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
 
     def _encode(self, texts: list[str]) -> npt.NDArray[np.float32]:
-        return np.asarray(self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
-                                            normalize_embeddings=True, show_progress_bar=False))
+        return np.asarray(
+            self.model.encode(
+                texts,
+                batch_size=self.batch_size,
+                convert_to_numpy=True,
+                normalize_embeddings=True,
+                show_progress_bar=False,
+            )
+        )
 
 
 def _call(fn: Callable[[], Any]) -> Any:

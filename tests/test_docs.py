@@ -120,6 +120,8 @@ def test_figures_are_measurements_not_code_constants():
     constants = ["r = 0.13", "CCI in [0.5, 1)", "[2, heads, tokens, head_dim]", "30 × 2 × 3 × 512",
                  "1e-5", "0x1F", "2**20", "float16", "layers 1, 2 and 6", "k4v3", "head_dim 64",
                  "max_tokens", "SmolLM2-135M", "arXiv 2402.02750", "1536 x 576"]
-    assert all(FIGURE.search(text) for text in measured), [t for t in measured if not FIGURE.search(t)]
+    assert all(FIGURE.search(text) for text in measured), [
+        t for t in measured if not FIGURE.search(t)
+    ]
     assert not any(FIGURE.search(text) for text in constants), \
         [(t, FIGURE.search(t).group(0)) for t in constants if FIGURE.search(t)]

@@ -13,7 +13,9 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("ask", help="answer a question over the ingested documents")
     add_settings_arguments(parser)
     parser.add_argument("question")
-    parser.add_argument("--mode", default=None, help="recompute mode (default: KVMOSAIC_DEFAULT_MODE)")
+    parser.add_argument(
+        "--mode", default=None, help="recompute mode (default: KVMOSAIC_DEFAULT_MODE)"
+    )
     parser.add_argument("--top-k", type=int, default=None, help="chunks to retrieve")
     parser.add_argument("--ratio", type=float, default=None, help="recompute ratio for cacheblend")
     parser.add_argument("--fidelity", choices=FIDELITIES, default=None,
@@ -26,8 +28,15 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    body = {"question": args.question, "mode": args.mode, "top_k": args.top_k, "ratio": args.ratio,
-            "max_tokens": args.max_tokens, "temperature": args.temperature, "fidelity": args.fidelity}
+    body = {
+        "question": args.question,
+        "mode": args.mode,
+        "top_k": args.top_k,
+        "ratio": args.ratio,
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "fidelity": args.fidelity,
+    }
     body = {k: v for k, v in body.items() if v is not None}
     report = ask_server(args.server, body) if args.server else ask_here(args, body)
     if report is None:
@@ -45,7 +54,9 @@ def ask_here(args, body: dict) -> dict:
 
     services = Services.start(settings_from(args))
     try:
-        query = services.rag.query(**{k: v for k, v in body.items() if k != "question"}, question=body["question"])
+        query = services.rag.query(
+            **{k: v for k, v in body.items() if k != "question"}, question=body["question"]
+        )
         answer = services.rag.ask(query, on_piece=None if args.json else _echo)
         if not args.json:
             print()
@@ -60,7 +71,10 @@ def ask_server(url: str, body: dict) -> dict | None:
     with httpx.Client(base_url=url, timeout=300) as client:
         response = client.post("/ask", json=body)
     if response.status_code != 200:
-        print(f"kvmosaic: {response.status_code}: {response.json()['error']['message']}", file=sys.stderr)
+        print(
+            f"kvmosaic: {response.status_code}: {response.json()['error']['message']}",
+            file=sys.stderr,
+        )
         return None
     report = response.json()
     print(report["answer"])
@@ -69,9 +83,12 @@ def ask_server(url: str, body: dict) -> dict | None:
 
 def print_report(report: dict) -> None:
     t, u = report["timings"], report["usage"]
-    print(f"\nmode {report['mode']}: TTFT {t['ttft_ms']:.0f} ms (retrieve {t['retrieve_ms']:.0f}, load "
-          f"{t['load_ms']:.0f}, prefill {t['prefill_ms']:.0f}), decode {t['decode_ms']:.0f} ms, total "
-          f"{t['total_ms']:.0f} ms; recomputed {u['recomputed_tokens']}/{u['context_tokens']} context tokens")
+    print(
+        f"\nmode {report['mode']}: TTFT {t['ttft_ms']:.0f} ms (retrieve "
+        f"{t['retrieve_ms']:.0f}, load {t['load_ms']:.0f}, prefill {t['prefill_ms']:.0f}), "
+        f"decode {t['decode_ms']:.0f} ms, total {t['total_ms']:.0f} ms; recomputed "
+        f"{u['recomputed_tokens']}/{u['context_tokens']} context tokens"
+    )
     if report.get("guard"):
         print(guard_line(report["guard"]))
     for c in report["chunks"]:
@@ -83,12 +100,18 @@ def print_report(report: dict) -> None:
 def guard_line(guard: dict) -> str:
     """One line: the guard's level, its estimate, and what it spent."""
     margin = "n/a" if guard["margin"] is None else f"{guard['margin']:.2f} nats"
-    action = f"re-ran in full ({guard['spent_ms']:.0f} ms)" if guard["escalated"] else "kept the mode's prefill"
+    action = (
+        f"re-ran in full ({guard['spent_ms']:.0f} ms)"
+        if guard["escalated"]
+        else "kept the mode's prefill"
+    )
     if guard.get("skipped_blend"):
         action = "skipped the blend, the server being busy: computed exactly after the exact prefix"
     if guard.get("repaired_at") is not None:
-        action += (f"; answer token {guard['repaired_at']} had margin {guard['repair_margin']:.2f} nats, "
-                   f"went on from full prefill ({guard['repair_ms']:.0f} ms)")
+        action += (
+            f"; answer token {guard['repaired_at']} had margin {guard['repair_margin']:.2f} nats, "
+            f"went on from full prefill ({guard['repair_ms']:.0f} ms)"
+        )
     return f"fidelity {guard['fidelity']}: first-token margin {margin}; {action}"
 
 

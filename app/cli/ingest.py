@@ -18,11 +18,19 @@ from app.cli.common import add_settings_arguments, settings_from
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("ingest", help="add documents: chunk, embed, index, precompute KV")
+    parser = subparsers.add_parser(
+        "ingest", help="add documents: chunk, embed, index, precompute KV"
+    )
     add_settings_arguments(parser)
-    parser.add_argument("paths", nargs="+", type=Path, help=".txt / .md files, directories, benchmark .json")
-    parser.add_argument("--kv", choices=["eager", "lazy"], default=None,
-                        help="base KV now (eager) or on first retrieval (lazy); default KVMOSAIC_INGEST_KV")
+    parser.add_argument(
+        "paths", nargs="+", type=Path, help=".txt / .md files, directories, benchmark .json"
+    )
+    parser.add_argument(
+        "--kv",
+        choices=["eager", "lazy"],
+        default=None,
+        help="base KV now (eager) or on first retrieval (lazy); default KVMOSAIC_INGEST_KV",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
 
@@ -48,7 +56,9 @@ def run(args) -> int:
     def progress(num_chunks: int, num_tokens: int) -> None:
         nonlocal kv_tokens
         kv_tokens += num_tokens
-        bar.set_postfix_str(f"{(tokens + kv_tokens) / (time.perf_counter() - ingest_started):.0f} tok/s")
+        bar.set_postfix_str(
+            f"{(tokens + kv_tokens) / (time.perf_counter() - ingest_started):.0f} tok/s"
+        )
 
     try:
         with tqdm(total=len(docs), unit="doc", disable=args.quiet, file=sys.stderr) as bar:
@@ -68,7 +78,10 @@ def run(args) -> int:
     finally:
         services.close()
     now = time.perf_counter()
-    print(f"ingested {added} new documents ({chunks} chunks, {tokens} tokens, KV {args.kv or services.ingestor.kv}) "
-          f"in {now - started:.1f} s ({tokens / (now - ingest_started):.0f} tokens/s after start-up); "
-          f"{present} already present; {failed} failed")
+    print(
+        f"ingested {added} new documents ({chunks} chunks, {tokens} tokens, "
+        f"KV {args.kv or services.ingestor.kv}) in {now - started:.1f} s "
+        f"({tokens / (now - ingest_started):.0f} tokens/s after start-up); "
+        f"{present} already present; {failed} failed"
+    )
     return 1 if failed else 0

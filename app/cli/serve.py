@@ -9,8 +9,12 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("serve", help="run the HTTP server and web demo")
     add_settings_arguments(parser)
     parser.add_argument("--host", default=None, help="overrides KVMOSAIC_HOST (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=None, help="overrides KVMOSAIC_PORT (default 8000)")
-    parser.add_argument("--workers", type=int, default=None, help="engine threads (KVMOSAIC_WORKERS)")
+    parser.add_argument(
+        "--port", type=int, default=None, help="overrides KVMOSAIC_PORT (default 8000)"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=None, help="engine threads (KVMOSAIC_WORKERS)"
+    )
     parser.set_defaults(handler=run)
 
 

@@ -29,11 +29,11 @@ from app.store.entry import (
     entry_from_chunk,
     token_ids_hash,
 )
+from app.store.events import StoreListener
 from app.store.lazy import LazyChunkKV, LoadStats
 from app.store.policy import create_policy
 from app.store.registry import TIERS, create_store, create_tier
 from app.store.stats import TierCounters, TierFigures, TierReport
-from app.store.events import StoreListener
 from app.store.tiered import Opened, TieredStore
 
 __all__ = [

@@ -63,13 +63,20 @@ def encode_parts(entry: KVEntry) -> tuple[bytes, list[memoryview]]:
     meta_json = json.dumps(meta.to_json(), sort_keys=True)
     checksums_json = json.dumps(checksums)
     # header: {"__metadata__": {str: str}, "layer.0000": {dtype, shape, data_offsets}, ...}
-    metadata: dict[str, str | list[int]] = {"format": FORMAT, "meta": meta_json, "checksums": checksums_json,
-                                            "header_crc": str(_header_crc(meta_json, checksums_json))}
+    metadata: dict[str, str | list[int]] = {
+        "format": FORMAT,
+        "meta": meta_json,
+        "checksums": checksums_json,
+        "header_crc": str(_header_crc(meta_json, checksums_json)),
+    }
     header = {"__metadata__": metadata}
     start = 0
     for i, buf in enumerate(layers):
-        header[_layer_name(i)] = {"dtype": _ST_DTYPES[meta.torch_dtype], "shape": list(meta.payload_shape),
-                                  "data_offsets": [start, start + len(buf)]}
+        header[_layer_name(i)] = {
+            "dtype": _ST_DTYPES[meta.torch_dtype],
+            "shape": list(meta.payload_shape),
+            "data_offsets": [start, start + len(buf)],
+        }
         start += len(buf)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # safetensors pads the header to 8 bytes
@@ -116,7 +123,9 @@ def parse_header(header: bytes, total_size: int | None) -> EntryLayout:
     return EntryLayout(meta, offsets, checksums, end)
 
 
-def _layer_offsets(table: dict[str, Any], meta: EntryMeta, data_start: int) -> tuple[tuple[int, int], ...]:
+def _layer_offsets(
+    table: dict[str, Any], meta: EntryMeta, data_start: int
+) -> tuple[tuple[int, int], ...]:
     """Absolute (start, end) of each layer; `table` is the parsed JSON header (hence Any),
     every field of which is checked against `meta` here."""
     layer_size = meta.num_bytes // meta.num_layers
@@ -124,7 +133,10 @@ def _layer_offsets(table: dict[str, Any], meta: EntryMeta, data_start: int) -> t
     for i in range(meta.num_layers):
         spec = table[_layer_name(i)]
         start, end = (int(x) for x in spec["data_offsets"])
-        if spec["dtype"] != _ST_DTYPES[meta.torch_dtype] or tuple(spec["shape"]) != meta.payload_shape:
+        if (
+            spec["dtype"] != _ST_DTYPES[meta.torch_dtype]
+            or tuple(spec["shape"]) != meta.payload_shape
+        ):
             raise CorruptEntry(f"layer {i} header does not match the entry meta")
         if start != expected or end - start != layer_size:
             raise CorruptEntry(f"layer {i} offsets are inconsistent")
@@ -144,7 +156,9 @@ def verify_layer(layout: EntryLayout, index: int, raw: bytes | bytearray | memor
         raise CorruptEntry(f"layer {index} checksum mismatch")
 
 
-def decode_layer(layout: EntryLayout, index: int, raw: bytes | bytearray | memoryview) -> torch.Tensor:
+def decode_layer(
+    layout: EntryLayout, index: int, raw: bytes | bytearray | memoryview
+) -> torch.Tensor:
     """Layer `index`'s payload from its raw bytes, checksum verified: [*meta.payload_shape].
 
     A bytearray is wrapped without copying (the tensor then owns it); anything else is copied.

@@ -115,9 +115,15 @@ class EntryMeta:
             if len(shape) != 5 or shape[1] != 2 or min(shape) <= 0:
                 raise ValueError(f"bad shape {shape}")
             get_codec(str(data["dtype"]))
-            return cls(str(data["fingerprint"]), str(data["prefix_digest"]), str(data["token_ids_hash"]),
-                       int(data["base_position"]), str(data["dtype"]), kv_shape(shape),
-                       tuple(int(c) for c in data.get("context", ())))
+            return cls(
+                str(data["fingerprint"]),
+                str(data["prefix_digest"]),
+                str(data["token_ids_hash"]),
+                int(data["base_position"]),
+                str(data["dtype"]),
+                kv_shape(shape),
+                tuple(int(c) for c in data.get("context", ())),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptEntry(f"bad entry metadata: {exc}") from exc
 
@@ -169,7 +175,9 @@ def decode_layer(meta: EntryMeta, payload: torch.Tensor, layer: int, dtype: torc
     The payload moves to `device` first, so a quantized layer crosses to a GPU compressed.
     """
     if tuple(payload.shape) != meta.payload_shape or payload.dtype != meta.torch_dtype:
-        raise CorruptEntry(f"stored layer {tuple(payload.shape)} {payload.dtype} does not match its meta")
+        raise CorruptEntry(
+            f"stored layer {tuple(payload.shape)} {payload.dtype} does not match its meta"
+        )
     if not 0 <= layer < meta.num_layers:
         raise ValueError(f"layer {layer} is not among the entry's {meta.num_layers}")
     return meta.codec.decode_layer(payload.to(device), meta.layer_shape, dtype, layer)
@@ -182,8 +190,15 @@ def chunk_from_entry(entry: KVEntry, token_ids: Sequence[int], dtype: torch.dtyp
         raise ValueError("token ids do not belong to this entry")
     meta = entry.meta
     kv = meta.codec.decode(entry.kv.to(device), meta.layer_shape, dtype)
-    return ChunkKV(tuple(token_ids), kv, meta.base_position, meta.fingerprint, meta.prefix_digest, meta.context,
-                   value_rounding=value_rounding(meta))
+    return ChunkKV(
+        tuple(token_ids),
+        kv,
+        meta.base_position,
+        meta.fingerprint,
+        meta.prefix_digest,
+        meta.context,
+        value_rounding=value_rounding(meta),
+    )
 
 
 def value_rounding(meta: EntryMeta) -> ValueRounding | None:
@@ -196,5 +211,13 @@ def roundtrip(chunk: ChunkKV, codec: str) -> ChunkKV:
     """`chunk` as it comes back from the store under `codec` (same dtype and device)."""
     entry = entry_from_chunk(chunk, codec)
     stored = chunk_from_entry(entry, chunk.token_ids, chunk.kv.dtype, chunk.kv.device)
-    return ChunkKV(chunk.token_ids, stored.kv, chunk.base_position, chunk.fingerprint, chunk.prefix_digest,
-                   chunk.context, dict(chunk.meta), stored.value_rounding)
+    return ChunkKV(
+        chunk.token_ids,
+        stored.kv,
+        chunk.base_position,
+        chunk.fingerprint,
+        chunk.prefix_digest,
+        chunk.context,
+        dict(chunk.meta),
+        stored.value_rounding,
+    )

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kv import ChunkKV, ValueRounding
 from app.store.base import EntryReader
 from app.store.entry import CorruptEntry, decode_layer, value_rounding
+from engine.kv import ChunkKV, ValueRounding
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
-
 # A policy's sort key for one candidate; tuples compare element by element.
 Rank = tuple[float | str, ...]
 
@@ -81,7 +80,9 @@ def value_density(candidate: EvictionCandidate) -> float:
     return max(savings, 0.0) * (usage.access_count + 1) / max(candidate.size, 1)
 
 
-POLICIES: dict[str, type[BaseEvictionPolicy]] = {p.name: p for p in (LruPolicy, LfuPolicy, ValuePolicy)}
+POLICIES: dict[str, type[BaseEvictionPolicy]] = {
+    p.name: p for p in (LruPolicy, LfuPolicy, ValuePolicy)
+}
 
 
 def create_policy(name: str) -> BaseEvictionPolicy:

@@ -9,9 +9,9 @@ On SmolLM2 that damage is small, and epic is not reliably nearer to full than `n
 chunk's length epic equals full (tests/engine/test_fidelity_exact.py).
 """
 
+from engine.plan import Plan, PlanRequest, positions
 from engine.planners import register
 from engine.planners.base import BasePlanner
-from engine.plan import Plan, PlanRequest, positions
 
 
 @register
@@ -24,4 +24,6 @@ class EpicPlanner(BasePlanner):
         k = self.config.epic_tokens
         for start, end in request.layout.chunk_spans:
             active[start:min(end, start + k)] = True
-        return Plan(cached_spans=request.all_cached_spans(), initial_active=positions(active), pinned=pinned)
+        return Plan(
+            cached_spans=request.all_cached_spans(), initial_active=positions(active), pinned=pinned
+        )

@@ -19,9 +19,14 @@ from engine import ops
 from engine.config import EngineConfig
 from engine.plan import CachedSpan, LayerView, positions
 
-def row_scores(view: LayerView, deviation: str, selection: str, question: torch.Tensor) -> torch.Tensor:
+
+def row_scores(
+    view: LayerView, deviation: str, selection: str, question: torch.Tensor
+) -> torch.Tensor:
     """Score [m] of every active row; `question`: bool [total] marking the question rows."""
-    fresh, cached = ((view.fresh_v, view.cached_v) if deviation == "value" else (view.fresh_k, view.cached_k))
+    fresh, cached = (
+        (view.fresh_v, view.cached_v) if deviation == "value" else (view.fresh_k, view.cached_k)
+    )
     scores = ops.kv_deviation(fresh, cached)
     if selection == "question_weighted":
         if view.attention_from is None:
@@ -31,8 +36,9 @@ def row_scores(view: LayerView, deviation: str, selection: str, question: torch.
     return scores
 
 
-def keep_best(view: LayerView, config: EngineConfig, question: torch.Tensor, eligible: torch.Tensor,
-              count: int, spans: Sequence[CachedSpan], heads: torch.Tensor | None = None) -> torch.Tensor:
+def keep_best(view: LayerView, config: EngineConfig, question: torch.Tensor,
+              eligible: torch.Tensor, count: int, spans: Sequence[CachedSpan],
+              heads: torch.Tensor | None = None) -> torch.Tensor:
     """Indices into view.active: every non-eligible row plus `count` eligible rows: the active
     rows under `heads` (bool [total], see `PlanRequest.chunk_heads`) first, then those of
     highest score by `config.deviation` / `config.selection`. With value deviation, fresh V
@@ -69,7 +75,9 @@ def as_stored(view: LayerView, spans: Sequence[CachedSpan]) -> LayerView:
     return view if fresh_v is view.fresh_v else dataclasses.replace(view, fresh_v=fresh_v)
 
 
-def keep_top(view: LayerView, eligible: torch.Tensor, count: int, scores: torch.Tensor) -> torch.Tensor:
+def keep_top(
+    view: LayerView, eligible: torch.Tensor, count: int, scores: torch.Tensor
+) -> torch.Tensor:
     """Indices into view.active: every non-eligible row plus the `count` best eligible rows.
 
     eligible: bool [total] (rows that may be dropped).

@@ -1,4 +1,5 @@
-"""Settings come from KVMOSAIC_* variables, are all described, and build the engine and store configs."""
+"""Settings come from KVMOSAIC_* variables, are all described, and build the engine and store
+configs."""
 
 from __future__ import annotations
 
@@ -38,7 +39,11 @@ ENGINE_CHOICES = {"dtype": DTYPES, "encode_dtype": ENCODE_DTYPES, "linear_kernel
 
 
 def test_every_setting_has_a_description():
-    missing = [name for name, field in Settings.model_fields.items() if not (field.description or "").strip()]
+    missing = [
+        name
+        for name, field in Settings.model_fields.items()
+        if not (field.description or "").strip()
+    ]
     assert not missing, f"settings without a description: {missing}"
 
 
@@ -63,7 +68,11 @@ def test_environment_overrides(monkeypatch, tmp_path):
     engine = s.engine_config()
     assert engine.check_layers == (1, 3, 5) and engine.check_ratio_multipliers == (3.0, 2.0, 1.0)
     store = s.store_config()
-    assert store.tiers == ("cpu", "disk") and store.cpu_bytes == 512 << 20 and store.disk_dir == tmp_path / "kv"
+    assert (
+        store.tiers == ("cpu", "disk")
+        and store.cpu_bytes == 512 << 20
+        and store.disk_dir == tmp_path / "kv"
+    )
     assert store.codec == "k4v3"
     assert s.catalog_config().resolved_url().endswith(f"{tmp_path}/catalog.db")
 
@@ -74,8 +83,10 @@ def test_byte_sizes(text, value):
     assert parse_bytes(text) == value
 
 
-@pytest.mark.parametrize("name,value", [("KVMOSAIC_STORE_CPU_BYTES", "lots"), ("KVMOSAIC_DEFAULT_TOP_K", "21"),
-                                        ("KVMOSAIC_RECOMPUTE_RATIO", "2"), ("KVMOSAIC_WORKERS", "0")])
+@pytest.mark.parametrize("name,value", [("KVMOSAIC_STORE_CPU_BYTES", "lots"),
+                                        ("KVMOSAIC_DEFAULT_TOP_K", "21"),
+                                        ("KVMOSAIC_RECOMPUTE_RATIO", "2"),
+                                        ("KVMOSAIC_WORKERS", "0")])
 def test_bad_values_are_refused(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValidationError):
@@ -105,7 +116,9 @@ def test_engine_settings_have_engine_config_defaults_and_types():
         else:
             assert field.annotation == hints[name], name
     # check_multipliers None means gradual filtering, EngineConfig's default at its check layers
-    assert gradual_multipliers(len(EngineConfig.check_layers)) == EngineConfig.check_ratio_multipliers
+    assert (
+        gradual_multipliers(len(EngineConfig.check_layers)) == EngineConfig.check_ratio_multipliers
+    )
 
 
 def test_default_settings_build_the_default_engine_config(clean_environment):
@@ -115,7 +128,11 @@ def test_default_settings_build_the_default_engine_config(clean_environment):
 @pytest.mark.parametrize("name", sorted(FIELD_BOUNDS))
 def test_engine_bounds_are_checked_when_the_settings_are_read(clean_environment, monkeypatch, name):
     bounds = FIELD_BOUNDS[name]
-    cast = int if isinstance(ENGINE_DEFAULTS[name], int) or name in ("num_threads", "focus_layer") else float
+    cast = (
+        int
+        if isinstance(ENGINE_DEFAULTS[name], int) or name in ("num_threads", "focus_layer")
+        else float
+    )
     edges = [bounds.ge] + ([bounds.le] if bounds.le is not None else [])
     assert all(getattr(Settings(**{name: cast(edge)}), name) == cast(edge) for edge in edges)
     outside = [bounds.ge - 1] + ([bounds.le + 1] if bounds.le is not None else [])
@@ -142,8 +159,9 @@ def test_cross_field_checks_wait_for_the_engine_config(clean_environment):
     ("KVMOSAIC_STORE_TIERS", "cpu,ssd", "'redis'"),
     ("KVMOSAIC_LOG_LEVEL", "loud", "'info'"),
 ])
-def test_a_bad_choice_fails_at_start_up_naming_the_variable_and_the_choices(clean_environment, monkeypatch,
-                                                                          name, value, allowed):
+def test_a_bad_choice_fails_at_start_up_naming_the_variable_and_the_choices(
+    clean_environment, monkeypatch, name, value, allowed
+):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValidationError) as refused:
         Settings()
@@ -161,9 +179,14 @@ def test_choice_literals_match_what_the_configs_accept():
 def test_store_settings_derive_from_store_config(clean_environment):
     store_fields = {f.name: f for f in fields(StoreConfig)}
     for name, field in Settings.model_fields.items():
-        source = {"store_codec": "codec", "store_variant_codec": "variant_codec",
-                  "store_eviction": "eviction", "store_tiers": "tiers", "redis_url": "redis_url",
-                  "redis_prefix": "redis_prefix"}.get(name, name[len("store_"):] if name.startswith("store_") else "")
+        source = {
+            "store_codec": "codec",
+            "store_variant_codec": "variant_codec",
+            "store_eviction": "eviction",
+            "store_tiers": "tiers",
+            "redis_url": "redis_url",
+            "redis_prefix": "redis_prefix",
+        }.get(name, name[len("store_") :] if name.startswith("store_") else "")
         if source in store_fields and source != "disk_dir":
             assert field.default == store_fields[source].default, name
             assert field.description == store_fields[source].metadata["doc"], name
