@@ -1,7 +1,7 @@
 """Keep the server's resident memory from creeping: glibc malloc arenas and trimming.
 
-Where the memory of a long-running server goes (measured with the soak in tests/app/test_soak.py
-and the figures in the README): torch allocates CPU tensors with glibc malloc. Every thread
+Where the memory of a long-running server goes (measured with the soak in tests/app/test_soak.py;
+figures in docs/benchmarks/memory.md): torch allocates CPU tensors with glibc malloc. Every thread
 that allocates may get its own malloc arena (up to 8 per core) and each arena keeps what its
 thread freed for reuse, and glibc's dynamic mmap threshold moves large blocks (activations,
 attention scores, chunk KV of megabytes) from mmap into those arenas after the first free.

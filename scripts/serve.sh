@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up (idempotent), ingest the shipped demo corpus (idempotent: already-ingested articles
 # are skipped), then run the server; it prints the URL to open when it is ready.
-# Settings come from KVMOSAIC_* variables (see the README); extra arguments go to `kvmosaic serve`.
+# Settings come from KVMOSAIC_* variables (`kvmosaic settings`, docs/configuration.md); extra arguments go to `kvmosaic serve`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

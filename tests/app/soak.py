@@ -3,7 +3,7 @@ cleared underneath, with the process's RSS sampled throughout.
 
 Used by tests/app/test_soak.py (tiny model, bounded) and by hand for the real model:
 
-    python -m tests.app.soak --seconds 100 --clients 3            # SmolLM2, the README figures
+    python -m tests.app.soak --seconds 100 --clients 3            # SmolLM2: docs/benchmarks/memory.md
     python -m tests.app.soak --seconds 100 --malloc-arenas 0 --trim-interval 0   # glibc defaults
 
 Every `full` answer must equal the one computed before the load (greedy decoding, same
