@@ -4,6 +4,7 @@ configs."""
 from __future__ import annotations
 
 import os
+import re
 import typing
 from dataclasses import fields
 from pathlib import Path
@@ -191,3 +192,17 @@ def test_store_settings_derive_from_store_config(clean_environment):
             assert field.default == store_fields[source].default, name
             assert field.description == store_fields[source].metadata["doc"], name
     assert Settings().store_config() == StoreConfig(disk_dir=Settings().data_dir / "kv")
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_defaults_are_the_settings_defaults():
+    """The README's table of the settings people change quotes their defaults; they stay true."""
+    rows = re.findall(r"^\| `KVMOSAIC_([A-Z_]+)` \| `([^`|]*)` \|", README.read_text(), flags=re.M)
+    assert len(rows) >= 5
+    for name, documented in rows:
+        default = Settings.model_fields[name.lower()].default
+        if isinstance(default, tuple):
+            default = ",".join(str(x) for x in default)
+        assert str(default) == documented, name
