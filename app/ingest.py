@@ -51,7 +51,9 @@ KV_MODES = ("eager", "lazy")
 @dataclass(frozen=True)
 class IngestResult:
     """`kv_tiers`: how many chunks' base KV each tier took ("none": no tier could; computed
-    on first use). A memory tier here means the persistent tiers were down."""
+    on first use). A memory tier here means the persistent tiers were down or could not
+    write: `kv_memory_only` counts those chunks (copied to the persistent tier once it can
+    write, `app.kvcache.persist`)."""
 
     document: DocumentRecord
     created: bool
@@ -59,6 +61,7 @@ class IngestResult:
     seconds: float
     kv_tiers: dict[str, int] = field(default_factory=dict)
     kv: str = "eager"  # lazy: no base KV yet (kv_tiers empty); computed on first retrieval
+    kv_memory_only: int = 0
 
 
 def content_hash(text: str) -> str:
@@ -107,8 +110,9 @@ class Ingestor:
                 raise
             finally:
                 self.leases.release(added.document.id)
+        memory_only = sum(n for tier, n in kv_tiers.items() if tier != "none" and self.chunk_cache.is_memory_only(tier))
         return IngestResult(added.document, True, sum(len(t) for t in ids), time.perf_counter() - started,
-                            dict(kv_tiers), kv)
+                            dict(kv_tiers), kv, memory_only)
 
     def delete(self, document_id: int) -> bool:
         """Remove a document's index rows, catalog rows and KV; False if there is no such document."""

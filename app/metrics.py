@@ -105,13 +105,20 @@ class LiveCollector(Collector):
         up = GaugeMetricFamily("kvmosaic_store_tier_up",
                                "1 while a store tier is reachable, 0 while it is down and skipped (degraded)",
                                labels=["tier"])
+        writable = GaugeMetricFamily("kvmosaic_store_tier_writable",
+                                     "1 while a store tier takes writes, 0 while it is degraded (its last write "
+                                     "failed, e.g. no space left) or down", labels=["tier"])
+        put_failures = CounterMetricFamily("kvmosaic_cache_put_failures",
+                                           "KV writes a store tier refused (no space, I/O errors)", labels=["tier"])
         for tier, s in stats.items():
             up.add_metric([tier], 1 if s["available"] else 0)
+            writable.add_metric([tier], 1 if s["writable"] else 0)
+            put_failures.add_metric([tier], s["put_failures"])
             lookups.add_metric([tier, "hit"], s["hits"])
             lookups.add_metric([tier, "miss"], s["misses"])
             size.add_metric([tier], s["bytes"])
             entries.add_metric([tier], s["entries"])
             corrupt.add_metric([tier], s["corrupt"])
             evictions.add_metric([tier], s["evictions"])
-        yield from (lookups, size, entries, corrupt, evictions, up)
+        yield from (lookups, size, entries, corrupt, evictions, up, writable, put_failures)
 

@@ -43,6 +43,7 @@ PRUNE_EVERY_S = 3600.0
 # The prefix tree of chunk sequences re-reads the catalog this often (peers' variants come
 # and go; this replica's own changes apply at once): a stale node only costs a miss.
 TREE_REFRESH_S = 5.0
+PERSIST_RETRY_S = 30.0  # memory-only base KV: how often to try the persistent tier again (app/kvcache/persist.py)
 
 
 @dataclass
@@ -155,6 +156,7 @@ def replica_daemon(settings: Settings, catalog: Catalog, chunk_cache: ServiceChu
         PeriodicJob("sweep orphan KV", max(10.0, grace / 2), lambda: chunk_cache.cache.maintenance.sweep_orphans(grace)),
         PeriodicJob("save the index", INDEX_SAVE_S, retriever.save_if_behind),
         PeriodicJob("prune the change log", PRUNE_EVERY_S, follower.prune),
+        PeriodicJob("persist memory-only base KV", PERSIST_RETRY_S, chunk_cache.unpersisted.retry),
         PeriodicJob("rebuild the chunk tree", TREE_REFRESH_S if settings.index_poll_s > 0 else 0.0,
                     chunk_cache.cache.tree.rebuild),
     ])

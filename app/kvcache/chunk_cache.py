@@ -25,6 +25,7 @@ from app.kvcache.builder import VariantBuilder
 from app.kvcache.cache import ChunkKVCache
 from app.kvcache.loader import LoadedChunks
 from app.kvcache.order import OrderedChunks, order_retrieved
+from app.kvcache.persist import Unpersisted
 from app.retrieve import Retrieved
 from app.settings import Settings
 from app.store import LazyChunkKV, TierFigures, create_store
@@ -81,6 +82,7 @@ class ServiceChunkCache:
         self.engine = cache.engine
         # None (no disk or Redis tier): the first tier, lost at exit.
         self.persistent_tier = first_persistent_tier(self.store.names)
+        self.unpersisted = Unpersisted(self.store, self.persistent_tier)  # base KV in memory only, for now
         self.builder = VariantBuilder(cache.variants)
 
     # -- the request path ----------------------------------------------------------------------
@@ -134,9 +136,10 @@ class ServiceChunkCache:
 
         It goes to the first persistent tier (disk, else Redis), so what ingest computed
         survives restarts and separate `kvmosaic ingest` runs; first use promotes it. A
-        persistent tier that is down (Redis unreachable) passes it to the next tier below;
-        with none left it goes to the first tier with room (memory: lost at exit, said so
-        in the log and in the ingest's `kv_tiers`).
+        persistent tier that is down (Redis unreachable) or cannot write (a full disk)
+        passes it to the next tier below; with none left it goes to the first tier with room
+        (memory: said so in the log and in the ingest's `kv_tiers`, and copied into the
+        persistent tier once it can write again, `app.kvcache.persist`).
         """
         return self.store_base(chunk_id, self.engine.encode_chunk(tuple(token_ids)))
 
@@ -160,9 +163,16 @@ class ServiceChunkCache:
             stored = self.cache.variants.put(chunk_id, kv)
             if stored is not None:
                 log.warning("chunk %d: no persistent tier could take its KV; it is in %s only", chunk_id, stored.tier)
+                self.unpersisted.add(stored.store_key)
+        elif stored is not None and len(self.unpersisted):  # the persistent tier writes again: the rest follow
+            self.unpersisted.retry()
         if stored is None:
             log.warning("chunk %d: no store tier could take its KV; it will be computed on use", chunk_id)
         return stored.tier if stored is not None else None
+
+    def is_memory_only(self, tier: str) -> bool:
+        """True if base KV in `tier` is lost at exit although a persistent tier exists."""
+        return self.persistent_tier is not None and tier not in PERSISTENT_TIERS
 
     def forget_document(self, document_id: int) -> DeletedDocument | None:
         return self.cache.maintenance.forget_document(document_id)

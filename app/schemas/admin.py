@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -18,6 +18,11 @@ class TierStats(BaseModel):
     hits: int
     misses: int
     hit_rate: float | None
+    available: bool = Field(description="reachable (false: down, skipped and retried later)")
+    writable: bool = Field(description="its last write worked (false: degraded, writes go to the next tier)")
+    state: Literal["up", "degraded", "down"]
+    write_error: str | None = Field(default=None, description="why it cannot write now")
+    put_failures: int = Field(description="writes it refused since start (no space, I/O errors)")
 
 
 class AdminStats(BaseModel):

@@ -44,7 +44,11 @@ class IngestOut(BaseModel):
     kv: KvMode = Field(default="eager", description="lazy: no base KV was computed (kv_tiers is empty)")
     kv_tiers: dict[str, int] = Field(default_factory=dict, description=(
         "chunks whose base KV each store tier took ('none': no tier could; computed on first use); "
-        "a memory tier (cpu, gpu) here means every persistent tier was down"))
+        "a memory tier (cpu, gpu) here means every persistent tier was down or could not write"))
+    kv_memory_only: int = Field(default=0, description=(
+        "chunks whose base KV no persistent tier could take (a full disk: see /readyz): held in memory, "
+        "copied to the persistent tier once it can write, recomputed on first use after a restart"))
+    warning: str | None = Field(default=None, description="set when kv_memory_only > 0, in words")
 
 
 class DocumentList(BaseModel):

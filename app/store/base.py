@@ -86,7 +86,8 @@ class BaseTier(ABC):
 
     Edge cases, the same for every tier:
     - put(key, entry) replaces any entry under key; readers see the old or the new entry,
-      never a mix. It raises TierUnavailable if the backend is down, and nothing changes.
+      never a mix. It raises TierUnavailable if the backend is down, OSError if its medium
+      refuses the write (no space, read-only, I/O error); either way nothing changes.
     - get / open / get_layer of an absent key return None; of a present entry that fails
       validation raise CorruptEntry (the caller decides to remove it). They never return
       unverified bytes.
@@ -150,6 +151,12 @@ class BaseTier(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def check_writable(self) -> None:
+        """Raise OSError if the tier cannot take a write now (a full or read-only disk).
+
+        The `TieredStore` asks this of a tier whose put failed, to learn when it can write
+        again without risking an entry. Tiers with no local medium have nothing to check."""
 
     # -- shared behaviour ----------------------------------------------------------------------
 

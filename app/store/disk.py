@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".kvs"
 TEMP_SUFFIX = ".tmp"
+PROBE_PREFIX = ".probe-"
+PROBE_BYTES = 1 << 16  # what `check_writable` writes and deletes again
 
 
 class _DiskReader(EntryReader):
@@ -141,6 +143,17 @@ class DiskTier(BaseTier):
     def close(self) -> None:
         """Nothing to release: files stay for the next start."""
 
+    def check_writable(self) -> None:
+        """Write, sync and delete a small probe file; OSError (ENOSPC, EROFS, EIO) if it fails."""
+        probe = self.directory / f"{PROBE_PREFIX}{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}"
+        try:
+            with open(probe, "wb") as f:
+                f.write(bytes(PROBE_BYTES))
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            probe.unlink(missing_ok=True)
+
     # -- internals -----------------------------------------------------------------------------
 
     def _write(self, path: Path, entry: KVEntry) -> None:
@@ -169,7 +182,7 @@ class DiskTier(BaseTier):
     def _scan(self) -> None:
         """Index existing files; delete stray temp files and files whose header is unreadable;
         then hold to the capacity (it may have been lowered since the files were written)."""
-        for path in self.directory.glob(f"*/.*{TEMP_SUFFIX}"):
+        for path in [*self.directory.glob(f"*/.*{TEMP_SUFFIX}"), *self.directory.glob(f"{PROBE_PREFIX}*")]:
             path.unlink(missing_ok=True)
         for path in self.directory.glob(f"*/*{SUFFIX}"):
             key = path.name[: -len(SUFFIX)]

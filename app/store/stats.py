@@ -29,6 +29,9 @@ class TierCounters:
 
 @dataclass(frozen=True)
 class TierReport:
+    """One tier now. `available`: reachable (not skipped as down); `write_error`: why its last
+    write failed while it still cannot write (None: it can), which makes it degraded."""
+
     name: str
     available: bool
     capacity_bytes: int
@@ -36,9 +39,15 @@ class TierReport:
     num_entries: int
     num_pinned: int
     counters: TierCounters
+    write_error: str | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    @property
+    def state(self) -> str:
+        """"up", "degraded" (reachable, cannot write) or "down" (unreachable, skipped)."""
+        return "down" if not self.available else "degraded" if self.write_error else "up"
 
     def figures(self) -> TierFigures:
         """The flat figures /admin, /health and /metrics show for this tier."""
@@ -46,7 +55,8 @@ class TierReport:
         return {"entries": self.num_entries, "bytes": self.used_bytes, "capacity_bytes": self.capacity_bytes,
                 "hits": c.hits, "misses": c.misses, "available": self.available, "pinned": self.num_pinned,
                 "evictions": c.evictions, "demotions": c.demotions, "promotions": c.promotions,
-                "corrupt": c.corrupt}
+                "corrupt": c.corrupt, "state": self.state, "writable": self.available and not self.write_error,
+                "write_error": self.write_error, "put_failures": c.put_failures}
 
 
 class TierFigures(TypedDict):
@@ -63,6 +73,10 @@ class TierFigures(TypedDict):
     demotions: int
     promotions: int
     corrupt: int
+    state: str
+    writable: bool
+    write_error: str | None
+    put_failures: int
 
 
 class CounterBook:

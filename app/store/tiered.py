@@ -9,6 +9,10 @@
   model, prefix, tokens), is a miss: counted as `corrupt`, logged, removed, never served.
 - A tier that raises `TierUnavailable` (Redis down) is skipped for `retry_s` seconds, then
   tried again; the other tiers keep serving.
+- A tier whose write fails (`OSError`: a full or read-only disk) is degraded: it still
+  serves reads, but puts and demotions pass it by for `retry_s` seconds, then the next put
+  tries it again; `recheck_writes` asks a degraded tier whether it can write again
+  (`BaseTier.check_writable`). `stats()` reports the error until a write succeeds.
 - Listeners hear `entry_moved(key, tier)` (the fastest tier holding the key changed after a
   demotion or promotion) and `entry_dropped(key)` (no tier holds it any more); the chunk
   cache keeps the catalog's `tier` / `status` columns in step with them.
@@ -71,6 +75,14 @@ def _release(item: object) -> None:
         item.close()
 
 
+@dataclass
+class _WriteFault:
+    """Why a tier's last write failed, and when a put may try it again."""
+
+    reason: str
+    retry_at: float
+
+
 class Opened(NamedTuple):
     """An entry opened for layer-wise reads, and the tier it is read from."""
 
@@ -98,6 +110,7 @@ class TieredStore:
         self._lock = threading.RLock()
         self._usage = UsageBook()
         self._down_until: dict[str, float] = {}
+        self._write_faults: dict[str, _WriteFault] = {}  # tiers whose last write failed
         self._doomed: set[str] = set()
         self._events = EventQueue()
         for tier in self.tiers:  # probe remote tiers once, so a dead Redis is logged at start
@@ -243,6 +256,45 @@ class TieredStore:
                 self._doomed.discard(key)
                 self._discard_everywhere(key)
 
+    def persist(self, key: str, tier: str) -> bool | None:
+        """Copy `key` into `tier` from whichever tier holds it (a memory-only entry whose
+        persistent tier could not write). True: `tier` holds it now; False: no tier holds
+        it any more (nothing to copy); None: `tier` cannot take it now (try again later)."""
+        target = self.tier(tier)
+        with self._lock:
+            if self._guard(target, target.contains, key):
+                return True
+            others = [t for t in self._live() if t is not target]
+            found = self._find(key, others, lambda t: t.get(key), counted=False)
+            if found is None:
+                return False
+            stored = self._store_in(target, key, found.item)
+        self._deliver()
+        return True if stored else None
+
+    def recheck_writes(self) -> list[str]:
+        """Ask each degraded tier whose retry time has come whether it can write again
+        (`BaseTier.check_writable`); returns the names of those that recovered."""
+        recovered = []
+        with self._lock:
+            for tier in self.tiers:
+                fault = self._write_faults.get(tier.name)
+                if fault is None or time.monotonic() < fault.retry_at:
+                    continue
+                try:
+                    tier.check_writable()
+                except OSError as exc:
+                    self._mark_unwritable(tier, exc)
+                    continue
+                self._mark_writable(tier)
+                recovered.append(tier.name)
+        return recovered
+
+    def write_error(self, name: str) -> str | None:
+        """Why tier `name` cannot write now (None: it can, as far as the store knows)."""
+        fault = self._write_faults.get(name)
+        return fault.reason if fault is not None else None
+
     def report_corrupt(self, key: str, tier: str, reason: str) -> None:
         """A reader found a bad layer: count it and remove the entry from that tier (pinned or not)."""
         self._refuse(key, self.tier(tier), reason)
@@ -302,7 +354,8 @@ class TieredStore:
             info = self._guard(tier, tier.stats) if available else None
             reports.append(TierReport(tier.name, info is not None, tier.capacity_bytes,
                                       info.used_bytes if info else 0, info.num_entries if info else 0,
-                                      info.num_pinned if info else 0, self.counters.snapshot(tier.name)))
+                                      info.num_pinned if info else 0, self.counters.snapshot(tier.name),
+                                      self.write_error(tier.name)))
         return reports
 
     def close(self) -> None:
@@ -356,7 +409,11 @@ class TieredStore:
         return None
 
     def _store_in(self, tier: BaseTier, key: str, entry: KVEntry) -> bool:
-        """Make room in `tier` and put the entry there; False if it cannot take it."""
+        """Make room in `tier` and put the entry there; False if it cannot take it (a
+        degraded tier is not tried until its retry time)."""
+        fault = self._write_faults.get(tier.name)
+        if fault is not None and time.monotonic() < fault.retry_at:
+            return False
         if not self._make_room(tier, key, entry.num_bytes):
             return False
         try:
@@ -365,10 +422,11 @@ class TieredStore:
             self._mark_down(tier, exc)
             return False
         except OSError as exc:  # disk full, permissions: the next tier may still work
-            log.warning("tier %s could not store %s: %s", tier.name, key, exc)
             self.counters.add(tier.name, put_failures=1)
+            self._mark_unwritable(tier, exc)
             return False
         self.counters.add(tier.name, puts=1, bytes_written=entry.num_bytes)
+        self._mark_writable(tier)
         return True
 
     def _make_room(self, tier: BaseTier, key: str, num_bytes: int) -> bool:
@@ -465,6 +523,18 @@ class TieredStore:
             log.warning("store tier %s unavailable for %.0fs, serving from the others: %s",
                         tier.name, self.retry_s, exc)
         self._down_until[tier.name] = time.monotonic() + self.retry_s
+
+    def _mark_unwritable(self, tier: BaseTier, exc: OSError) -> None:
+        """The tier refused a write: degraded, passed by until `retry_s` from now (lock held)."""
+        if tier.name not in self._write_faults:
+            log.error("store tier %s cannot write, degraded (writes go to the next tier; retried every %.0fs): %s",
+                      tier.name, self.retry_s, exc)
+        self._write_faults[tier.name] = _WriteFault(str(exc), time.monotonic() + self.retry_s)
+
+    def _mark_writable(self, tier: BaseTier) -> None:
+        """A write to the tier worked: no longer degraded (lock held)."""
+        if self._write_faults.pop(tier.name, None) is not None:
+            log.warning("store tier %s can write again", tier.name)
 
     def _guard(self, tier: BaseTier, operation: Callable[_Args, _Result], *args: _Args.args,
                **kwargs: _Args.kwargs) -> _Result | None:

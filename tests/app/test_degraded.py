@@ -1,5 +1,6 @@
-"""A persistent tier that is down: base KV goes to the next persistent tier (or memory, said so),
-and `/readyz` and `/metrics` show the tier as degraded while the replica stays ready."""
+"""A persistent tier that is down or cannot write (a full disk): base KV goes to the next
+persistent tier (or memory, said so, and persisted once the tier writes again), and `/readyz`,
+`/admin/stats` and `/metrics` show the tier as degraded while the replica stays ready."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from tests.app.conftest import DOCS, start_services
+from tests.app.conftest import ADMIN_TOKEN, DOCS, LOCAL_CLIENT, start_services
+from tests.app.store.faults import NO_SPACE, FullDisk
 
 DEAD_REDIS = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 @pytest.fixture
@@ -42,3 +45,33 @@ def test_with_no_persistent_tier_left_the_ingest_says_where_kv_went(degraded):
         metrics = client.get("/metrics").text
     assert 'kvmosaic_store_tier_up{tier="redis"} 0.0' in metrics
     assert 'kvmosaic_store_tier_up{tier="cpu"} 1.0' in metrics
+
+
+@pytest.mark.parametrize("degraded", [("cpu", "disk")], indirect=True)
+def test_a_full_disk_is_degraded_everywhere_and_its_kv_is_persisted_once_it_writes(degraded, monkeypatch):
+    """The fault injector makes every disk write fail with ENOSPC (issue #42: a 6 MiB tmpfs)."""
+    store = degraded.chunk_cache.store
+    store.retry_s = 0.0  # try the disk again at each chance, so the recovery shows at once
+    disk = store.tier("disk")
+    monkeypatch.setattr(disk, "__class__", FullDisk)  # the same files, writes that can fail
+    disk.full = True
+    with TestClient(create_app(services=degraded), client=LOCAL_CLIENT) as client:
+        added = client.post("/documents", json={"text": DOCS[2].text, "title": "Bees"}).json()
+        chunks = added["document"]["num_chunks"]
+        assert added["kv_tiers"] == {"cpu": chunks} and added["kv_memory_only"] == chunks
+        assert "memory only" in added["warning"]
+
+        ready = client.get("/readyz").json()
+        assert ready["ready"] is True and ready["tiers"]["disk"] == "degraded" and ready["degraded"] == ["disk"]
+        assert NO_SPACE in ready["write_errors"]["disk"]
+        tier = client.get("/admin/stats", headers=ADMIN).json()["tiers"]["disk"]
+        assert tier["state"] == "degraded" and tier["writable"] is False and tier["put_failures"] >= 1
+        assert 'kvmosaic_store_tier_writable{tier="disk"} 0.0' in client.get("/metrics").text
+
+        disk.full = False  # space freed: the daemon's periodic job copies the KV to disk
+        assert degraded.chunk_cache.unpersisted.retry() == chunks
+        keys = [v.store_key for c in degraded.catalog.chunks_of_document(added["document"]["id"])
+                for v in degraded.catalog.variants_of_chunk(c.id)]
+        assert len(keys) == chunks and all(disk.contains(key) for key in keys)
+        assert client.get("/readyz").json()["degraded"] == []
+        assert 'kvmosaic_store_tier_writable{tier="disk"} 1.0' in client.get("/metrics").text

@@ -55,7 +55,8 @@ async def add_document(request: Request, response: Response, services: ServicesD
         response.status_code = 200
     return IngestOut(document=document_out(result.document), created=result.created,
                      num_tokens=result.num_tokens, seconds=round(result.seconds, 3), kv=result.kv,
-                     kv_tiers=result.kv_tiers)
+                     kv_tiers=result.kv_tiers, kv_memory_only=result.kv_memory_only,
+                     warning=memory_only_warning(result.kv_memory_only, services.chunk_cache.persistent_tier))
 
 
 STATE_HELP = ("ready: documents whose ingest finished (retrievable); ingesting: those still being ingested, "
@@ -90,6 +91,14 @@ def delete_document(document_id: DocumentId, services: ServicesDep) -> Response:
     if not services.ingestor.delete(document_id):
         raise HTTPException(404, f"no document {document_id}")
     return Response(status_code=204)
+
+
+def memory_only_warning(chunks: int, tier: str | None) -> str | None:
+    """What an ingest response says when some base KV found no persistent tier."""
+    if not chunks:
+        return None
+    return (f"the base KV of {chunks} chunks is held in memory only: tier {tier} cannot write now (see /readyz); "
+            "it is copied there once it can, and recomputed on first use after a restart")
 
 
 def document_out(d) -> DocumentOut:
