@@ -43,7 +43,8 @@ REFUSED_MODEL_TYPES: Mapping[str, str] = {
     "mixtral": "its MLP is a mixture of experts, which the engine's row-wise steps do not run",
     "qwen2_moe": "its MLP is a mixture of experts, which the engine's row-wise steps do not run",
     "qwen3_moe": "its MLP is a mixture of experts, which the engine's row-wise steps do not run",
-    "phi3": "it fuses q/k/v into one projection and uses longrope, whose frequencies switch with length",
+    "phi3": "it fuses q/k/v into one projection and uses longrope, whose frequencies switch "
+            "with the length",
 }
 
 
@@ -69,8 +70,9 @@ def check_model_type(model_type: str) -> None:
     if model_type not in SUPPORTED_MODEL_TYPES:
         reason = REFUSED_MODEL_TYPES.get(model_type, "the engine runs Llama-layout decoders only")
         raise UnsupportedModel(
-            f"model type {model_type!r} is not supported: {reason}. Use a checkpoint of a supported "
-            f"family ({_SUPPORTED}; docs/models.md), or serve this model without kvmosaic")
+            f"model type {model_type!r} is not supported: {reason}. Use a checkpoint of a "
+            f"supported family ({_SUPPORTED}; docs/models.md), or serve this model without "
+            f"kvmosaic")
 
 
 def rope_parameters(config: PreTrainedConfig) -> dict[str, Any]:
@@ -107,23 +109,25 @@ def _check_sliding_window(config: PreTrainedConfig) -> None:
     window, context = config.sliding_window, config.max_position_embeddings
     raise UnsupportedModel(
         f"model type {config.model_type!r} uses sliding-window attention in {len(layers)} of "
-        f"{config.num_hidden_layers} layers (window {window} < context {context}): those layers see only "
-        f"the last {window} keys, while the engine attends over every earlier key, so prompts past the "
-        f"window would get answers the model never gives. Use a checkpoint without a sliding window "
-        f"(e.g. Mistral-7B v0.2 or later: sliding_window null; Qwen: use_sliding_window false), or set "
-        f"max_position_embeddings to at most {window} in its config.json, so that every prompt fits "
-        f"inside the window, where both agree")
+        f"{config.num_hidden_layers} layers (window {window} < context {context}): those layers "
+        f"see only the last {window} keys, while the engine attends over every earlier key, so "
+        f"prompts past the window would get answers the model never gives. Use a checkpoint "
+        f"without a sliding window (e.g. Mistral-7B v0.2 or later: sliding_window null; Qwen: "
+        f"use_sliding_window false), or set max_position_embeddings to at most {window} in its "
+        f"config.json, so that every prompt fits inside the window, where both agree")
 
 
 def _check_rope(config: PreTrainedConfig, rope: Mapping[str, Any]) -> None:
     rope_type = rope["rope_type"]
     if rope_type not in FIXED_ROPE_TYPES + BOUNDED_ROPE_TYPES:
         raise UnsupportedModel(
-            f"RoPE type {rope_type!r} is not supported: cached chunk KV moves to a new position by "
-            f"re-rotating K, which equals a fresh RoPE only while the frequencies do not depend on the "
-            f"sequence length or layer. Supported RoPE types: {_ROPES}; use a checkpoint with one of them")
-    share = float(rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0))
+            f"RoPE type {rope_type!r} is not supported: cached chunk KV moves to a new position "
+            f"by re-rotating K, which equals a fresh RoPE only while the frequencies do not "
+            f"depend on the sequence length or layer. Supported RoPE types: {_ROPES}; use a "
+            f"checkpoint with one of them")
+    default_share = getattr(config, "partial_rotary_factor", None) or 1.0
+    share = float(rope.get("partial_rotary_factor", default_share))
     if share != 1.0:
         raise UnsupportedModel(
-            f"partial_rotary_factor {share} is not supported: the engine rotates every dimension of a "
-            f"head; use a checkpoint whose RoPE covers the whole head")
+            f"partial_rotary_factor {share} is not supported: the engine rotates every "
+            f"dimension of a head; use a checkpoint whose RoPE covers the whole head")

@@ -36,7 +36,8 @@ class TokenEmbedding(Protocol):
 class RotaryEmbedding(Protocol):
     inv_freq: torch.Tensor  # [head_dim / 2]
 
-    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor, /) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor,
+                 /) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class SelfAttention(Protocol):
@@ -92,7 +93,8 @@ class DecoderStack:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(ids)
 
-    def rope_tables(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope_tables(self, positions: torch.Tensor,
+                    like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [m, head_dim] for the given positions, exactly as the model computes them."""
         cos, sin = self.rotary(like, positions[None])
         return cos[0], sin[0]
@@ -110,7 +112,8 @@ class DecoderStack:
         v = self._heads(attn.v_proj(x), self.spec.num_kv_heads)
         return _rope(k, cos, sin), v
 
-    def project_q(self, index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def project_q(self, index: int, x: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor) -> torch.Tensor:
         """Q (after RoPE) of normed rows x: [heads, m, head_dim]."""
         attn = self.layers[index].self_attn
         q = self._heads(attn.q_proj(x), self.spec.num_heads)

@@ -93,12 +93,14 @@ def load_model(data_dir: Path, model_path: str | None, device: str, dtype: str,
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     source = Path(model_path) if model_path else embedded_checkpoint(Path(data_dir))
     if not source.is_dir():
-        raise KvMosaicError(f"model path {source} is not a directory with a Hugging Face checkpoint")
+        raise KvMosaicError(
+            f"model path {source} is not a directory with a Hugging Face checkpoint")
     _check_checkpoint_config(source)
     torch_dtype = resolve_dtype(dtype, device)
     started = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, local_files_only=True)
-    # PreTrainedModel.to is wrapped with functools.wraps, which typeshed types as unbound (self first)
+    # PreTrainedModel.to is wrapped with functools.wraps, which typeshed types as unbound
+    # (self first)
     model = model.to(device).eval().requires_grad_(False)  # type: ignore[arg-type]
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     log.info("loaded model from %s in %.2fs", source, time.perf_counter() - started)
@@ -113,12 +115,14 @@ def _check_checkpoint_config(source: Path) -> None:
 
     config_file = source / "config.json"
     if not config_file.is_file():
-        raise KvMosaicError(f"model path {source} has no config.json: not a Hugging Face checkpoint")
+        raise KvMosaicError(
+            f"model path {source} has no config.json: not a Hugging Face checkpoint")
     check_model_type(str(json.loads(config_file.read_text()).get("model_type")))
     check_architecture(AutoConfig.from_pretrained(source, local_files_only=True))
 
 
-def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, linear_kernel: str = "auto") -> LoadedModel:
+def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+               linear_kernel: str = "auto") -> LoadedModel:
     """Check that `model` is a supported decoder (engine/families.py; UnsupportedModel if not),
     put its linear layers on `linear_kernel` (engine/linear.py; in place) and build its spec,
     EOS ids and fingerprint."""
@@ -162,7 +166,8 @@ def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -
 # fingerprint
 
 
-def model_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype) -> str:
+def model_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                      dtype: torch.dtype) -> str:
     """sha256 over config, tokenizer, dtype, a weights digest and the linear kernel; 16 hex digits.
 
     The weights digest hashes every parameter's name and shape and an evenly strided sample
@@ -171,13 +176,15 @@ def model_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     """
     h = hashlib.sha256()
     config = model.config.to_dict()
-    for volatile in ("_name_or_path", "transformers_version", "quantization_config", "dtype", "torch_dtype"):
+    for volatile in ("_name_or_path", "transformers_version", "quantization_config", "dtype",
+                     "torch_dtype"):
         config.pop(volatile, None)
     h.update(json.dumps(config, sort_keys=True, default=str).encode())
     h.update(tokenizer_digest(tokenizer).encode())
     h.update(str(dtype).encode())
     h.update(weights_digest(model).encode())
-    if linear_kernel_of(model) != "torch":  # its KV differs in the last bits (torch's keeps its old fingerprint)
+    # another kernel's KV differs in the last bits (torch's keeps its old fingerprint)
+    if linear_kernel_of(model) != "torch":
         h.update(linear_kernel_of(model).encode())
     return h.hexdigest()[:16]
 
@@ -245,7 +252,8 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
 
     log.warning("converting the embedded model %s to safetensors (once, ~30 s)", gguf.name)
     started = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                 dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The dequantized weights are plain float32; without this, save_pretrained refuses.
     model.hf_quantizer = None  # type: ignore[assignment]  # set by from_pretrained; PreTrainedModel does not declare it

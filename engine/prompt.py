@@ -130,12 +130,14 @@ class PromptBuilder:
         pieces = [list(self.prefix_ids), *(self._encode_piece(text) for text in texts[1:])]
         alone = [t for ids in pieces for t in ids]
         together = self._encode("".join(texts))
-        first = next((i for i, (a, b) in enumerate(zip(alone, together)) if a != b), min(len(alone), len(together)))
         if alone == together:
             return BoundaryCheck(True)
+        first = next((i for i, (a, b) in enumerate(zip(alone, together)) if a != b),
+                     min(len(alone), len(together)))
         tokens = self.tokenizer.convert_ids_to_tokens
         return BoundaryCheck(False, _boundary_at(first, [len(ids) for ids in pieces], names),
-                             tuple(tokens(alone[first:first + 3])), tuple(tokens(together[first:first + 3])))
+                             tuple(tokens(alone[first:first + 3])),
+                             tuple(tokens(together[first:first + 3])))
 
     def _question_text(self, question: str) -> str:
         question = question.strip()
@@ -148,7 +150,8 @@ class PromptBuilder:
             raise InvalidRequest("no chunks: a request needs at least one context chunk")
         if any(len(ids) == 0 for ids in chunk_ids):
             raise InvalidRequest("a chunk is empty after tokenization")
-        return PromptLayout(self.prefix_ids, tuple(tuple(c) for c in chunk_ids), self.question_ids(question))
+        return PromptLayout(self.prefix_ids, tuple(tuple(c) for c in chunk_ids),
+                            self.question_ids(question))
 
     def _encode(self, text: str) -> list[int]:
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
@@ -187,8 +190,10 @@ def _boundary_at(index: int, lengths: list[int], names: list[str]) -> str:
     return f"end of {names[-1]}"
 
 
-def _split_template(tokenizer: PreTrainedTokenizerBase, system_prompt: str, instruction: str) -> tuple[str, str]:
-    """Render the chat template around markers; return (prefix text, suffix text with question mark)."""
+def _split_template(tokenizer: PreTrainedTokenizerBase, system_prompt: str,
+                    instruction: str) -> tuple[str, str]:
+    """Render the chat template around markers; return (prefix text, suffix text with the
+    question mark)."""
     user = f"{instruction}\n\n{_CONTEXT_MARK}Question: {_QUESTION_MARK}"
     if not getattr(tokenizer, "chat_template", None):  # base models: a plain-text format
         bos = getattr(tokenizer, "bos_token", None) or ""
@@ -207,10 +212,12 @@ def _split_template(tokenizer: PreTrainedTokenizerBase, system_prompt: str, inst
 
 
 def _render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> str:
-    """The chat template rendered as text (typed as any of its tokenized forms; tokenize=False gives a str).
+    """The chat template rendered as text (typed as any of its tokenized forms; tokenize=False
+    gives a str).
 
     enable_thinking=False: templates with a reasoning switch (Qwen3) open the answer directly, as a
     RAG answer of a few words needs; templates without one ignore the variable.
     """
-    return cast(str, tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                   enable_thinking=False))
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                         enable_thinking=False)
+    return cast(str, text)

@@ -1,6 +1,6 @@
 """Every model family the engine accepts, against transformers; every refusal, with its message.
 
-Each row of FAMILIES (tests/engine/families.py) is a tiny random-weight model of its own
+Each row of FAMILIES (tests/engine/tiny_families.py) is a tiny random-weight model of its own
 config class, saved and loaded through `engine.model.load_model`. For each: full prefill
 equals transformers' forward, greedy decode equals `generate`, a chunk's KV re-rotated to
 another position equals KV computed there, naive on one chunk and cacheblend at r = 1 equal
@@ -25,15 +25,25 @@ from engine.layers import DecoderStack
 from engine.model import load_model, wrap_model
 from engine.plan import ChunkInput
 from engine.selfcheck import rope_shift_selfcheck
-from tests.engine.families import FAMILIES, MISTRAL, Family, build_model, build_tokenizer, save_checkpoint
 from tests.engine.helpers import PASSAGES, QUESTION, chunk_inputs
+from tests.engine.tiny_families import (
+    FAMILIES,
+    MISTRAL,
+    Family,
+    build_model,
+    build_tokenizer,
+    save_checkpoint,
+)
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 # what each family's chat template puts around the passages (its own markers)
-TEMPLATE_MARKS = {"llama": ("<|start_header_id|>system<|end_header_id|>", "<|start_header_id|>assistant<|end_header_id|>"),
-                  "mistral": ("[INST]", "[/INST]"),
-                  "qwen2": ("<|im_start|>system", "<|im_start|>assistant\n"),
-                  "qwen3": ("<|im_start|>system", "<|im_start|>assistant\n<think>\n\n</think>")}
+TEMPLATE_MARKS = {
+    "llama": ("<|start_header_id|>system<|end_header_id|>",
+              "<|start_header_id|>assistant<|end_header_id|>"),
+    "mistral": ("[INST]", "[/INST]"),
+    "qwen2": ("<|im_start|>system", "<|im_start|>assistant\n"),
+    "qwen3": ("<|im_start|>system", "<|im_start|>assistant\n<think>\n\n</think>"),
+}
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=[f.name for f in FAMILIES])
@@ -41,7 +51,8 @@ def family_engine(request, tmp_path_factory):
     family: Family = request.param
     directory = save_checkpoint(family, tmp_path_factory.mktemp("families") / family.name)
     loaded = load_model(directory.parent, str(directory), "cpu", "float32")
-    engine = Engine(EngineConfig(data_dir=directory.parent, fidelity="fast", encode_dtype="engine"), loaded)
+    config = EngineConfig(data_dir=directory.parent, fidelity="fast", encode_dtype="engine")
+    engine = Engine(config, loaded)
     yield family, engine
     engine.close()
 
@@ -80,19 +91,23 @@ def test_rope_scaling_is_in_effect(family_engine):
 def test_full_prefill_equals_transformers_forward(family_engine):
     _, engine = family_engine
     result = engine.prefill(chunk_inputs(engine, cached=False), QUESTION, mode="full")
-    torch.testing.assert_close(result.logits, hf_logits(engine, result.layout.token_tensor()), **TOL)
+    reference = hf_logits(engine, result.layout.token_tensor())
+    torch.testing.assert_close(result.logits, reference, **TOL)
 
 
 def test_greedy_decode_equals_transformers_generate(family_engine):
     _, engine = family_engine
-    result = engine.prefill(chunk_inputs(engine, cached=False), QUESTION, mode="full", max_new_tokens=12)
+    chunks = chunk_inputs(engine, cached=False)
+    result = engine.prefill(chunks, QUESTION, mode="full", max_new_tokens=12)
     list(engine.generate(result, SamplingParams(max_new_tokens=12)))
     prompt = result.layout.token_tensor()[None]
     with torch.no_grad():
-        reference = engine.loaded.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12,
-                                                 do_sample=False, eos_token_id=None, pad_token_id=0)
+        reference = engine.loaded.model.generate(
+            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False,
+            eos_token_id=None, pad_token_id=0)
     expected = reference[0, prompt.shape[1]:].tolist()
-    cut = next((i for i, t in enumerate(expected) if t in set(engine.loaded.eos_token_ids)), len(expected))
+    eos = set(engine.loaded.eos_token_ids)
+    cut = next((i for i, t in enumerate(expected) if t in eos), len(expected))
     assert result.generated_ids == expected[:cut]
     assert len(result.generated_ids) > 0
 
@@ -168,16 +183,19 @@ def test_prompt_follows_the_family_chat_template(family_engine):
     text = engine.loaded.tokenizer.decode(layout.token_tensor())
     opening, closing = TEMPLATE_MARKS[family.model_type]
     prefix = engine.loaded.tokenizer.decode(list(layout.prefix_ids))
-    assert opening in prefix and "Be brief." in prefix  # the system prompt, in the system turn or merged
+    # the system prompt, in the system turn or merged into the user's
+    assert opening in prefix and "Be brief." in prefix
     assert text.rstrip().endswith(closing.rstrip()) and "Passage.\n\nQuestion: Why?" in text
-    assert engine.loaded.tokenizer.bos_token is None or text.startswith(engine.loaded.tokenizer.bos_token)
+    bos = engine.loaded.tokenizer.bos_token
+    assert bos is None or text.startswith(bos)
 
 
 # -- what is refused, and why -----------------------------------------------------------------
 
 
 def write_config(directory, model_type: str, **settings) -> str:
-    """A checkpoint folder holding only config.json: refusals must come before any weight is read."""
+    """A checkpoint folder holding only config.json: refusals must come before any weight is
+    read."""
     from transformers import AutoConfig
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -187,7 +205,8 @@ def write_config(directory, model_type: str, **settings) -> str:
 
 def test_dynamic_rope_keeps_the_context_to_its_original_length(tmp_path):
     family = next(f for f in FAMILIES if f.rope_type == "dynamic")
-    loaded = wrap_model(build_model(family, build_tokenizer(family.tokenizer)), build_tokenizer(family.tokenizer))
+    tokenizer = build_tokenizer(family.tokenizer)
+    loaded = wrap_model(build_model(family, tokenizer), tokenizer)
     engine = Engine(EngineConfig(data_dir=tmp_path, fidelity="fast", batching=False), loaded)
     assert loaded.spec.max_positions == loaded.model.config.max_position_embeddings
     long_chunk = ChunkInput(0, tuple([5] * loaded.spec.max_positions))
@@ -201,7 +220,8 @@ def test_selfcheck_refuses_dynamic_rope_probed_past_its_original_length():
     family = next(f for f in FAMILIES if f.rope_type == "dynamic")
     tokenizer = build_tokenizer(family.tokenizer)
     loaded = wrap_model(build_model(family, tokenizer), tokenizer)
-    wide = dataclasses.replace(loaded, spec=dataclasses.replace(loaded.spec, max_positions=4 * loaded.spec.max_positions))
+    spec = dataclasses.replace(loaded.spec, max_positions=4 * loaded.spec.max_positions)
+    wide = dataclasses.replace(loaded, spec=spec)
     result = rope_shift_selfcheck(DecoderStack(wide))
     assert not result.ok
     assert "does not compose, so KV reuse is off" in result.message
@@ -209,10 +229,11 @@ def test_selfcheck_refuses_dynamic_rope_probed_past_its_original_length():
 
 def test_mistral_with_a_sliding_window_shorter_than_its_context_is_refused_at_load(tmp_path):
     """Mistral-7B v0.1: sliding_window 4096 in a 32k context."""
-    path = write_config(tmp_path / "mistral-v0.1", "mistral", sliding_window=4096, max_position_embeddings=32768,
-                        hidden_size=64, num_hidden_layers=2)
-    with pytest.raises(UnsupportedModel, match=r"sliding-window attention in 2 of 2 layers \(window 4096 < context "
-                                               r"32768\).*set max_position_embeddings to at most 4096"):
+    path = write_config(tmp_path / "mistral-v0.1", "mistral", sliding_window=4096,
+                        max_position_embeddings=32768, hidden_size=64, num_hidden_layers=2)
+    expected = (r"sliding-window attention in 2 of 2 layers \(window 4096 < context 32768\)"
+                r".*set max_position_embeddings to at most 4096")
+    with pytest.raises(UnsupportedModel, match=expected):
         load_model(tmp_path, path, "cpu", "float32")
 
 
@@ -226,9 +247,10 @@ def test_a_window_as_long_as_the_context_is_no_sliding_window():
 def test_qwen_sliding_window_layers_are_refused():
     from transformers import Qwen2Config
 
-    config = Qwen2Config(num_hidden_layers=4, use_sliding_window=True, sliding_window=256, max_window_layers=3,
-                         max_position_embeddings=1024)
-    with pytest.raises(UnsupportedModel, match=r"sliding-window attention in 1 of 4 layers.*use_sliding_window false"):
+    config = Qwen2Config(num_hidden_layers=4, use_sliding_window=True, sliding_window=256,
+                         max_window_layers=3, max_position_embeddings=1024)
+    expected = r"sliding-window attention in 1 of 4 layers.*use_sliding_window false"
+    with pytest.raises(UnsupportedModel, match=expected):
         check_architecture(config)
     no_window_layers = Qwen2Config(num_hidden_layers=4, use_sliding_window=True, sliding_window=256,
                                    max_window_layers=4, max_position_embeddings=1024)
@@ -244,8 +266,9 @@ def test_qwen_sliding_window_layers_are_refused():
 ])
 def test_unsupported_model_types_are_refused_at_load_with_the_reason(tmp_path, model_type, reason):
     path = write_config(tmp_path / model_type, model_type)
-    with pytest.raises(UnsupportedModel, match=rf"model type '{model_type}' is not supported: .*{reason}.*"
-                                               r"Use a checkpoint of a supported family \(llama, mistral, qwen2, qwen3"):
+    expected = (rf"model type '{model_type}' is not supported: .*{reason}.*"
+                r"Use a checkpoint of a supported family \(llama, mistral, qwen2, qwen3")
+    with pytest.raises(UnsupportedModel, match=expected):
         load_model(tmp_path, path, "cpu", "float32")
 
 
@@ -262,16 +285,17 @@ def test_a_rope_type_whose_rotation_depends_on_length_is_refused_at_load(tmp_pat
             "long_factor": [2.0] * half, "original_max_position_embeddings": 256}
     path = write_config(tmp_path / "longrope", "llama", hidden_size=64, num_attention_heads=4,
                         max_position_embeddings=1024, rope_parameters=rope)
-    with pytest.raises(UnsupportedModel, match=r"RoPE type 'longrope' is not supported: .*re-rotating K.*"
-                                               r"Supported RoPE types: default, linear, llama3, yarn, dynamic"):
+    expected = (r"RoPE type 'longrope' is not supported: .*re-rotating K.*"
+                r"Supported RoPE types: default, linear, llama3, yarn, dynamic")
+    with pytest.raises(UnsupportedModel, match=expected):
         load_model(tmp_path, path, "cpu", "float32")
 
 
 def test_partial_rotary_embedding_is_refused():
     from transformers import LlamaConfig
 
-    config = LlamaConfig(hidden_size=64, num_attention_heads=4,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, rope_parameters=rope)
     with pytest.raises(UnsupportedModel, match="partial_rotary_factor 0.5 is not supported"):
         check_architecture(config)
 
@@ -290,4 +314,5 @@ def test_tokenization_selfcheck_names_the_boundary_that_differs():
     builder._encode_piece = builder._encode  # pieces tokenized with no anchor
     result = tokenization_selfcheck(builder)
     assert not result.ok
-    assert "at the boundary system prefix | chunk 1" in result.message and "'▁Ada'" in result.message
+    assert "at the boundary system prefix | chunk 1" in result.message
+    assert "'▁Ada'" in result.message
