@@ -27,6 +27,9 @@ def add_parser(subparsers) -> None:
                           help="guard level of rows that name none (default: KVMOSAIC_FIDELITY)")
     fidelity.add_argument("--ratio", type=float, default=None, help="recompute ratio r (default from config)")
     fidelity.add_argument("--max-new-tokens", type=int, default=32)
+    fidelity.add_argument("--orders", type=int, default=3,
+                          help="chunk orders per record: the dataset's, then seeded shuffles; full prefill in the "
+                               "others against the first is the stability floor (default 3; 1: no floor)")
     add_warmup_arguments(fidelity)
     fidelity.add_argument("--store-codecs", default=None,
                           help="instead of the timed table: chunk KV through each KV codec, e.g. float16,int4,k4v3 "
@@ -119,7 +122,8 @@ def run_fidelity(args) -> int:
     options = FidelityOptions(dataset=args.dataset, start=args.start, n=args.n, chunks=args.chunks,
                               modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
                               ratio=args.ratio, max_new_tokens=args.max_new_tokens,
-                              warmup_orders=args.warmup_orders, seed=args.seed, fidelity=args.fidelity)
+                              warmup_orders=args.warmup_orders, seed=args.seed, fidelity=args.fidelity,
+                              orders=args.orders)
     engine = Engine.load(engine_config(args))
     single_threaded()  # this thread computes metrics, never in a pool of its own (engine/threads.py)
     if args.store_codecs:

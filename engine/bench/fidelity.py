@@ -27,11 +27,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
+from engine.bench.accuracy import Interval, Score, bootstrap, paired_difference, per_case_means, score_answer
 from engine.bench.flops import FlopCounter
 from engine.bench.metrics import best_f1, forced_logits, kl_divergence, rouge_l, same_top1, teacher_forced
-from engine.variants.book import VariantBook
+from engine.config import EngineConfig
 from engine.decode import SamplingParams
 from engine.engine import Engine
 from engine.errors import InvalidRequest
@@ -39,12 +41,19 @@ from engine.planners import planner_class, reference_mode
 from engine.planners.base import VariantYield
 from engine.kv import ChunkId, ChunkKV
 from engine.plan import ChunkInput
+from engine.result import PrefillResult
+from engine.variants.book import VariantBook
 from engine.variants.policy import VariantPolicy
 
 REFERENCE = reference_mode()  # every row is measured against it
+FLOOR = "floor"  # the row of full prefill in another chunk order against full in the first
 CRAFT = "cachecraft"  # the mode whose α `kvmosaic calibrate` fits
 WARM = "+warm"
 AT = "@"  # `mode@fidelity`: the row runs at that guard level (engine/guard.py)
+SETTINGS = "["  # `mode[key=value;...]`: the row plans with these engine settings (`row_config`)
+# fixed when the model loads: one engine serves every row
+LOAD_FIELDS = frozenset({"model_path", "device", "dtype", "linear_kernel", "decode_attention", "data_dir",
+                         "num_threads", "encode_dtype"})
 MAX_PASSAGES = 1000  # passages per record, for distinct chunk ids across records (MuSiQue has 10)
 
 
@@ -59,6 +68,9 @@ class DatasetSlice:
     chunks: int = 6
     warmup_orders: int = 0
     seed: int = 0
+    # chunk orders each record runs in: the dataset's own (the retriever's, one arbitrary choice)
+    # then seeded shuffles; full prefill in each order against the first is the stability floor
+    orders: int = 3
 
     def records(self) -> list[Record]:
         """The slice's records; InvalidRequest if the file is unreadable or the slice empty."""
@@ -97,6 +109,10 @@ class ModeSample:
     escalated: bool = False  # the fidelity guard re-ran the request in full
     repaired: bool = False  # the guard's check while decoding switched the greedy answer to full prefill
     work_share: float = 1.0  # FLOPs of this mode's prefills (first-token re-run and repair included) / full's
+    case: int = 0  # the record's index in the dataset
+    order: int = 0  # 0: the dataset's chunk order; 1..: seeded shuffles (`chunk_orders`)
+    identical: bool = False  # the greedy answer is the reference's, word for word
+    score: Score = field(default_factory=lambda: Score(float("nan"), float("nan"), float("nan")))
 
 
 @dataclass
@@ -117,6 +133,11 @@ class ModeSummary:
     escalated: float = 0.0  # share of records the guard re-ran in full
     repaired: float = 0.0  # share of records whose greedy decode the guard repaired
     work_share: float = 1.0  # mean FLOPs of the mode's prefills, repairs included, over full's
+    identical: float = 1.0  # share of answers equal to the reference's word for word
+    exact_match: float = float("nan")  # mean EM against the gold answers
+    # gold containment over cases (each the mean over its orders) and paired against full's
+    accuracy: Interval = field(default_factory=lambda: Interval(float("nan"), float("nan"), float("nan")))
+    accuracy_vs_full: Interval = field(default_factory=lambda: Interval(0.0, 0.0, 0.0))
     samples: list[ModeSample] = field(default_factory=list)
 
 
@@ -160,19 +181,48 @@ def base_variant_chunks(engine: Engine, record: Record, count: int, index: int) 
 
 def run_fidelity(engine: Engine, options: FidelityOptions, provider: ChunkProvider = base_variant_chunks,
                  progress: bool = True) -> list[ModeSummary]:
+    """Every row on every record in each of `options.orders` chunk orders; the summaries start
+    with `full`, then the floor (with more than one order), then the modes."""
     records = options.records()
     modes = row_labels(options)
     _warm_up(engine, records[0], options, modes, provider)
-    samples: dict[str, list[ModeSample]] = {m: [] for m in modes}
+    samples: dict[str, list[ModeSample]] = {m: [] for m in (REFERENCE, FLOOR) + modes}
     bar = tqdm(records, desc="fidelity", unit="record", file=sys.stderr, disable=not progress)
     for offset, record in enumerate(bar):
         index = options.start + offset
-        inputs = mode_inputs(engine, record, options, modes, provider, index)
-        for mode, sample in _run_record(engine, record, inputs, modes, options).items():
-            samples[mode].append(sample)
+        for label, sample in _run_orders(engine, record, options, modes, provider, index):
+            samples[label].append(sample)
         bar.set_postfix({m: f"{statistics.median(s.ttft_ratio for s in samples[m]):.1f}x"
                          for m in modes if m != REFERENCE})
-    return [_summarize(mode, samples[mode]) for mode in modes]
+    rows = [m for m in (REFERENCE, FLOOR) + modes[1:] if samples[m]]
+    return [_summarize(label, samples[label], samples[REFERENCE]) for label in rows]
+
+
+def _run_orders(engine: Engine, record: Record, options: FidelityOptions, modes: Sequence[str],
+                provider: ChunkProvider, index: int) -> list[tuple[str, ModeSample]]:
+    """(row label, sample) of every row in every chunk order of one record, and the floor's
+    samples: full in order k > 0 measured against full in order 0."""
+    base = provider(engine, record, options.chunks, index)
+    books = mode_books(engine, record["question"], base, options, modes, index)
+    out: list[tuple[str, ModeSample]] = []
+    first: Reference | None = None
+    for order, ids in enumerate(chunk_orders([c.chunk_id for c in base], options.orders, options.seed + index)):
+        inputs = {label: (book.inputs(ids, mode_of(label)), cost) for label, (book, cost) in books.items()}
+        rows, reference = _run_record(engine, record, inputs, modes, options)
+        out += [(label, dataclasses.replace(sample, case=index, order=order)) for label, sample in rows.items()]
+        if first is None:
+            first = reference
+        else:
+            out.append((FLOOR, dataclasses.replace(_against(engine, reference, first, record), case=index,
+                                                   order=order)))
+    return out
+
+
+def chunk_orders(ids: list[ChunkId], count: int, seed: int) -> list[list[ChunkId]]:
+    """`ids` itself, then `count` − 1 seeded shuffles of it (distinct from it where possible)."""
+    if count < 1:
+        raise InvalidRequest(f"a record runs in at least one chunk order; got {count}")
+    return [ids] + other_orders(ids, count - 1, seed + 7919)
 
 
 def row_labels(options: FidelityOptions) -> tuple[str, ...]:
@@ -185,28 +235,74 @@ def row_labels(options: FidelityOptions) -> tuple[str, ...]:
 
 
 def mode_of(label: str) -> str:
-    """The mode of a row label such as `cachecraft@fast+warm3`."""
-    return label.split(WARM)[0].split(AT)[0]
+    """The mode of a row label such as `cachecraft@fast[guard_margin=0.5]+warm3`."""
+    return _head(label).split(AT)[0]
 
 
 def fidelity_of(label: str, options: FidelityOptions) -> str | None:
     """The guard level of a row label (`mode@fast`), else the options' (None: the engine's)."""
-    head = label.split(WARM)[0]
+    head = _head(label)
     return head.split(AT)[1] if AT in head else options.fidelity
 
 
-def mode_inputs(engine: Engine, record: Record, options: FidelityOptions, labels: Sequence[str],
-                provider: ChunkProvider, index: int) -> dict[str, tuple[list[ChunkInput], float]]:
-    """Per row label: the chunk inputs its mode gets from a variant book (cold: base variants
-    only; warm: after the warm-up) and the warm-up's cost in full prefills of the record."""
-    base = provider(engine, record, options.chunks, index)
-    ids = [c.chunk_id for c in base]
-    out: dict[str, tuple[list[ChunkInput], float]] = {}
+def _head(label: str) -> str:
+    """`mode@level` of a label, without its settings and warm-up."""
+    return label.split(WARM)[0].split(SETTINGS)[0]
+
+
+def settings_of(label: str) -> dict[str, str]:
+    """The engine settings a row label names in brackets (`cacheblend[guard_margin=0.5;focus_layer=10]`),
+    as text; InvalidRequest if malformed."""
+    body = label.split(WARM)[0]
+    if SETTINGS not in body:
+        return {}
+    inner = body.split(SETTINGS, 1)[1]
+    if not inner.endswith("]"):
+        raise InvalidRequest(f"row {label!r}: settings go in brackets, e.g. cacheblend[guard_margin=0.5]")
+    pairs = [item.split("=", 1) for item in inner[:-1].split(";") if item.strip()]
+    if any(len(pair) != 2 for pair in pairs):
+        raise InvalidRequest(f"row {label!r}: each setting is key=value, separated by ';'")
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def row_config(label: str, config: EngineConfig) -> EngineConfig:
+    """`config` with the row's bracketed settings (`settings_of`) applied; InvalidRequest for an
+    unknown field or a value the config refuses. Settings fixed when the model loads (dtype,
+    kernels, model) cannot be set per row."""
+    changes: dict[str, Any] = {}
+    for key, text in settings_of(label).items():
+        if key in LOAD_FIELDS or key not in {f.name for f in dataclasses.fields(config)}:
+            raise InvalidRequest(f"row {label!r}: {key!r} is not an engine setting a row may change")
+        changes[key] = _typed(text, getattr(config, key))
+    try:
+        return dataclasses.replace(config, **changes)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"row {label!r}: {exc}") from exc
+
+
+def _typed(text: str, current: object) -> object:
+    """`text` as the type of the field's current value (a None field takes an int, a float or none)."""
+    if text.lower() == "none":
+        return None
+    if isinstance(current, bool):
+        return text.lower() in ("1", "true", "yes")
+    if isinstance(current, int) or (current is None and text.lstrip("-").isdigit()):
+        return int(text)
+    if isinstance(current, float) or current is None:
+        return float(text)
+    if isinstance(current, tuple):
+        return tuple(type(current[0])(v) for v in text.split("/")) if current else ()
+    return text
+
+
+def mode_books(engine: Engine, question: str, base: list[ChunkInput], options: FidelityOptions,
+               labels: Sequence[str], index: int) -> dict[str, tuple[VariantBook, float]]:
+    """Per row label: the variant book its mode draws from (cold: base variants only; warm:
+    after the warm-up) and the warm-up's cost in full prefills of the record."""
+    out: dict[str, tuple[VariantBook, float]] = {}
     for label in labels:
-        mode = mode_of(label)
         orders = options.warmup_orders if WARM in label else 0
-        book, cost = warmed_book(engine, record["question"], base, orders, options.seed + index, mode)
-        out[label] = (book.inputs(ids, mode), cost)
+        out[label] = warmed_book(engine, question, base, orders, options.seed + index, mode_of(label))
     return out
 
 
@@ -255,23 +351,39 @@ def other_orders(ids: list[ChunkId], count: int, seed: int) -> list[list[ChunkId
 
 def _warm_up(engine: Engine, record: Record, options: FidelityOptions, labels: Sequence[str],
              provider: ChunkProvider) -> None:
-    inputs = mode_inputs(engine, record, dataclasses.replace(options, warmup_orders=min(1, options.warmup_orders)),
-                         labels, provider, -1)
-    for label in labels:
-        engine.prefill(inputs[label][0], record["question"], mode=mode_of(label), ratio=options.ratio,
-                       max_new_tokens=1)
+    base = provider(engine, record, options.chunks, -1)
+    warm = dataclasses.replace(options, warmup_orders=min(1, options.warmup_orders))
+    for label, (book, _) in mode_books(engine, record["question"], base, warm, labels, -1).items():
+        engine.prefill(book.inputs([c.chunk_id for c in base], mode_of(label)), record["question"],
+                       mode=mode_of(label), ratio=options.ratio, max_new_tokens=1)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Full prefill of one record in one chunk order: what every row of that order is measured
+    against (its greedy answer, ids and the logits along them, teacher-forced)."""
+
+    result: PrefillResult
+    ttft_s: float
+    work: float
+    logits: torch.Tensor
+    answer: str
+    ids: list[int]
+    forced: torch.Tensor
 
 
 def _run_record(engine: Engine, record: Record, inputs: dict[str, tuple[list[ChunkInput], float]],
-                modes: Sequence[str], options: FidelityOptions) -> dict[str, ModeSample]:
+                modes: Sequence[str], options: FidelityOptions) -> tuple[dict[str, ModeSample], Reference]:
+    """Every row on one record in one chunk order (full first: the others are measured against it)."""
     params = SamplingParams(max_new_tokens=options.max_new_tokens)
     flops = FlopCounter.for_engine(engine)
-    reference = None
+    reference: Reference | None = None
     out = {}
     for label in modes:
         chunks, warmup_cost = inputs[label]
         result = engine.prefill(chunks, record["question"], mode=mode_of(label), ratio=options.ratio,
-                                max_new_tokens=options.max_new_tokens, fidelity=fidelity_of(label, options))
+                                max_new_tokens=options.max_new_tokens, fidelity=fidelity_of(label, options),
+                                config=row_config(label, engine.config))
         logits = result.logits.clone()
         work = flops.prefill(result.layers_computed)
         answer = "".join(engine.generate(result, params)).strip()
@@ -279,24 +391,40 @@ def _run_record(engine: Engine, record: Record, inputs: dict[str, tuple[list[Chu
         work_all = work + (flops.prefill(repair) if repair is not None else 0.0)  # the guard's repair is charged
         if reference is None:
             ids = list(result.generated_ids)
-            reference = (result.ttft_s, work, logits, answer, ids, forced_logits(engine, result, ids))
-        ref_ttft, ref_work, ref_logits, ref_answer, ref_ids, ref_forced = reference
-        forced = teacher_forced(engine, result, ref_ids, ref_forced)
+            reference = Reference(result, result.ttft_s, work, logits, answer, ids, forced_logits(engine, result, ids))
+        forced = teacher_forced(engine, result, reference.ids, reference.forced)
         out[label] = ModeSample(
-            ttft_s=result.ttft_s, ttft_ratio=ref_ttft / result.ttft_s, compute_ratio=ref_work / max(work, 1.0),
-            recompute_share=result.recompute_share, kl=kl_divergence(ref_logits, logits),
-            top1=same_top1(ref_logits, logits), rouge_l=rouge_l(answer, ref_answer),
-            f1=best_f1(answer, record.get("answers", [])), answer=answer, warmup_cost=warmup_cost,
-            answer_top1=forced.top1_share, answer_kl=forced.mean_kl,
+            ttft_s=result.ttft_s, ttft_ratio=reference.ttft_s / result.ttft_s,
+            compute_ratio=reference.work / max(work, 1.0), recompute_share=result.recompute_share,
+            kl=kl_divergence(reference.logits, logits), top1=same_top1(reference.logits, logits),
+            rouge_l=rouge_l(answer, reference.answer), f1=best_f1(answer, record.get("answers", [])),
+            answer=answer, warmup_cost=warmup_cost, answer_top1=forced.top1_share, answer_kl=forced.mean_kl,
             escalated=bool(result.guard is not None and result.guard.escalated), repaired=result.repaired,
-            work_share=work_all / max(ref_work, 1.0))
-    return out
+            work_share=work_all / max(reference.work, 1.0), identical=answer == reference.answer,
+            score=score_answer(answer, record.get("answers", [])))
+    if reference is None:
+        raise InvalidRequest("no rows to run")
+    return out, reference
 
 
-def _summarize(mode: str, samples: list[ModeSample]) -> ModeSummary:
+def _against(engine: Engine, other: Reference, first: Reference, record: Record) -> ModeSample:
+    """Full prefill in another order (`other`) measured against full in the first (`first`), as
+    a mode is against full: a floor sample. Its timing fields are 1: the floor costs nothing."""
+    forced = teacher_forced(engine, other.result, first.ids, first.forced)
+    return ModeSample(ttft_s=other.ttft_s, ttft_ratio=1.0, compute_ratio=1.0, recompute_share=1.0,
+                      kl=kl_divergence(first.logits, other.logits), top1=same_top1(first.logits, other.logits),
+                      rouge_l=rouge_l(other.answer, first.answer), f1=best_f1(other.answer, record.get("answers", [])),
+                      answer=other.answer, answer_top1=forced.top1_share, answer_kl=forced.mean_kl,
+                      identical=other.answer == first.answer, score=score_answer(other.answer, record.get("answers", [])))
+
+
+def _summarize(mode: str, samples: list[ModeSample], reference: list[ModeSample]) -> ModeSummary:
+    """The row's means; its accuracy over cases and, paired case by case, against `reference`
+    (full's samples; the floor is paired with full's samples of the same orders)."""
     mean = statistics.fmean
+    accuracy, versus = _accuracy(samples, reference, first_order=mode == FLOOR)
     return ModeSummary(
-        mode=mode, records=len(samples),
+        mode=mode, records=len({s.case for s in samples}),
         median_ttft_s=statistics.median(s.ttft_s for s in samples),
         median_ttft_ratio=statistics.median(s.ttft_ratio for s in samples),
         median_compute_ratio=statistics.median(s.compute_ratio for s in samples),
@@ -306,7 +434,20 @@ def _summarize(mode: str, samples: list[ModeSample]) -> ModeSummary:
         warmup_cost=mean(s.warmup_cost for s in samples), answer_top1=_mean_known(s.answer_top1 for s in samples),
         answer_kl=_mean_known(s.answer_kl for s in samples), escalated=mean(s.escalated for s in samples),
         repaired=mean(s.repaired for s in samples), work_share=mean(s.work_share for s in samples),
-        samples=samples)
+        identical=mean(s.identical for s in samples), exact_match=_mean_known(s.score.exact for s in samples),
+        accuracy=accuracy, accuracy_vs_full=versus, samples=samples)
+
+
+def _accuracy(samples: list[ModeSample], reference: list[ModeSample],
+              first_order: bool = False) -> tuple[Interval, Interval]:
+    """Gold containment over cases (mean over each case's orders) and the paired difference
+    against the reference's samples of the same (case, order)s, or of the same case in the
+    first order when `first_order` (the floor: what reordering alone does to accuracy)."""
+    own = per_case_means([s.score.contains for s in samples], [s.case for s in samples])
+    by_key = {(s.case, s.order): s.score.contains for s in reference}
+    paired = [by_key[(s.case, 0 if first_order else s.order)] for s in samples]
+    theirs = per_case_means(paired, [s.case for s in samples])
+    return bootstrap(own), paired_difference(own, theirs)
 
 
 def _mean_known(values: Iterable[float]) -> float:
@@ -316,15 +457,44 @@ def _mean_known(values: Iterable[float]) -> float:
 
 
 def format_table(summaries: list[ModeSummary]) -> str:
-    header = (f"{'mode':<17} {'n':>3} {'TTFT s':>8} {'vs full':>8} {'floor':>8} {'recomp':>7} {'KL':>8} {'top1':>6} "
-              f"{'ROUGE-L':>8} {'F1':>6} {'warm-up':>8} {'ans top1':>8} {'ans KL':>7} {'guard':>6} {'repair':>6} {'work':>6}")
+    """Two tables: speed and work against full, then answers against full beside the floor
+    (full prefill in another chunk order) and task accuracy with its 95% interval."""
+    return _speed_table(summaries) + "\n\n" + _answer_table(summaries)
+
+
+def _speed_table(summaries: list[ModeSummary]) -> str:
+    header = (f"{'mode':<17} {'n':>3} {'TTFT s':>8} {'vs full':>8} {'floor':>8} {'recomp':>7} {'warm-up':>8} "
+              f"{'guard':>6} {'repair':>6} {'work':>6}")
     lines = [header, "-" * len(header)]
     for s in summaries:
+        if s.mode == FLOOR:
+            continue
         lines.append(f"{s.mode:<17} {s.records:>3} {s.median_ttft_s:>8.3f} {s.median_ttft_ratio:>7.2f}x "
-                     f"{s.median_compute_ratio:>7.2f}x {s.recompute_share:>7.3f} {s.mean_kl:>8.4f} {s.top1_agreement:>6.2f} "
-                     f"{s.rouge_l:>8.3f} {s.f1:>6.3f} {s.warmup_cost:>7.2f}x {s.answer_top1:>8.3f} {s.answer_kl:>7.4f} "
+                     f"{s.median_compute_ratio:>7.2f}x {s.recompute_share:>7.3f} {s.warmup_cost:>7.2f}x "
                      f"{s.escalated:>6.2f} {s.repaired:>6.2f} {s.work_share:>6.2f}")
     return "\n".join(lines)
+
+
+def _answer_table(summaries: list[ModeSummary]) -> str:
+    floor = next((s for s in summaries if s.mode == FLOOR), None)
+    header = (f"{'mode':<17} {'same':>5} {'ROUGE-L':>8} {'KL':>8} {'top1':>5} {'ans top1':>8} {'ans KL':>7} "
+              f"{'KL/floor':>8} {'1-RL/fl':>7}  {'accuracy [95%]':<22} {'vs full [95%]':<24} {'EM':>5} {'F1':>5}")
+    lines = [header, "-" * len(header)]
+    for s in summaries:
+        lines.append(f"{s.mode:<17} {s.identical:>5.2f} {s.rouge_l:>8.3f} {s.mean_kl:>8.4f} {s.top1_agreement:>5.2f} "
+                     f"{s.answer_top1:>8.3f} {s.answer_kl:>7.4f} {_ratio(s.mean_kl, floor and floor.mean_kl):>8} "
+                     f"{_ratio(1 - s.rouge_l, floor and 1 - floor.rouge_l):>7}  {str(s.accuracy):<22} "
+                     f"{_signed(s.accuracy_vs_full):<24} {s.exact_match:>5.2f} {s.f1:>5.2f}")
+    return "\n".join(lines)
+
+
+def _ratio(value: float, floor: float | None) -> str:
+    """value / floor as `1.23x`, or `-` without a floor (one chunk order) or when it is zero."""
+    return "-" if not floor else f"{value / floor:.2f}x"
+
+
+def _signed(interval: Interval) -> str:
+    return f"{interval.mean:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]"
 
 
 def write_json(summaries: list[ModeSummary], options: FidelityOptions, path: Path) -> None:

@@ -37,25 +37,45 @@ def test_flop_counter_counts_linear_and_positional_attention_work(tiny_engine):
 
 def test_fidelity_figures_against_full(tiny_engine, dataset, tmp_path):
     options = FidelityOptions(dataset=dataset, n=2, chunks=4, modes=("naive", "cacheblend", "cachecraft"),
-                              ratio=0.25, max_new_tokens=4, warmup_orders=1)
+                              ratio=0.25, max_new_tokens=4, warmup_orders=1, orders=1)
     summaries = {s.mode: s for s in run_fidelity(tiny_engine, options, progress=False)}
     full, naive, blend = summaries["full"], summaries["naive"], summaries["cacheblend"]
+    # one chunk order: no floor row
     assert list(summaries) == ["full", "naive", "cacheblend", "cachecraft", "cachecraft+warm1"]
     # the cold row pays no warm-up; the warm row's untimed request cost about one prefill
     assert summaries["cachecraft"].warmup_cost == 0.0
     assert 0.1 < summaries["cachecraft+warm1"].warmup_cost < 1.0
     assert (full.median_ttft_ratio, full.median_compute_ratio, full.mean_kl, full.top1_agreement,
-            full.rouge_l, full.recompute_share) == (1.0, 1.0, 0.0, 1.0, 1.0, 1.0)
+            full.rouge_l, full.recompute_share, full.identical) == (1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0)
     assert naive.recompute_share == 0.0 and naive.mean_kl > 0.0
     assert 0.2 < blend.recompute_share < 0.35
     # recomputing more rows leaves less of full's arithmetic out
     assert naive.median_compute_ratio > blend.median_compute_ratio > 1.0
     assert all(s.records == 2 for s in summaries.values())
-    table = format_table(list(summaries.values()))
-    assert "floor" in table.splitlines()[0] and "warm-up" in table.splitlines()[0] and len(table.splitlines()) == 7
+    speed, answers = format_table(list(summaries.values())).split("\n\n")
+    assert "floor" in speed.splitlines()[0] and "warm-up" in speed.splitlines()[0] and len(speed.splitlines()) == 7
+    assert "accuracy [95%]" in answers.splitlines()[0] and len(answers.splitlines()) == 7
     write_json(list(summaries.values()), options, tmp_path / "out.json")
     written = json.loads((tmp_path / "out.json").read_text())
     assert written["modes"][2]["median_compute_ratio"] == blend.median_compute_ratio
+
+
+def test_every_row_runs_in_every_order_and_the_floor_is_full_against_its_first_order(tiny_engine, dataset):
+    options = FidelityOptions(dataset=dataset, n=2, chunks=4, modes=("naive",), max_new_tokens=4, orders=3)
+    summaries = {s.mode: s for s in run_fidelity(tiny_engine, options, progress=False)}
+    assert list(summaries) == ["full", "floor", "naive"]
+    full, floor, naive = summaries["full"], summaries["floor"], summaries["naive"]
+    assert [(s.case, s.order) for s in full.samples] == [(c, o) for c in (0, 1) for o in range(3)]
+    assert [(s.case, s.order) for s in naive.samples] == [(s.case, s.order) for s in full.samples]
+    # the floor: full in orders 1 and 2 of each record, against full in order 0
+    assert [(s.case, s.order) for s in floor.samples] == [(c, o) for c in (0, 1) for o in (1, 2)]
+    assert floor.mean_kl > 0.0  # another order is another prompt, even for full prefill
+    assert floor.work_share == 1.0 and floor.median_ttft_ratio == 1.0
+    # accuracy is paired with full on the same cases and orders: full against itself is exactly 0
+    assert (full.accuracy_vs_full.mean, full.accuracy_vs_full.low, full.accuracy_vs_full.high) == (0.0, 0.0, 0.0)
+    assert full.accuracy.low <= full.accuracy.mean <= full.accuracy.high
+    answers = format_table(list(summaries.values())).split("\n\n")[1]
+    assert "x" in answers.splitlines()[-1].split()[7]  # naive's KL as a multiple of the floor's
 
 
 def test_bad_datasets_are_clear_errors(tiny_engine, tmp_path):

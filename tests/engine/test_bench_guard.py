@@ -37,5 +37,31 @@ def test_answer_figures_and_guard_share(tiny_engine, dataset):
     assert exact.recompute_share == 1.0 and fast.recompute_share == 0.0
     assert fast.answer_kl > 1e-6 and 0.0 <= fast.answer_top1 <= 1.0
     assert fast.escalated == 0.0 and exact.escalated == 0.0
-    header = format_table(list(summaries.values())).splitlines()[0]
-    assert "ans top1" in header and "ans KL" in header and "guard" in header
+    speed, answers = format_table(list(summaries.values())).split("\n\n")
+    assert "guard" in speed.splitlines()[0]
+    assert "ans top1" in answers.splitlines()[0] and "ans KL" in answers.splitlines()[0]
+
+
+def test_row_settings_plan_that_row_only(tiny_engine, dataset):
+    from engine.bench.fidelity import row_config, settings_of
+    from engine.errors import InvalidRequest
+
+    label = "cacheblend@balanced[guard_margin=0.25;focus_layer=1;guard_recompute_ratio=none]+warm2"
+    assert mode_of(label) == "cacheblend" and fidelity_of(label, FidelityOptions(dataset=dataset)) == "balanced"
+    assert settings_of(label) == {"guard_margin": "0.25", "focus_layer": "1", "guard_recompute_ratio": "none"}
+    config = row_config(label, tiny_engine.config)
+    assert (config.guard_margin, config.focus_layer, config.guard_recompute_ratio) == (0.25, 1, None)
+    assert row_config("cacheblend", tiny_engine.config) == tiny_engine.config
+    for bad, message in (("cacheblend[dtype=bfloat16]", "not an engine setting"),
+                         ("cacheblend[no_such=1]", "not an engine setting"),
+                         ("cacheblend[guard_margin=-1]", "guard_margin"),
+                         ("cacheblend[guard_margin]", "key=value"),
+                         ("cacheblend[guard_margin=1", "brackets")):
+        with pytest.raises(InvalidRequest, match=message):
+            row_config(bad, tiny_engine.config)
+    # the row's settings reach its prefills: a margin no first token can reach re-runs every blend
+    options = FidelityOptions(dataset=dataset, n=1, chunks=4, max_new_tokens=2, orders=1,
+                              modes=("cacheblend@balanced[guard_margin=1000]", "cacheblend@balanced[guard_margin=0]"))
+    summaries = {s.mode: s for s in run_fidelity(tiny_engine, options, progress=False)}
+    assert summaries["cacheblend@balanced[guard_margin=1000]"].escalated == 1.0
+    assert summaries["cacheblend@balanced[guard_margin=0]"].escalated == 0.0
