@@ -190,6 +190,48 @@ def test_prompt_follows_the_family_chat_template(family_engine):
     assert bos is None or text.startswith(bos)
 
 
+# -- config.json as checkpoints ship it (transformers 4 keys: rope_scaling, "type") ------------
+
+SHAPE = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2)
+SHIPPED_CONFIGS = {
+    "Llama-3.1": (dict(model_type="llama", max_position_embeddings=131072, rope_theta=500000.0,
+                       rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                         high_freq_factor=4.0,
+                                         original_max_position_embeddings=8192)),
+                  "llama, rope llama3"),
+    "Qwen2.5 long context": (dict(model_type="qwen2", max_position_embeddings=32768,
+                                  rope_theta=1000000.0, sliding_window=131072,
+                                  use_sliding_window=False, max_window_layers=21,
+                                  rope_scaling=dict(type="yarn", factor=4.0,
+                                                    original_max_position_embeddings=32768)),
+                             "qwen2, rope yarn"),
+    "Mistral-7B v0.3": (dict(model_type="mistral", max_position_embeddings=32768,
+                             sliding_window=None, rope_theta=1000000.0), "mistral, rope default"),
+    "Mistral-7B v0.1": (dict(model_type="mistral", max_position_embeddings=32768,
+                             sliding_window=4096), "sliding-window attention in 2 of 2 layers"),
+    "longrope": (dict(model_type="llama", max_position_embeddings=1024,
+                      rope_scaling=dict(type="longrope", short_factor=[1.0] * 8,
+                                        long_factor=[2.0] * 8,
+                                        original_max_position_embeddings=256)),
+                 "RoPE type 'longrope' is not supported"),
+}
+
+
+@pytest.mark.parametrize("name", list(SHIPPED_CONFIGS))
+def test_config_files_as_checkpoints_ship_them_are_read_the_same_way(tmp_path, name):
+    """Accepted with the RoPE type they name, or refused with the reason (as the loader does)."""
+    from transformers import AutoConfig
+
+    settings, expected = SHIPPED_CONFIGS[name]
+    (tmp_path / "config.json").write_text(json.dumps({**SHAPE, **settings}))
+    config = AutoConfig.from_pretrained(tmp_path, local_files_only=True)
+    if expected.startswith(settings["model_type"] + ","):
+        assert check_architecture(config) == expected
+    else:
+        with pytest.raises(UnsupportedModel, match=expected):
+            check_architecture(config)
+
+
 # -- what is refused, and why -----------------------------------------------------------------
 
 
