@@ -31,5 +31,11 @@ class Counters:
     def snapshot(self, queue: WorkQueue) -> dict[str, object]:
         with self._lock:
             by_mode = dict(self._by_mode)
-        return {"answered": sum(by_mode.values()), "by_mode": by_mode, "rejected": queue.num_rejected,
-                "running": queue.running, "waiting": queue.waiting, "capacity": queue.capacity}
+        return {
+            "answered": sum(by_mode.values()),
+            "by_mode": by_mode,
+            "rejected": queue.num_rejected,
+            "running": queue.running,
+            "waiting": queue.waiting,
+            "capacity": queue.capacity,
+        }

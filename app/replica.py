@@ -48,12 +48,18 @@ def new_replica_id() -> str:
 
 def stored_vector(chunk: IndexedChunk, embedder: Embedder) -> npt.NDArray[np.float32] | None:
     """The chunk's stored embedding if this replica's embedder made it; None: embed the text."""
-    if chunk.embedding is None or chunk.embedder != embedder.name or len(chunk.embedding) != 4 * embedder.dim:
+    if (
+        chunk.embedding is None
+        or chunk.embedder != embedder.name
+        or len(chunk.embedding) != 4 * embedder.dim
+    ):
         return None
     return np.frombuffer(chunk.embedding, dtype="<f4").astype(np.float32)
 
 
-def index_rows(catalog: Catalog, embedder: Embedder) -> Iterator[tuple[int, str, npt.NDArray[np.float32] | None]]:
+def index_rows(
+    catalog: Catalog, embedder: Embedder
+) -> Iterator[tuple[int, str, npt.NDArray[np.float32] | None]]:
     """(chunk id, embedding text, stored vector or None) of every retrievable chunk."""
     for chunk in catalog.iter_indexed_chunks():
         yield chunk.chunk_id, chunk.embedding_text, stored_vector(chunk, embedder)
@@ -102,7 +108,9 @@ class LeaseKeeper:
                 # without `committing`) lost nothing. Only ids still held were.
                 lost = (held - kept) & self._held
         for document_id in lost:
-            log.warning("the ingest lease of document %d was lost; its ingest will fail", document_id)
+            log.warning(
+                "the ingest lease of document %d was lost; its ingest will fail", document_id
+            )
         return lost
 
     def _run(self) -> None:
@@ -141,7 +149,8 @@ class IndexFollower:
 
     def resync(self) -> int:
         """Bring the index to exactly the catalog's retrievable chunks; returns rows changed."""
-        with self.retriever.updating():  # no delete between reading the catalog and changing the index
+        # no delete between reading the catalog and changing the index
+        with self.retriever.updating():
             cursor = self.catalog.last_change_seq()  # first, as at start-up
             wanted, held = set(self.catalog.indexed_chunk_ids()), set(self.retriever.index.ids())
             self.retriever.remove(sorted(held - wanted))
@@ -180,18 +189,27 @@ class IndexFollower:
             fresh = self.retriever.embed([c.embedding_text for c in unembedded])
             vectors.update({c.chunk_id: v for c, v in zip(unembedded, fresh)})
         # an add whose chunk is gone is applied as a removal (a later `remove` follows anyway)
-        return [IndexUpdate(c.seq, c.chunk_id, vectors.get(c.chunk_id) if c.op == ADD else None) for c in changes]
+        return [
+            IndexUpdate(c.seq, c.chunk_id, vectors.get(c.chunk_id) if c.op == ADD else None)
+            for c in changes
+        ]
 
 
-def reclaim_expired(catalog: Catalog, forget_document: Callable[[int], object], owner: str, lease_s: float) -> int:
+def reclaim_expired(
+    catalog: Catalog, forget_document: Callable[[int], object], owner: str, lease_s: float
+) -> int:
     """Delete the documents whose ingest lease expired (claimed first, so one replica does
     it); returns how many were deleted. `forget_document` deletes catalog rows, then KV."""
     removed = 0
     for ingest in catalog.expired_ingests():
         if not catalog.claim_ingest(ingest.document_id, owner, lease_s):
             continue  # renewed, finished or claimed by a peer meanwhile
-        log.warning("removing half-ingested document %d: its ingest by %s stopped renewing its lease at %s",
-                    ingest.document_id, ingest.owner, ingest.lease_expires_at.isoformat())
+        log.warning(
+            "removing half-ingested document %d: its ingest by %s stopped renewing its lease at %s",
+            ingest.document_id,
+            ingest.owner,
+            ingest.lease_expires_at.isoformat(),
+        )
         removed += forget_document(ingest.document_id) is not None
     return removed
 
@@ -213,7 +231,7 @@ class ReplicaDaemon:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="replica", daemon=True)
 
-    def start(self) -> "ReplicaDaemon":
+    def start(self) -> ReplicaDaemon:
         now = time.monotonic()
         for job in self.jobs:
             job.due = now + job.every_s

@@ -34,10 +34,16 @@ def retrieve_chunks(retriever: Retriever, catalog: Catalog, engine: Engine, ques
     """The top_k chunks for the question, best first; InvalidRequest if nothing is ingested."""
     hits = retriever.search(question, top_k)
     if not hits:
-        raise InvalidRequest("no documents are ingested yet: add some with POST /documents or `kvmosaic ingest`")
+        raise InvalidRequest(
+            "no documents are ingested yet: add some with POST /documents or `kvmosaic ingest`"
+        )
     rows = catalog.get_chunks([h.chunk_id for h in hits])
     documents = _documents(catalog, [r.document_id for r in rows if r is not None])
-    found = [(hit, row) for hit, row in zip(hits, rows) if row is not None and row.document_id in documents]
+    found = [
+        (hit, row)
+        for hit, row in zip(hits, rows)
+        if row is not None and row.document_id in documents
+    ]
     if not found:
         raise InvalidRequest("the retrieved chunks were just deleted; ask again")
     return [Retrieved(row, documents[row.document_id], hit.score,

@@ -15,8 +15,8 @@ import torch
 from engine.decode_attention import step_attention
 from engine.errors import InvalidRequest
 from engine.kv import KVCache
-from engine.linear import OneDnnLinear
 from engine.layers import DecoderStack
+from engine.linear import OneDnnLinear
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -118,7 +118,9 @@ def _measure_row_multiple(stack: DecoderStack, max_rows: int) -> int:
     return -(-max_rows // ROW_MULTIPLES[-1]) * ROW_MULTIPLES[-1]
 
 
-def _rows_agree(linear: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, multiple: int) -> bool:
+def _rows_agree(
+    linear: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, multiple: int
+) -> bool:
     """Whether every row of linear(x), for every row count that is a multiple of `multiple`
     up to x's rows, is bit-identical to that row computed alone in a block of `multiple` rows
     (as the invariant lone step pads it). Every row is checked, not only the first block:
@@ -152,9 +154,11 @@ def decode_batch(stack: DecoderStack, caches: Sequence[KVCache], tokens: Sequenc
     device = caches[0].data.device
     positions = [cache.length for cache in caches]
     pos = torch.tensor(positions + [0] * (rows - n), device=device)
-    hidden = stack.embed(torch.tensor(list(tokens) + [0] * (rows - n), device=device))  # [rows, hidden]
+    # [rows, hidden]
+    hidden = stack.embed(torch.tensor(list(tokens) + [0] * (rows - n), device=device))
     attention = step_attention(stack.decode_attention, caches, positions, stack.scale)
-    cos, sin = stack.rope_tables(pos, hidden)  # the same rows at every layer (it reads hidden's dtype only)
+    # the same rows at every layer (it reads hidden's dtype only)
+    cos, sin = stack.rope_tables(pos, hidden)
     for layer in range(stack.spec.num_layers):
         x = stack.input_norm(layer, hidden)
         kv = torch.stack(stack.project_kv(layer, x, cos, sin))  # [2, kv_heads, rows, head_dim]
@@ -167,7 +171,9 @@ def decode_batch(stack: DecoderStack, caches: Sequence[KVCache], tokens: Sequenc
     return stack.logits(hidden)[:n]
 
 
-def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+def pick_token(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> int:
     if params.temperature == 0.0:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits.float() / params.temperature, dim=-1)
@@ -177,7 +183,8 @@ def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
 
 
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Zero every token outside the smallest set whose mass reaches top_p (always keeps the top one)."""
+    """Zero every token outside the smallest set whose mass reaches top_p (always keeps the top
+    one)."""
     sorted_probs, order = probs.sort(descending=True)
     mass_before = sorted_probs.cumsum(0) - sorted_probs
     outside = mass_before >= top_p
@@ -211,11 +218,13 @@ class TextStream:
     """Text pieces of a stream of token ids (see `stream_text`); `close` also closes the ids'
     source, which for a batched request cancels its decoding."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, ids: TokenIds, collected: list[int] | None = None):
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, ids: TokenIds, collected: list[int] | None = None
+    ):
         self._ids = ids
         self._pieces = stream_text(tokenizer, ids, collected)
 
-    def __iter__(self) -> "TextStream":
+    def __iter__(self) -> TextStream:
         return self
 
     def __next__(self) -> str:

@@ -29,13 +29,17 @@ DEFAULT_BATCH_TOKENS = 2048
 class ChunkEncoder:
     """Packs chunks after a shared, already computed system prefix."""
 
-    def __init__(self, stack: DecoderStack, prefix_kv: ChunkKV, fingerprint: str, prefix_digest: str):
+    def __init__(
+        self, stack: DecoderStack, prefix_kv: ChunkKV, fingerprint: str, prefix_digest: str
+    ):
         self.stack = stack
         self.prefix_kv = prefix_kv  # kv: [layers, 2, kv_heads, P, head_dim]
         self.prefix_len = prefix_kv.num_tokens
         self.fingerprint, self.prefix_digest = fingerprint, prefix_digest
 
-    def encode(self, chunks: Sequence[tuple[int, ...]], batch_tokens: int = DEFAULT_BATCH_TOKENS) -> list[ChunkKV]:
+    def encode(
+        self, chunks: Sequence[tuple[int, ...]], batch_tokens: int = DEFAULT_BATCH_TOKENS
+    ) -> list[ChunkKV]:
         """Every chunk's base variant, in order. Chunks must be non-empty (the caller checks
         lengths against the model's context)."""
         out: list[ChunkKV] = []
@@ -48,12 +52,16 @@ class ChunkEncoder:
         stack, spec, p = self.stack, self.stack.spec, self.prefix_len
         device = stack.embed_tokens.weight.device
         lengths = [len(c) for c in chunks]
-        bounds = torch.tensor([0, *lengths]).cumsum(0).tolist()  # chunk i: rows [bounds[i], bounds[i+1])
+        # chunk i: rows [bounds[i], bounds[i+1])
+        bounds = torch.tensor([0, *lengths]).cumsum(0).tolist()
         ids = torch.tensor([t for c in chunks for t in c], device=device)
         positions = torch.cat([torch.arange(p, p + n, device=device) for n in lengths])
         hidden = stack.embed(ids)  # [rows, hidden]
         cos, sin = stack.rope_tables(positions, hidden)
-        layouts = {n: QueryLayout(torch.arange(p, p + n, device=device), p + n, hidden.dtype) for n in set(lengths)}
+        layouts = {
+            n: QueryLayout(torch.arange(p, p + n, device=device), p + n, hidden.dtype)
+            for n in set(lengths)
+        }
         # kv: [layers, 2, kv_heads, rows, head_dim], every chunk's rows side by side
         kv = hidden.new_empty(spec.num_layers, 2, spec.num_kv_heads, ids.numel(), spec.head_dim)
         for layer in range(spec.num_layers):
@@ -65,13 +73,26 @@ class ChunkEncoder:
             q = stack.project_q(layer, x, cos, sin)  # [heads, rows, head_dim]
             prefix = self.prefix_kv.layer(layer)  # [2, kv_heads, P, head_dim]
             attn = torch.cat([self._attend(q, k, v, prefix, start, end, layouts[end - start])
-                              for start, end in zip(bounds[:-1], bounds[1:])])  # [rows, heads * head_dim]
+                              # [rows, heads * head_dim]
+                              for start, end in zip(bounds[:-1], bounds[1:])])
             hidden = stack.finish_layer(layer, hidden, attn)
-        return [ChunkKV(chunk, kv[:, :, :, start:end].contiguous(), p, self.fingerprint, self.prefix_digest)
-                for chunk, start, end in zip(chunks, bounds[:-1], bounds[1:])]
+        return [
+            ChunkKV(
+                chunk, kv[:, :, :, start:end].contiguous(), p, self.fingerprint, self.prefix_digest
+            )
+            for chunk, start, end in zip(chunks, bounds[:-1], bounds[1:])
+        ]
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: torch.Tensor, start: int, end: int,
-                layout: QueryLayout) -> torch.Tensor:
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        prefix: torch.Tensor,
+        start: int,
+        end: int,
+        layout: QueryLayout,
+    ) -> torch.Tensor:
         """Chunk rows [start, end) over the prefix's keys and their own: [n, heads * head_dim]."""
         keys = torch.cat([prefix[0], k[:, start:end]], dim=1)  # [kv_heads, P + n, head_dim]
         values = torch.cat([prefix[1], v[:, start:end]], dim=1)

@@ -8,8 +8,9 @@ delta; V is position-free.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
@@ -101,7 +102,9 @@ class KVCache:
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
                  dtype: torch.dtype, device: torch.device):
-        self.data = torch.empty(num_layers, 2, num_kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.data = torch.empty(
+            num_layers, 2, num_kv_heads, capacity, head_dim, dtype=dtype, device=device
+        )
         self.length = 0
 
     @property
@@ -115,5 +118,6 @@ class KVCache:
         return self.data[layer, 1, :, :end]
 
     def rows(self, start: int, end: int) -> torch.Tensor:
-        """A copy of rows [start, end) of every layer: [layers, 2, kv_heads, end - start, head_dim]."""
+        """A copy of rows [start, end) of every layer:
+        [layers, 2, kv_heads, end - start, head_dim]."""
         return self.data[:, :, :, start:end].clone()

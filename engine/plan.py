@@ -83,8 +83,11 @@ class PlanRequest:
     def all_cached_spans(self) -> list[CachedSpan]:
         """The system prefix plus every chunk that has cached KV."""
         spans = [CachedSpan(0, self.prefix)]
-        spans += [CachedSpan(start, c.kv) for c, (start, _) in zip(self.chunks, self.layout.chunk_spans)
-                  if c.kv is not None]
+        spans += [
+            CachedSpan(start, c.kv)
+            for c, (start, _) in zip(self.chunks, self.layout.chunk_spans)
+            if c.kv is not None
+        ]
         return spans
 
     def pinned_mask(self) -> torch.Tensor:
@@ -120,8 +123,13 @@ class PlanRequest:
         """Per chunk, whether a prefill that computed `layers_computed` layers per row left
         its rows exact in this prompt (see `exact_in_context`)."""
         contexts = [exact_context(c.kv) for c in self.chunks]
-        return exact_in_context([c.chunk_id for c in self.chunks], contexts, self.layout.chunk_spans,
-                                layers_computed, self.num_layers)
+        return exact_in_context(
+            [c.chunk_id for c in self.chunks],
+            contexts,
+            self.layout.chunk_spans,
+            layers_computed,
+            self.num_layers,
+        )
 
     def context_mask(self) -> torch.Tensor:
         """bool [total_len]: rows of chunks that have cached KV (candidates for reuse)."""
@@ -214,7 +222,9 @@ def exact_in_context(chunk_ids: Sequence[ChunkId], contexts: Sequence[tuple[Chun
     exact, out = True, []
     for i, (context, (start, end)) in enumerate(zip(contexts, spans)):
         from_exact_source = context is not None and tuple(context) == tuple(chunk_ids[:i])
-        computed_fully = layers_computed is not None and bool((layers_computed[start:end] >= num_layers).all())
+        computed_fully = layers_computed is not None and bool(
+            (layers_computed[start:end] >= num_layers).all()
+        )
         exact = exact and (from_exact_source or computed_fully)
         out.append(exact)
     return out

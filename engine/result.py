@@ -55,7 +55,8 @@ class PrefillResult:
     chunks: list[ChunkReport]
     fallback_reason: str | None = None
     layers_computed: torch.Tensor | None = None  # [prompt rows] layers of attention + MLP per row
-    guard: GuardReport | None = None  # what the fidelity guard estimated and spent (engine/guard.py)
+    # what the fidelity guard estimated and spent (engine/guard.py)
+    guard: GuardReport | None = None
     generated_ids: list[int] = field(default_factory=list)
     # set by Engine.prefill: the guard's watch while decoding (None: unwatched) and the
     # reference prefill of the prompt plus given answer ids that replaces a fired state
@@ -93,8 +94,14 @@ class PrefillResult:
         self._decoding = True
 
 
-def chunk_reports(chunks: Sequence[ChunkInput], layout: PromptLayout, out: RunOutput, num_layers: int,
-                  mode: str, decisions: Sequence[ChunkDecision] | None = None) -> list[ChunkReport]:
+def chunk_reports(
+    chunks: Sequence[ChunkInput],
+    layout: PromptLayout,
+    out: RunOutput,
+    num_layers: int,
+    mode: str,
+    decisions: Sequence[ChunkDecision] | None = None,
+) -> list[ChunkReport]:
     reports = []
     decisions = decisions or [ChunkDecision(mode)] * len(chunks)
     for chunk, decision, (start, end) in zip(chunks, decisions, layout.chunk_spans):

@@ -54,19 +54,20 @@ class _Rows:
     sin: torch.Tensor
     queries: QueryLayout
 
-    def keep(self, index: torch.Tensor, num_keys: int) -> "_Rows":
+    def keep(self, index: torch.Tensor, num_keys: int) -> _Rows:
         active = self.active[index]
         return _Rows(active, active.cpu(), self.hidden[index], self.cos[index], self.sin[index],
                      QueryLayout(active, num_keys, self.hidden.dtype))
 
-    def with_hidden(self, hidden: torch.Tensor) -> "_Rows":
+    def with_hidden(self, hidden: torch.Tensor) -> _Rows:
         return _Rows(self.active, self.active_cpu, hidden, self.cos, self.sin, self.queries)
 
 
 class LayerRunner:
     def __init__(self, stack: DecoderStack, meter: WorkMeter | None = None):
         self.stack = stack
-        self.meter = meter or WorkMeter()  # every run's layer-rows, for benchmarks that charge all work
+        # every run's layer-rows, for benchmarks that charge all work
+        self.meter = meter or WorkMeter()
 
     def run(self, ids: torch.Tensor, plan: Plan, capacity: int, want_logits: bool = True,
             last_layer: int | None = None) -> RunOutput:
@@ -78,7 +79,9 @@ class LayerRunner:
         _check_plan(plan, total)
         num_layers = spec.num_layers if last_layer is None else last_layer + 1
         weights = self.stack.embed_tokens.weight
-        cache = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, capacity, weights.dtype, ids.device)
+        cache = KVCache(
+            spec.num_layers, spec.num_kv_heads, spec.head_dim, capacity, weights.dtype, ids.device
+        )
         rows = self._initial_rows(ids, plan.initial_active.to(ids.device), total)
         book = _Bookkeeping(total, plan.initial_active)
         for layer in range(num_layers):
@@ -87,13 +90,19 @@ class LayerRunner:
             book.layer_done(rows.active_cpu)
         cache.length = total
         self.meter.add(book.computed)
-        logits = self.stack.logits(rows.hidden[-1:])[0] if want_logits and num_layers == spec.num_layers else None
+        logits = (
+            self.stack.logits(rows.hidden[-1:])[0]
+            if want_logits and num_layers == spec.num_layers
+            else None
+        )
         return RunOutput(cache, logits, book.computed, book.selected, book.stopped_layer)
 
     def _initial_rows(self, ids: torch.Tensor, active: torch.Tensor, total: int) -> _Rows:
         hidden = self.stack.embed(ids[active])
         cos, sin = self.stack.rope_tables(active, hidden)
-        return _Rows(active, active.cpu(), hidden, cos, sin, QueryLayout(active, total, hidden.dtype))
+        return _Rows(
+            active, active.cpu(), hidden, cos, sin, QueryLayout(active, total, hidden.dtype)
+        )
 
     def _fill_cached(self, cache: KVCache, plan: Plan, layer: int, is_active: torch.Tensor) -> None:
         """Copy this layer of every cached span into the cache, K shifted to its new place.
@@ -109,7 +118,7 @@ class LayerRunner:
             ops.rope_shift_(rows[0], span.delta, self.stack.inv_freq)
 
     def _run_layer(self, layer: int, cache: KVCache, plan: Plan, rows: _Rows, total: int,
-                   book: "_Bookkeeping") -> _Rows:
+                   book: _Bookkeeping) -> _Rows:
         stack, active = self.stack, rows.active
         x = stack.input_norm(layer, rows.hidden)
         k, v = stack.project_kv(layer, x, rows.cos, rows.sin)
@@ -121,7 +130,9 @@ class LayerRunner:
         ops.scatter_rows_(cache.data[layer, 1], active, v)
         if selects:
             attention_from = partial(self._attention_from, layer, x, rows, cache.keys(layer, total))
-            keep = plan.select(layer, LayerView(layer, active, k, v, cached[0], cached[1], attention_from))
+            keep = plan.select(
+                layer, LayerView(layer, active, k, v, cached[0], cached[1], attention_from)
+            )
         if keep is not None:
             rows, x = self._keep(plan, rows, x, keep, total)
             book.dropped(rows.active_cpu)
@@ -144,7 +155,9 @@ class LayerRunner:
         return attention_mass(q, keys, rows.active[which], self.stack.scale)[rows.active]
 
     @staticmethod
-    def _keep(plan: Plan, rows: _Rows, x: torch.Tensor, keep: torch.Tensor, total: int) -> tuple[_Rows, torch.Tensor]:
+    def _keep(
+        plan: Plan, rows: _Rows, x: torch.Tensor, keep: torch.Tensor, total: int
+    ) -> tuple[_Rows, torch.Tensor]:
         keep = keep.to(rows.active.device)
         _check_keep(plan, rows.active, keep)
         return rows.keep(keep, total), x[keep]

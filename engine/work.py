@@ -1,4 +1,5 @@
-"""Model work done by a process: every layer-row a prefill-style run computed, counted as it happens.
+"""Model work done by a process: every layer-row a prefill-style run computed, counted as it
+happens.
 
 The layer runner adds each run's per-row layer counts here (request prefills, base KV computed
 at ingest or on a miss, Cache-Craft variant builds in the background, statistics passes), so a
@@ -31,11 +32,11 @@ class WorkTotals:
     layer_rows: int = 0
     key_rows: int = 0
 
-    def __add__(self, other: "WorkTotals") -> "WorkTotals":
+    def __add__(self, other: WorkTotals) -> WorkTotals:
         return WorkTotals(self.runs + other.runs, self.layer_rows + other.layer_rows,
                           self.key_rows + other.key_rows)
 
-    def __sub__(self, other: "WorkTotals") -> "WorkTotals":
+    def __sub__(self, other: WorkTotals) -> WorkTotals:
         return WorkTotals(self.runs - other.runs, self.layer_rows - other.layer_rows,
                           self.key_rows - other.key_rows)
 

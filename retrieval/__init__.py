@@ -10,4 +10,12 @@ from retrieval.index import Hit, VectorIndex
 from retrieval.retriever import Retriever
 from retrieval.sources import SourceDocument, load_sources
 
-__all__ = ["Chunker", "Hit", "Retriever", "SourceDocument", "TextChunk", "VectorIndex", "load_sources"]
+__all__ = [
+    "Chunker",
+    "Hit",
+    "Retriever",
+    "SourceDocument",
+    "TextChunk",
+    "VectorIndex",
+    "load_sources",
+]

@@ -6,7 +6,8 @@ space (Gaussian latent points mapped by a random matrix, plus isotropic noise, n
 sentence embeddings have a low intrinsic dimension, and at the defaults a query's nearest
 neighbour has cosine ~0.7 and its 10th ~0.6, as for MiniLM over a corpus. Uniform random
 vectors would have no neighbourhood structure; well-separated clusters would make every
-index look perfect. Queries are fresh points of the same distribution. recall@10 = the share of the flat index's
+index look perfect. Queries are fresh points of the same distribution. recall@10 = the share of the
+flat index's
 10 nearest rows that IVF also returns in its top 10, averaged over the queries. Latency is
 per single-query search (what `/ask` does), one thread, median and p99 over the queries.
 Memory is what each index holds: vectors (N x dim x 4 bytes) plus ids, and IVF's centroids.
@@ -56,9 +57,15 @@ class RetrievalRow:
     build_s: float  # IVF training + adding every row
 
 
-def synthetic(n: int, options: RetrievalBenchOptions, rng: np.random.Generator) -> npt.NDArray[np.float32]:
+def synthetic(
+    n: int, options: RetrievalBenchOptions, rng: np.random.Generator
+) -> npt.NDArray[np.float32]:
     """[n, dim] float32 unit vectors near the latent subspace (its map drawn once per seed)."""
-    mapping = np.random.default_rng(options.seed).normal(size=(options.latent, options.dim)).astype(np.float32)
+    mapping = (
+        np.random.default_rng(options.seed)
+        .normal(size=(options.latent, options.dim))
+        .astype(np.float32)
+    )
     scale = options.noise * np.sqrt(options.latent)  # noise relative to the signal's per-dim spread
     out = np.empty((n, options.dim), dtype=np.float32)
     for start in range(0, n, 100_000):  # bounded temporaries at 1e6
@@ -69,7 +76,9 @@ def synthetic(n: int, options: RetrievalBenchOptions, rng: np.random.Generator) 
     return out
 
 
-def run_retrieval_bench(options: RetrievalBenchOptions, log: Callable[[str], object] = print) -> list[RetrievalRow]:
+def run_retrieval_bench(
+    options: RetrievalBenchOptions, log: Callable[[str], object] = print
+) -> list[RetrievalRow]:
     faiss.omp_set_num_threads(1)  # one query at a time on one thread, as a request runs it
     rows = []
     for size in options.sizes:
@@ -95,12 +104,25 @@ def _measure(size: int, vectors: npt.NDArray[np.float32], queries: npt.NDArray[n
     found, ivf_ms = _search_all(approx, queries)
     recall = float(np.mean([len(set(e) & set(f)) / K for e, f in zip(exact, found)]))
     vector_bytes = size * (options.dim * 4 + 8)
-    return RetrievalRow(size, nlist, options.nprobe, _p(flat_ms, 50), _p(flat_ms, 99), _p(ivf_ms, 50), _p(ivf_ms, 99),
-                        _p(flat_ms, 50) / max(_p(ivf_ms, 50), 1e-9), recall, vector_bytes / 2**20,
-                        (vector_bytes + nlist * options.dim * 4) / 2**20, build_s)
+    return RetrievalRow(
+        size,
+        nlist,
+        options.nprobe,
+        _p(flat_ms, 50),
+        _p(flat_ms, 99),
+        _p(ivf_ms, 50),
+        _p(ivf_ms, 99),
+        _p(flat_ms, 50) / max(_p(ivf_ms, 50), 1e-9),
+        recall,
+        vector_bytes / 2**20,
+        (vector_bytes + nlist * options.dim * 4) / 2**20,
+        build_s,
+    )
 
 
-def _search_all(index: faiss.Index, queries: npt.NDArray[np.float32]) -> tuple[list[list[int]], list[float]]:
+def _search_all(
+    index: faiss.Index, queries: npt.NDArray[np.float32]
+) -> tuple[list[list[int]], list[float]]:
     results, times = [], []
     for query in queries:
         started = time.perf_counter()
@@ -114,15 +136,22 @@ def _p(values: list[float], q: float) -> float:
     return float(np.percentile(values, q))
 
 
-HEADER = (f"{'rows':>9} {'lists':>6} {'probe':>5} {'flat p50':>9} {'flat p99':>9} {'ivf p50':>8} {'ivf p99':>8} "
-          f"{'speedup':>7} {'recall@10':>9} {'flat MiB':>9} {'ivf MiB':>8} {'build s':>8}")
+HEADER = (
+    f"{'rows':>9} {'lists':>6} {'probe':>5} {'flat p50':>9} {'flat p99':>9} {'ivf p50':>8} "
+    f"{'ivf p99':>8} "
+    f"{'speedup':>7} {'recall@10':>9} {'flat MiB':>9} {'ivf MiB':>8} {'build s':>8}"
+)
 
 
 def format_row(r: RetrievalRow) -> str:
-    return (f"{r.size:>9} {r.nlist:>6} {r.nprobe:>5} {r.flat_ms_p50:>7.2f}ms {r.flat_ms_p99:>7.2f}ms "
-            f"{r.ivf_ms_p50:>6.2f}ms {r.ivf_ms_p99:>6.2f}ms {r.speedup:>6.1f}x {r.recall_at_10:>9.3f} "
-            f"{r.flat_mib:>9.1f} {r.ivf_mib:>8.1f} {r.build_s:>8.1f}")
+    return (
+        f"{r.size:>9} {r.nlist:>6} {r.nprobe:>5} {r.flat_ms_p50:>7.2f}ms {r.flat_ms_p99:>7.2f}ms "
+        f"{r.ivf_ms_p50:>6.2f}ms {r.ivf_ms_p99:>6.2f}ms {r.speedup:>6.1f}x {r.recall_at_10:>9.3f} "
+        f"{r.flat_mib:>9.1f} {r.ivf_mib:>8.1f} {r.build_s:>8.1f}"
+    )
 
 
 def write_json(rows: list[RetrievalRow], options: RetrievalBenchOptions, path: Path) -> None:
-    path.write_text(json.dumps({"options": asdict(options), "rows": [asdict(r) for r in rows]}, indent=2))
+    path.write_text(
+        json.dumps({"options": asdict(options), "rows": [asdict(r) for r in rows]}, indent=2)
+    )

@@ -38,7 +38,9 @@ class _Piece:
 class Chunker:
     """Splits text into chunks of at most `chunk_tokens` tokens, overlapping by `overlap_tokens`."""
 
-    def __init__(self, count_tokens: Callable[[str], int], chunk_tokens: int = 384, overlap_tokens: int = 48):
+    def __init__(
+        self, count_tokens: Callable[[str], int], chunk_tokens: int = 384, overlap_tokens: int = 48
+    ):
         if chunk_tokens < 8:
             raise ValueError("chunk_tokens must be at least 8")
         if not 0 <= overlap_tokens < chunk_tokens // 2:
@@ -55,7 +57,9 @@ class Chunker:
         while first < len(pieces):
             last = self._pack(text, pieces, first)
             start, end = pieces[first].start, pieces[last].end
-            chunks.append(TextChunk(text[start:end], start, end, self.count_tokens(text[start:end])))
+            chunks.append(
+                TextChunk(text[start:end], start, end, self.count_tokens(text[start:end]))
+            )
             if last == len(pieces) - 1:
                 break
             first = self._overlap_start(pieces, first, last)
@@ -68,7 +72,10 @@ class Chunker:
             last += 1
             total += pieces[last].tokens
         # Summed counts approximate the joined text's count; trust only the real count.
-        while last > first and self.count_tokens(text[pieces[first].start:pieces[last].end]) > self.chunk_tokens:
+        while (
+            last > first
+            and self.count_tokens(text[pieces[first].start : pieces[last].end]) > self.chunk_tokens
+        ):
             last -= 1
         return last
 
@@ -88,11 +95,18 @@ class Chunker:
         pieces, piece_start, piece_end = [], start, start
         for word in re.finditer(r"\S+", text[start:end]):
             word_end = start + word.end()
-            if piece_end > piece_start and self.count_tokens(text[piece_start:word_end]) > self.chunk_tokens:
-                pieces.append(_Piece(piece_start, piece_end, self.count_tokens(text[piece_start:piece_end])))
+            if (
+                piece_end > piece_start
+                and self.count_tokens(text[piece_start:word_end]) > self.chunk_tokens
+            ):
+                pieces.append(
+                    _Piece(piece_start, piece_end, self.count_tokens(text[piece_start:piece_end]))
+                )
                 piece_start = start + word.start()
             piece_end = word_end
-        pieces.append(_Piece(piece_start, piece_end, self.count_tokens(text[piece_start:piece_end])))
+        pieces.append(
+            _Piece(piece_start, piece_end, self.count_tokens(text[piece_start:piece_end]))
+        )
         return pieces
 
 

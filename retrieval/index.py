@@ -117,10 +117,15 @@ class VectorIndex:
             return int(self._index.remove_ids(id_array))  # type: ignore[arg-type]  # an id array, as in `add`
 
     def _reshape_if_grown(self) -> None:
-        """Switch to IVF past `approx_above` rows, or retrain it past `regrow` x its trained size."""
+        """Switch to IVF past `approx_above` rows, or retrain it past `regrow` x its trained
+        size."""
         with self._lock:
             rows, limit = int(self._index.ntotal), self.config.approx_above
-            grown = rows > limit if not self.approximate else rows > self.config.regrow * self._trained_rows
+            grown = (
+                rows > limit
+                if not self.approximate
+                else rows > self.config.regrow * self._trained_rows
+            )
             if not limit or not grown or self._training:
                 return
             self._training = True
@@ -134,13 +139,18 @@ class VectorIndex:
                 ids, vectors = ivf.rows(self._index)
                 trained.add_with_ids(vectors, ids)
                 self._index, self._trained_rows = trained, len(ids)
-            log.info("vector index: %d rows now in IVF with %d lists (%.1f s)", len(ids), trained.nlist,
-                     time.perf_counter() - started)
+            log.info(
+                "vector index: %d rows now in IVF with %d lists (%.1f s)",
+                len(ids),
+                trained.nlist,
+                time.perf_counter() - started,
+            )
         finally:
             self._training = False
 
     def search(self, vector: npt.NDArray[np.float32], k: int) -> list[Hit]:
-        """The k nearest rows to one query vector [dim], best first (fewer if the index is small)."""
+        """The k nearest rows to one query vector [dim], best first (fewer if the index is
+        small)."""
         query = np.ascontiguousarray(vector, dtype=np.float32).reshape(1, self.dim)
         one_faiss_thread()
         with self._lock:
@@ -157,13 +167,18 @@ class VectorIndex:
             ids = [int(i) for i in ivf.ids_of(self._index)]
             _atomic_write(directory / INDEX_FILE, faiss.serialize_index(self._index).tobytes())
             trained = self._trained_rows
-        manifest = {"embedder": self.embedder_name, "dim": self.dim, "rows": len(ids), "ids": ids_digest(ids),
-                    "trained_rows": trained}
+        manifest = {
+            "embedder": self.embedder_name,
+            "dim": self.dim,
+            "rows": len(ids),
+            "ids": ids_digest(ids),
+            "trained_rows": trained,
+        }
         _atomic_write(directory / MANIFEST_FILE, json.dumps(manifest).encode())
 
     @classmethod
     def load(cls, directory: Path, dim: int, embedder_name: str, expected_ids: Iterable[int],
-             config: IndexConfig = IndexConfig()) -> "VectorIndex | None":
+             config: IndexConfig = IndexConfig()) -> VectorIndex | None:
         """The saved index if it holds exactly `expected_ids` under this embedder; else None.
 
         A saved IVF index is used only while `config` still wants one (`approx_above`)."""

@@ -26,7 +26,9 @@ def default_nlist(num_rows: int) -> int:
     return max(16, min(65536, int(math.sqrt(max(1, num_rows)))))
 
 
-def train_ivf(vectors: npt.NDArray[np.float32], nlist: int, nprobe: int, seed: int = 0) -> faiss.IndexIVFFlat:
+def train_ivf(
+    vectors: npt.NDArray[np.float32], nlist: int, nprobe: int, seed: int = 0
+) -> faiss.IndexIVFFlat:
     """An empty, trained IVF-Flat index for unit vectors [n, dim] (trains on a sample)."""
     dim = vectors.shape[1]
     sample = vectors
@@ -35,7 +37,8 @@ def train_ivf(vectors: npt.NDArray[np.float32], nlist: int, nprobe: int, seed: i
         sample = vectors[np.random.default_rng(seed).choice(len(vectors), limit, replace=False)]
     quantizer = faiss.IndexFlatIP(dim)
     index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
-    # the IVF index frees its quantizer (own_fields), not Python; `this` is SWIG's, not in faiss's stub
+    # the IVF index frees its quantizer (own_fields), not Python; `this` is SWIG's, not in faiss's
+    # stub
     quantizer.this.disown()  # type: ignore[attr-defined]
     index.own_fields = True
     index.cp.seed = seed
@@ -57,7 +60,11 @@ def rows(index: faiss.Index) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.floa
         return _ivf_rows(index)
     flat = cast(faiss.IndexIDMap2, index)  # not IVF: the flat kind, IDMap2 over IndexFlatIP
     ids = faiss.vector_to_array(flat.id_map).astype(np.int64)
-    vectors = flat.index.reconstruct_n(0, flat.ntotal) if flat.ntotal else np.zeros((0, flat.d), np.float32)
+    vectors = (
+        flat.index.reconstruct_n(0, flat.ntotal)
+        if flat.ntotal
+        else np.zeros((0, flat.d), np.float32)
+    )
     return ids, np.asarray(vectors, dtype=np.float32).reshape(-1, flat.d)
 
 
@@ -84,7 +91,9 @@ def _ivf_rows(index: faiss.IndexIVF) -> tuple[npt.NDArray[np.int64], npt.NDArray
             codes.append(faiss.rev_swig_ptr(lists.get_codes(i), size * lists.code_size).copy())
     if not ids:
         return np.zeros(0, np.int64), np.zeros((0, dim), np.float32)
-    return np.concatenate(ids).astype(np.int64), np.concatenate(codes).view(np.float32).reshape(-1, dim)
+    return np.concatenate(ids).astype(np.int64), np.concatenate(codes).view(np.float32).reshape(
+        -1, dim
+    )
 
 
 def _lists(index: faiss.IndexIVF) -> faiss.InvertedLists:

@@ -61,13 +61,24 @@ class Retriever:
         self._apply_lock = threading.RLock()
 
     @classmethod
-    def open(cls, embedder: Embedder, directory: Path, chunk_ids: Iterable[int], chunk_texts: ChunkTexts,
-             batch_size: int = 256, config: IndexConfig = IndexConfig()) -> "Retriever":
+    def open(
+        cls,
+        embedder: Embedder,
+        directory: Path,
+        chunk_ids: Iterable[int],
+        chunk_texts: ChunkTexts,
+        batch_size: int = 256,
+        config: IndexConfig = IndexConfig(),
+    ) -> Retriever:
         """Load the saved index if it is fresh for `chunk_ids`; else rebuild and save it."""
         ids = list(chunk_ids)
         index = VectorIndex.load(directory, embedder.dim, embedder.name, ids, config)
-        retriever = cls(embedder, index or VectorIndex(embedder.dim, embedder.name, config=config), directory,
-                        config)
+        retriever = cls(
+            embedder,
+            index or VectorIndex(embedder.dim, embedder.name, config=config),
+            directory,
+            config,
+        )
         if index is None:
             retriever.rebuild(chunk_texts(), batch_size)
         return retriever
@@ -87,7 +98,11 @@ class Retriever:
             fresh.add([r[0] for r in batch], self._vectors(batch))
         self.index = fresh
         self.save()
-        log.info("rebuilt the vector index: %d chunks in %.1f s", len(fresh), time.perf_counter() - started)
+        log.info(
+            "rebuilt the vector index: %d chunks in %.1f s",
+            len(fresh),
+            time.perf_counter() - started,
+        )
         return len(fresh)
 
     def _vectors(self, rows: Sequence[ChunkRow]) -> npt.NDArray[np.float32]:

@@ -38,7 +38,9 @@ def inter_intra_terms(inter: Mapping[ChunkId, float], sizes: Mapping[ChunkId, in
     return a, b
 
 
-def beta(inter: Mapping[ChunkId, float], old_context: Sequence[ChunkId], new_context: Sequence[ChunkId]) -> float:
+def beta(
+    inter: Mapping[ChunkId, float], old_context: Sequence[ChunkId], new_context: Sequence[ChunkId]
+) -> float:
     """Share of the variant's inter-attention that went to chunks still present before it.
 
     An empty old context (nothing was attended) gives 1 when the new context is empty too
@@ -63,7 +65,9 @@ def gamma(old_context: Sequence[ChunkId], new_context: Sequence[ChunkId]) -> flo
     return discordant / (m * (m - 1) / 2)
 
 
-def beta_prime(inter: Mapping[ChunkId, float], old_context: Sequence[ChunkId], new_context: Sequence[ChunkId]) -> float:
+def beta_prime(
+    inter: Mapping[ChunkId, float], old_context: Sequence[ChunkId], new_context: Sequence[ChunkId]
+) -> float:
     return beta(inter, old_context, new_context) * (1.0 - gamma(old_context, new_context))
 
 

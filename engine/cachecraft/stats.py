@@ -2,7 +2,8 @@
 
 `measure_context_stats` runs the first layers of the prompt (or all of them) with every row
 active (the system prefix from its exact cache), and at each measured layer adds up, per
-query row, the attention mass that falls on each segment (prefix, chunk j, ...). Scores are formed in blocks
+query row, the attention mass that falls on each segment (prefix, chunk j, ...). Scores are formed
+in blocks
 of query rows, so memory stays bounded ([heads, block, keys]) even at 8k tokens. Masses are
 averaged over heads and measured layers.
 
@@ -43,8 +44,14 @@ class ChunkStats:
     cci: float
 
 
-def segment_attention_mass(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, segments: torch.Tensor,
-                           num_segments: int, scale: float) -> torch.Tensor:
+def segment_attention_mass(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_pos: torch.Tensor,
+    segments: torch.Tensor,
+    num_segments: int,
+    scale: float,
+) -> torch.Tensor:
     """Per query row, the attention mass on each key segment, averaged over heads.
 
     q: [heads, m, head_dim] (after RoPE); k: [kv_heads, n, head_dim]; q_pos: [m] ascending;
@@ -66,7 +73,9 @@ def segment_attention_mass(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor
     return torch.cat(out, dim=0)
 
 
-def chunk_stats(mass: torch.Tensor, layout: PromptLayout, chunk_ids: Sequence[ChunkId]) -> list[ChunkStats]:
+def chunk_stats(
+    mass: torch.Tensor, layout: PromptLayout, chunk_ids: Sequence[ChunkId]
+) -> list[ChunkStats]:
     """Per-chunk statistics from the per-row segment masses of the whole prompt.
 
     mass: [total_len, num_chunks + 2] with segment 0 the prefix, 1 + j chunk j, last the
@@ -74,7 +83,7 @@ def chunk_stats(mass: torch.Tensor, layout: PromptLayout, chunk_ids: Sequence[Ch
     """
     sizes = {cid: end - start for cid, (start, end) in zip(chunk_ids, layout.chunk_spans)}
     stats = []
-    for i, (cid, (start, end)) in enumerate(zip(chunk_ids, layout.chunk_spans)):
+    for i, (_cid, (start, end)) in enumerate(zip(chunk_ids, layout.chunk_spans)):
         rows = mass[start:end]  # [n_i, S]
         before = tuple(chunk_ids[:i])
         inter = {j: float(rows[:, 1 + jj].sum()) for jj, j in enumerate(before)}
@@ -85,9 +94,11 @@ def chunk_stats(mass: torch.Tensor, layout: PromptLayout, chunk_ids: Sequence[Ch
     return stats
 
 
-def measure_context_stats(runner: LayerRunner, layout: PromptLayout, chunk_ids: Sequence[ChunkId],
-                          prefix_kv: KVSource, layers: Sequence[int], all_layers: bool = False,
-                          exact_chunks: Sequence[KVSource] = ()) -> tuple[list[ChunkStats], RunOutput]:
+def measure_context_stats(runner: LayerRunner, layout: PromptLayout,
+                          chunk_ids: Sequence[ChunkId], prefix_kv: KVSource,
+                          layers: Sequence[int], all_layers: bool = False,
+                          exact_chunks: Sequence[KVSource] = (),
+                          ) -> tuple[list[ChunkStats], RunOutput]:
     """Statistics of the chunks of `layout` in their context, from the given layers.
 
     Runs layers 0..max(layers) with every row after the system prefix active (every layer
@@ -103,7 +114,9 @@ def measure_context_stats(runner: LayerRunner, layout: PromptLayout, chunk_ids: 
     total = ids.numel()
     num_segments = len(layout.chunk_ids) + 2
     skip = len(exact_chunks)
-    first = layout.chunk_spans[skip][0] if skip < len(layout.chunk_spans) else layout.question_span[0]
+    first = (
+        layout.chunk_spans[skip][0] if skip < len(layout.chunk_spans) else layout.question_span[0]
+    )
     spans = [CachedSpan(0, prefix_kv)] + [CachedSpan(start, kv) for kv, (start, _)
                                           in zip(exact_chunks, layout.chunk_spans)]
     plan = _MeasurePlan(spans, torch.arange(first, total), torch.ones(total, dtype=torch.bool),
@@ -119,8 +132,15 @@ def measure_context_stats(runner: LayerRunner, layout: PromptLayout, chunk_ids: 
 class _MeasurePlan(Plan):
     """Every row after the prefix, every layer; records segment masses at the chosen layers."""
 
-    def __init__(self, cached_spans: list[CachedSpan], initial_active: torch.Tensor, pinned: torch.Tensor,
-                 layers: set[int], segments: torch.Tensor, num_segments: int):
+    def __init__(
+        self,
+        cached_spans: list[CachedSpan],
+        initial_active: torch.Tensor,
+        pinned: torch.Tensor,
+        layers: set[int],
+        segments: torch.Tensor,
+        num_segments: int,
+    ):
         super().__init__(cached_spans, initial_active, pinned)
         self.layers, self.segments, self.num_segments = layers, segments, num_segments
         self.masses: list[torch.Tensor] = []

@@ -38,13 +38,35 @@ LIBRARY_NAME = "libkvmosaic_cpu.so"
 ABI_VERSION = 2  # KVM_CPU_ABI_VERSION in decode_attention.c
 # fp-contract=fast lets the compiler fuse multiply-adds: the results are fixed by the binary
 # (the same on every call, whatever the batch), which is all the engine needs of them.
-COMPILE_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
+COMPILE_FLAGS = (
+    "-O3",
+    "-march=native",
+    "-ffp-contract=fast",
+    "-fopenmp",
+    "-fPIC",
+    "-shared",
+    "-std=gnu11",
+)
 
 _i64p = ctypes.c_void_p
 SIGNATURES = {
-    "kvm_cpu_decode_attention": [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, _i64p, _i64p, _i64p,
-                                 ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float,
-                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int],
+    "kvm_cpu_decode_attention": [
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        _i64p,
+        _i64p,
+        _i64p,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_float,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_int,
+    ],
 }
 CACHE_DTYPES = {"float32": 0, "bfloat16": 1}  # the last argument of kvm_cpu_decode_attention
 ERRORS = {1: "unsupported shape", 2: "out of memory"}
@@ -68,12 +90,18 @@ def cpu_signature() -> str:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return platform.processor() or platform.machine()
-    wanted = [line for line in text.splitlines() if line.split(":")[0].strip() in ("model name", "flags", "Features")]
+    wanted = [
+        line
+        for line in text.splitlines()
+        if line.split(":")[0].strip() in ("model name", "flags", "Features")
+    ]
     return "\n".join(dict.fromkeys(wanted))  # the first CPU's lines (all CPUs of a machine agree)
 
 
 def build_key(compiler: Path) -> str:
-    version = subprocess.run([str(compiler), "--version"], capture_output=True, text=True, check=False).stdout
+    version = subprocess.run(
+        [str(compiler), "--version"], capture_output=True, text=True, check=False
+    ).stdout
     digest = hashlib.sha256()
     for path in sorted(SOURCE_DIR.glob("*.c")):
         digest.update(path.name.encode() + path.read_bytes())
@@ -94,7 +122,14 @@ def build(cache_dir: Path | None = None, force: bool = False) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as work:
         staged = Path(work) / LIBRARY_NAME
-        command = [str(compiler), *COMPILE_FLAGS, *map(str, sorted(SOURCE_DIR.glob("*.c"))), "-o", str(staged), "-lm"]
+        command = [
+            str(compiler),
+            *COMPILE_FLAGS,
+            *map(str, sorted(SOURCE_DIR.glob("*.c"))),
+            "-o",
+            str(staged),
+            "-lm",
+        ]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise CpuKernelError(f"{' '.join(command)} failed:\n{result.stdout}{result.stderr}")
@@ -119,7 +154,9 @@ class CpuLibrary:
 
     def check(self, name: str, status: int) -> None:
         if status != 0:
-            raise CpuKernelError(f"{name} failed with status {status}: {ERRORS.get(status, 'unknown error')}")
+            raise CpuKernelError(
+                f"{name} failed with status {status}: {ERRORS.get(status, 'unknown error')}"
+            )
 
 
 _lock = threading.Lock()

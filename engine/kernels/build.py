@@ -25,7 +25,15 @@ from engine.errors import KvMosaicError
 SOURCE_DIR = Path(__file__).resolve().parents[1] / "csrc"
 LIBRARY_NAME = "libkvmosaic_kernels.so"
 DEFAULT_ARCH = "90"  # Hopper (H100/H200); PTX is embedded too, so newer GPUs JIT it
-COMPILE_FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-Xcompiler", "-ffp-contract=off", "-lineinfo")
+COMPILE_FLAGS = (
+    "-O3",
+    "-std=c++17",
+    "-Xcompiler",
+    "-fPIC",
+    "-Xcompiler",
+    "-ffp-contract=off",
+    "-lineinfo",
+)
 
 
 class KernelBuildError(KvMosaicError):
@@ -79,7 +87,11 @@ def sources() -> list[Path]:
 def build_key(nvcc: Path, arch: str) -> str:
     """Hash of every source and header, the nvcc version and the flags; 16 hex digits."""
     digest = hashlib.sha256()
-    for path in sorted(SOURCE_DIR.glob("*.cu")) + sorted(SOURCE_DIR.glob("*.h")) + sorted(SOURCE_DIR.glob("*.cuh")):
+    for path in (
+        sorted(SOURCE_DIR.glob("*.cu"))
+        + sorted(SOURCE_DIR.glob("*.h"))
+        + sorted(SOURCE_DIR.glob("*.cuh"))
+    ):
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     digest.update(nvcc_version(nvcc).encode())
@@ -104,8 +116,19 @@ def compile_objects(out_dir: Path, arch: str = DEFAULT_ARCH, nvcc: Path | None =
 
     def compile_one(source: Path) -> Path:
         target = out_dir / (source.stem + ".o")
-        _run([str(nvcc), *COMPILE_FLAGS, *arch_flags(arch), "-I", str(SOURCE_DIR), "-c", str(source),
-              "-o", str(target)])
+        _run(
+            [
+                str(nvcc),
+                *COMPILE_FLAGS,
+                *arch_flags(arch),
+                "-I",
+                str(SOURCE_DIR),
+                "-c",
+                str(source),
+                "-o",
+                str(target),
+            ]
+        )
         return target
 
     with ThreadPoolExecutor(max_workers=jobs or min(len(files), os.cpu_count() or 1)) as pool:
@@ -130,7 +153,9 @@ def build(arch: str | None = None, cache_dir: Path | None = None, nvcc: Path | N
         return target
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as work:
-        staged = link_library(compile_objects(Path(work), arch, nvcc), Path(work) / LIBRARY_NAME, nvcc)
+        staged = link_library(
+            compile_objects(Path(work), arch, nvcc), Path(work) / LIBRARY_NAME, nvcc
+        )
         os.replace(staged, target)  # atomic on one file system
     return target
 
@@ -138,7 +163,9 @@ def build(arch: str | None = None, cache_dir: Path | None = None, nvcc: Path | N
 def _require_nvcc() -> Path:
     nvcc = find_nvcc()
     if nvcc is None:
-        raise KernelBuildError("nvcc not found (set KVMOSAIC_NVCC or CUDA_HOME, or put nvcc on PATH)")
+        raise KernelBuildError(
+            "nvcc not found (set KVMOSAIC_NVCC or CUDA_HOME, or put nvcc on PATH)"
+        )
     return nvcc
 
 

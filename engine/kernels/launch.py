@@ -48,10 +48,17 @@ def supports_gather_rows(x: torch.Tensor, index: torch.Tensor) -> bool:
 
 
 def supports_scatter_rows(dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> bool:
-    return (_writable_rows(dst) and src.dtype == dst.dtype and src.device == dst.device and src.dim() == dst.dim()
-            and index.dim() == 1 and not index.is_floating_point()
-            and src.shape[:-2] == dst.shape[:-2] and src.shape[-1] == dst.shape[-1]
-            and src.shape[-2] == index.numel())
+    return (
+        _writable_rows(dst)
+        and src.dtype == dst.dtype
+        and src.device == dst.device
+        and src.dim() == dst.dim()
+        and index.dim() == 1
+        and not index.is_floating_point()
+        and src.shape[:-2] == dst.shape[:-2]
+        and src.shape[-1] == dst.shape[-1]
+        and src.shape[-2] == index.numel()
+    )
 
 
 def _rows_tensor(x: torch.Tensor) -> bool:
@@ -60,7 +67,9 @@ def _rows_tensor(x: torch.Tensor) -> bool:
 
 def _writable_rows(x: torch.Tensor) -> bool:
     """A kernel writes each element once: refuse views that alias (stride 0 over size > 1)."""
-    return _rows_tensor(x) and all(stride != 0 or size <= 1 for size, stride in zip(x.shape, x.stride()))
+    return _rows_tensor(x) and all(
+        stride != 0 or size <= 1 for size, stride in zip(x.shape, x.stride())
+    )
 
 
 # -- calls ----------------------------------------------------------------------------------
@@ -71,9 +80,21 @@ def rope_shift_(library: Library, k: torch.Tensor, delta: int | torch.Tensor,
     if k.numel() == 0:
         return k
     freq = inv_freq.to(k.device).contiguous()
-    row_delta = None if isinstance(delta, int) else delta.to(device=k.device, dtype=torch.long).contiguous()
-    _call(library, "rope_shift", k, _ptr(k), DTYPE_CODES[k.dtype], _layout(k), int(delta) if row_delta is None else 0,
-          _ptr(row_delta), _ptr(freq), FREQ_DTYPE_CODES[freq.dtype])
+    row_delta = (
+        None if isinstance(delta, int) else delta.to(device=k.device, dtype=torch.long).contiguous()
+    )
+    _call(
+        library,
+        "rope_shift",
+        k,
+        _ptr(k),
+        DTYPE_CODES[k.dtype],
+        _layout(k),
+        int(delta) if row_delta is None else 0,
+        _ptr(row_delta),
+        _ptr(freq),
+        FREQ_DTYPE_CODES[freq.dtype],
+    )
     return k
 
 
@@ -82,13 +103,27 @@ def kv_deviation(library: Library, fresh: torch.Tensor, cached: torch.Tensor,
     """fresh, cached: [kv_heads, tokens, head_dim] -> float32 [tokens] (into `out` if given)."""
     out = _output(out, (fresh.shape[1],), torch.float32, fresh.device)
     if fresh.shape[1] > 0:
-        _call(library, "kv_deviation", fresh, _ptr(fresh), _layout(fresh), _ptr(cached), _layout(cached),
-              DTYPE_CODES[fresh.dtype], _ptr(out))
+        _call(
+            library,
+            "kv_deviation",
+            fresh,
+            _ptr(fresh),
+            _layout(fresh),
+            _ptr(cached),
+            _layout(cached),
+            DTYPE_CODES[fresh.dtype],
+            _ptr(out),
+        )
     return out
 
 
-def top_rows(library: Library, scores: torch.Tensor, count: int, eligible: torch.Tensor | None = None,
-             out: torch.Tensor | None = None) -> torch.Tensor:
+def top_rows(
+    library: Library,
+    scores: torch.Tensor,
+    count: int,
+    eligible: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Indices of the `count` best eligible rows, ascending (see ops.top_rows)."""
     scores = scores.float().contiguous()
     if eligible is not None:
@@ -101,8 +136,17 @@ def top_rows(library: Library, scores: torch.Tensor, count: int, eligible: torch
     if count > 0:
         flags = torch.empty(scores.numel(), dtype=torch.uint8, device=scores.device)
         eligible_bytes = None if eligible is None else eligible.view(torch.uint8)
-        _call(library, "top_rows", scores, _ptr(scores), scores.numel(), _ptr(eligible_bytes), count, _ptr(flags),
-              _ptr(out))
+        _call(
+            library,
+            "top_rows",
+            scores,
+            _ptr(scores),
+            scores.numel(),
+            _ptr(eligible_bytes),
+            count,
+            _ptr(flags),
+            _ptr(out),
+        )
     return out
 
 
@@ -112,17 +156,39 @@ def gather_rows(library: Library, x: torch.Tensor, index: torch.Tensor,
     index = index.to(device=x.device, dtype=torch.long).contiguous()
     out = _output(out, (*x.shape[:-2], index.numel(), x.shape[-1]), x.dtype, x.device)
     if out.numel() > 0:
-        _call(library, "gather_rows", x, _ptr(x), _layout(x), _ptr(index), index.numel(), _ptr(out), _layout(out),
-              DTYPE_CODES[x.dtype])
+        _call(
+            library,
+            "gather_rows",
+            x,
+            _ptr(x),
+            _layout(x),
+            _ptr(index),
+            index.numel(),
+            _ptr(out),
+            _layout(out),
+            DTYPE_CODES[x.dtype],
+        )
     return out
 
 
-def scatter_rows_(library: Library, dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+def scatter_rows_(
+    library: Library, dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor
+) -> torch.Tensor:
     """dst[..., index, :] = src in place; duplicate indices leave one of their rows, unspecified."""
     index = index.to(device=dst.device, dtype=torch.long).contiguous()
     if src.numel() > 0:
-        _call(library, "scatter_rows", dst, _ptr(src), _layout(src), _ptr(index), index.numel(), _ptr(dst),
-              _layout(dst), DTYPE_CODES[dst.dtype])
+        _call(
+            library,
+            "scatter_rows",
+            dst,
+            _ptr(src),
+            _layout(src),
+            _ptr(index),
+            index.numel(),
+            _ptr(dst),
+            _layout(dst),
+            DTYPE_CODES[dst.dtype],
+        )
     return dst
 
 
@@ -156,5 +222,7 @@ def _output(out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype
     if out is None:
         return torch.empty(shape, dtype=dtype, device=device)
     if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != torch.device(device):
-        raise ValueError(f"out must be {dtype} {tuple(shape)} on {device}, got {out.dtype} {tuple(out.shape)}")
+        raise ValueError(
+            f"out must be {dtype} {tuple(shape)} on {device}, got {out.dtype} {tuple(out.shape)}"
+        )
     return out

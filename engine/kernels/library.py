@@ -105,7 +105,9 @@ def get() -> Library | None:
     if _loaded is None and _failure is None:
         _load_once()
     if _loaded is None and current == "require":
-        raise KernelError(f"KVMOSAIC_KERNELS=require but the kernel library is unavailable: {_failure}")
+        raise KernelError(
+            f"KVMOSAIC_KERNELS=require but the kernel library is unavailable: {_failure}"
+        )
     return _loaded
 
 

@@ -48,10 +48,12 @@ def exact_reuse_planner(config: EngineConfig) -> BasePlanner:
     return next(cls for cls in PLANNERS.values() if cls.exact_reuse)(config)
 
 
-# one line per mode
+# one line per mode, in the order `planner_names()` lists them
+# isort: off
 from engine.planners import full  # noqa: E402,F401
 from engine.planners import prefix  # noqa: E402,F401
 from engine.planners import naive  # noqa: E402,F401
 from engine.planners import epic  # noqa: E402,F401
 from engine.planners import cacheblend  # noqa: E402,F401
 from engine.planners import cachecraft  # noqa: E402,F401
+# isort: on

@@ -12,7 +12,7 @@ from engine.config import EngineConfig
 from engine.plan import Plan, PlanRequest
 
 
-class VariantUse(str, Enum):
+class VariantUse(str, Enum):  # noqa: UP042 (StrEnum would change str() of its members)
     """Which stored variants of a chunk a mode can plan with (`engine.variants.policy`)."""
 
     BASE = "base"  # only the base variant, computed alone after the system prefix
@@ -20,12 +20,14 @@ class VariantUse(str, Enum):
     BEST = "best"  # the variant of lowest expected fix cost (Cache-Craft's CFO against blending)
 
 
-class VariantYield(str, Enum):
+class VariantYield(str, Enum):  # noqa: UP042 (StrEnum would change str() of its members)
     """What a mode's finished requests leave behind as new variants."""
 
     NONE = "none"  # nothing
-    HARVEST = "harvest"  # the chunk rows its own prefill computed exactly in context (no extra work)
-    BUILD = "build"  # the harvest, plus exact variants built in the background where reuse repays it
+    # the chunk rows its own prefill computed exactly in context (no extra work)
+    HARVEST = "harvest"
+    # the harvest, plus exact variants built in the background where reuse repays it
+    BUILD = "build"
 
 
 class BasePlanner(ABC):

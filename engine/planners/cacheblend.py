@@ -16,9 +16,9 @@ import math
 import torch
 
 from engine.config import EngineConfig
+from engine.plan import CachedSpan, LayerView, Plan, PlanRequest, positions
 from engine.planners import register
 from engine.planners.base import BasePlanner
-from engine.plan import CachedSpan, LayerView, Plan, PlanRequest, positions
 from engine.planners.selection import keep_best
 
 
@@ -51,10 +51,18 @@ class BlendPlan(Plan):
     """Keeps `ceil(share * |eligible|)` eligible rows at each check layer: `heads` first
     (the opening rows of chunks cached in another context), then by score."""
 
-    def __init__(self, cached_spans: list[CachedSpan], initial_active: torch.Tensor, pinned: torch.Tensor, *,
-                 eligible: torch.Tensor,
-                 schedule: dict[int, float], config: EngineConfig, question: torch.Tensor,
-                 heads: torch.Tensor | None = None):
+    def __init__(
+        self,
+        cached_spans: list[CachedSpan],
+        initial_active: torch.Tensor,
+        pinned: torch.Tensor,
+        *,
+        eligible: torch.Tensor,
+        schedule: dict[int, float],
+        config: EngineConfig,
+        question: torch.Tensor,
+        heads: torch.Tensor | None = None,
+    ):
         super().__init__(cached_spans, initial_active, pinned)
         self.eligible = eligible
         self.num_eligible = int(eligible.sum())
@@ -68,4 +76,6 @@ class BlendPlan(Plan):
 
     def select(self, layer: int, view: LayerView) -> torch.Tensor:
         count = math.ceil(self.schedule[layer] * self.num_eligible)
-        return keep_best(view, self.config, self.question, self.eligible, count, self.cached_spans, self.heads)
+        return keep_best(
+            view, self.config, self.question, self.eligible, count, self.cached_spans, self.heads
+        )

@@ -1,4 +1,5 @@
-"""`cachecraft` (Cache-Craft, arXiv 2502.15734): a recompute budget per chunk, and early termination.
+"""`cachecraft` (Cache-Craft, arXiv 2502.15734): a recompute budget per chunk, and early
+termination.
 
 Per chunk, from the statistics of the variant in its `ChunkInput` (see engine/cachecraft):
 - identical context, or CFO below `craft_reuse_below`: reuse as is;
@@ -33,8 +34,16 @@ from engine.cachecraft.choice import Candidate, variant_cfo
 from engine.cachecraft.scores import recompute_count, top_token_offsets
 from engine.config import EngineConfig
 from engine.kv import ChunkId, exact_context
+from engine.plan import (
+    ChunkDecision,
+    ChunkInput,
+    LayerView,
+    Plan,
+    PlanRequest,
+    QueryView,
+    positions,
+)
 from engine.planners import register
-from engine.plan import ChunkDecision, ChunkInput, LayerView, Plan, PlanRequest, QueryView, positions
 from engine.planners.base import BasePlanner, VariantUse, VariantYield
 from engine.planners.cacheblend import blend_schedule
 from engine.planners.selection import keep_best
@@ -56,7 +65,8 @@ class CacheCraftPlanner(BasePlanner):
             before = tuple(c.chunk_id for c in request.chunks[:i])
             if tail is not None and i >= tail and chunk.kv is not None:
                 decisions.append(ChunkDecision("tail", None, tuple(chunk.kv.context)))
-                pinned[start:end] = True  # every row, every layer: early termination may not stop them
+                # every row, every layer: early termination may not stop them
+                pinned[start:end] = True
                 continue
             decision, offsets = self._decide(chunk, before, end - start)
             decisions.append(decision)
@@ -114,7 +124,9 @@ class CraftPlan(Plan):
         self.config = config
         self.blended = blended
         self.num_blended = int(blended.sum())
-        self.schedule = blend_schedule(config, request.ratio, request.num_layers) if self.num_blended else {}
+        self.schedule = (
+            blend_schedule(config, request.ratio, request.num_layers) if self.num_blended else {}
+        )
         self.question = request.question_mask()
         self.heads = request.chunk_heads(config.blend_head_tokens) & blended
         self.spans = request.layout.chunk_spans
@@ -131,7 +143,9 @@ class CraftPlan(Plan):
 
     def select(self, layer: int, view: LayerView) -> torch.Tensor:
         count = math.ceil(self.schedule[layer] * self.num_blended)
-        return keep_best(view, self.config, self.question, self.blended, count, self.cached_spans, self.heads)
+        return keep_best(
+            view, self.config, self.question, self.blended, count, self.cached_spans, self.heads
+        )
 
     # -- early termination -------------------------------------------------------------------------
 
@@ -144,7 +158,11 @@ class CraftPlan(Plan):
         mass = attention_mass(view.q[:, asking], view.keys, view.active[asking], view.scale)
         per_chunk = torch.stack([mass[start:end].sum() for start, end in self.spans])
         even = per_chunk.sum() / len(self.spans)
-        unfocused = {i for i, m in enumerate(per_chunk.tolist()) if m < self.config.focus_threshold * float(even)}
+        unfocused = {
+            i
+            for i, m in enumerate(per_chunk.tolist())
+            if m < self.config.focus_threshold * float(even)
+        }
         newly = unfocused - self.stopped
         if not newly:
             return None

@@ -2,9 +2,9 @@
 
 import torch
 
+from engine.plan import Plan, PlanRequest
 from engine.planners import register
 from engine.planners.base import BasePlanner
-from engine.plan import Plan, PlanRequest
 
 
 @register

@@ -3,9 +3,9 @@
 Cross-chunk attention is lost entirely, so this is the lower bound on fidelity.
 """
 
+from engine.plan import Plan, PlanRequest, positions
 from engine.planners import register
 from engine.planners.base import BasePlanner
-from engine.plan import Plan, PlanRequest, positions
 
 
 @register
@@ -14,4 +14,6 @@ class NaivePlanner(BasePlanner):
 
     def plan(self, request: PlanRequest) -> Plan:
         pinned = request.pinned_mask()
-        return Plan(cached_spans=request.all_cached_spans(), initial_active=positions(pinned), pinned=pinned)
+        return Plan(
+            cached_spans=request.all_cached_spans(), initial_active=positions(pinned), pinned=pinned
+        )

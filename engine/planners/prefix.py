@@ -15,9 +15,9 @@ extra compute (`VariantYield.HARVEST`), and the same prompt again reuses all of 
 import torch
 
 from engine.kv import ChunkId, KVSource
+from engine.plan import CachedSpan, Plan, PlanRequest
 from engine.planners import register
 from engine.planners.base import BasePlanner, VariantUse, VariantYield
-from engine.plan import CachedSpan, Plan, PlanRequest
 
 
 @register
@@ -40,7 +40,9 @@ class PrefixPlanner(BasePlanner):
         total = request.layout.total_len
         pinned = torch.zeros(total, dtype=torch.bool)
         pinned[first_computed:] = True
-        return Plan(cached_spans=spans, initial_active=torch.arange(first_computed, total), pinned=pinned)
+        return Plan(
+            cached_spans=spans, initial_active=torch.arange(first_computed, total), pinned=pinned
+        )
 
 
 def _is_exact(kv: KVSource, start: int, before: tuple[ChunkId, ...]) -> bool:

@@ -42,7 +42,9 @@ class _Entry:
 
 
 class VariantBook:
-    def __init__(self, engine: Engine, max_variants: int | None = None, policy: VariantPolicy | None = None):
+    def __init__(
+        self, engine: Engine, max_variants: int | None = None, policy: VariantPolicy | None = None
+    ):
         self.engine = engine
         self.policy = policy or VariantPolicy(engine.config, engine.loaded.spec.num_layers)
         self.max_variants = max_variants or engine.config.craft_max_variants
@@ -62,18 +64,25 @@ class VariantBook:
         kept = self.policy.keep([e.candidate() for e in entries], self.max_variants)
         self._variants[chunk_id] = [entries[i] for i in kept]
 
-    def inputs(self, chunk_ids: Sequence[ChunkId], mode: str, policy: VariantPolicy | None = None) -> list[ChunkInput]:
+    def inputs(
+        self, chunk_ids: Sequence[ChunkId], mode: str, policy: VariantPolicy | None = None
+    ) -> list[ChunkInput]:
         """The request's chunk inputs in this order, each with the variant `mode` uses (by the
         book's policy, or `policy`: e.g. the same variants at another α)."""
         entries = [self._variants[chunk_id] for chunk_id in chunk_ids]
         policy = policy or self.policy
-        chosen = policy.choose(mode, list(chunk_ids), [[e.candidate() for e in es] for es in entries])
+        chosen = policy.choose(
+            mode, list(chunk_ids), [[e.candidate() for e in es] for es in entries]
+        )
         inputs: list[ChunkInput] = []
         for chunk_id, es, index in zip(chunk_ids, entries, chosen):
             entry = es[index] if index is not None else next(e for e in es if not e.kv.context)
             inputs.append(ChunkInput(chunk_id, entry.kv.token_ids, entry.kv, entry.stats))
-        start = policy.compute_from(mode, list(chunk_ids), [c.kv.context if c.kv is not None else () for c in inputs])
-        if start is not None:  # an inline build: the request computes these exactly, `record` keeps them
+        start = policy.compute_from(
+            mode, list(chunk_ids), [c.kv.context if c.kv is not None else () for c in inputs]
+        )
+        # an inline build: the request computes these exactly, `record` keeps them
+        if start is not None:
             inputs[start:] = [ChunkInput(c.chunk_id, c.token_ids) for c in inputs[start:]]
         return inputs
 
@@ -99,7 +108,9 @@ class VariantBook:
 
     def _count_uses(self, result: PrefillResult, inputs: Sequence[ChunkInput]) -> None:
         for report, chunk in zip(result.chunks, inputs):
-            entry = next((e for e in self._variants.get(chunk.chunk_id, ()) if e.kv is chunk.kv), None)
+            entry = next(
+                (e for e in self._variants.get(chunk.chunk_id, ()) if e.kv is chunk.kv), None
+            )
             if entry is None or not entry.kv.context:
                 continue
             saved = self.policy.saved(report.tokens, report.compute_share)

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.cachecraft.stats import ChunkStats, measure_context_stats
-from engine.variant_stats import VariantStats
 from engine.kv import ChunkId, ChunkKV
 from engine.result import PrefillResult
+from engine.variant_stats import VariantStats
 from engine.variants.harvest import chunk_rows, exact_chunks
 
 if TYPE_CHECKING:  # annotations only: the engine imports this module
@@ -59,8 +59,12 @@ def variant_stats(stats: ChunkStats | None, savings: float) -> VariantStats:
                         token_scores=list(stats.token_scores), expected_savings=savings)
 
 
-def build_variants(engine: Engine, result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] | None],
-                   policy: VariantPolicy) -> Build:
+def build_variants(
+    engine: Engine,
+    result: PrefillResult,
+    contexts: Sequence[tuple[ChunkId, ...] | None],
+    policy: VariantPolicy,
+) -> Build:
     """Exact, measured variants of every chunk of `result` that was not exact in its context.
 
     contexts: per chunk, the context of the cached KV the request started from (None: none).
@@ -72,14 +76,30 @@ def build_variants(engine: Engine, result: PrefillResult, contexts: Sequence[tup
         return Build([])
     ids = [report.chunk_id for report in result.chunks]
     leading = [chunk_rows(engine, result, i) for i in range(skip)]
-    layers = [layer for layer in engine.config.craft_stats_layers if layer < engine.loaded.spec.num_layers]
-    measured, out = measure_context_stats(engine.runner, result.layout, ids, engine.prefix_kv, layers,
-                                          all_layers=True, exact_chunks=leading)
+    layers = [
+        layer for layer in engine.config.craft_stats_layers if layer < engine.loaded.spec.num_layers
+    ]
+    measured, out = measure_context_stats(
+        engine.runner,
+        result.layout,
+        ids,
+        engine.prefix_kv,
+        layers,
+        all_layers=True,
+        exact_chunks=leading,
+    )
     drafts = []
     for i, stats in zip(range(skip, len(ids)), measured):
         start, end = result.layout.chunk_spans[i]
-        kv = ChunkKV(token_ids=result.layout.chunk_ids[i], kv=out.cache.rows(start, end), base_position=start,
-                     fingerprint=engine.fingerprint, prefix_digest=engine.prompts.prefix_digest,
-                     context=tuple(ids[:i]))
-        drafts.append(VariantDraft(ids[i], kv, variant_stats(stats, policy.prior_savings(end - start))))
+        kv = ChunkKV(
+            token_ids=result.layout.chunk_ids[i],
+            kv=out.cache.rows(start, end),
+            base_position=start,
+            fingerprint=engine.fingerprint,
+            prefix_digest=engine.prompts.prefix_digest,
+            context=tuple(ids[:i]),
+        )
+        drafts.append(
+            VariantDraft(ids[i], kv, variant_stats(stats, policy.prior_savings(end - start)))
+        )
     return Build(drafts, out.layers_computed)

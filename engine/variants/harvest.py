@@ -4,7 +4,8 @@ A chunk's rows equal what a full prefill of the same prompt computes (to float t
 when every chunk before it is exact and either its cached KV was itself computed after
 exactly those chunks (the base variant, for the first chunk) and kept in a float codec, or
 every one of its rows ran every layer: a row recomputed over exact inputs is exact, a blended
-one is not, and neither is a lossy codec's copy of an exact variant (`engine.kv.exact_context`). `prefix`
+one is not, and neither is a lossy codec's copy of an exact variant (`engine.kv.exact_context`).
+`prefix`
 requests compute everything after their exact prefix this way, so all of what they computed
 can be kept at no extra compute; a `cachecraft` request usually only its leading chunks, or
 all of them when the fidelity guard repaired its decode (its cache is then the reference's).
@@ -29,7 +30,9 @@ def source_contexts(inputs: Sequence[ChunkInput]) -> list[tuple[ChunkId, ...] | 
     return [exact_context(c.kv) for c in inputs]
 
 
-def exact_chunks(result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] | None], num_layers: int) -> list[bool]:
+def exact_chunks(
+    result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] | None], num_layers: int
+) -> list[bool]:
     """Per chunk of `result`, whether its rows in `result.cache` are exact in this context.
 
     contexts: per chunk, the context of the cached KV the prefill started from (None: none).
@@ -37,11 +40,18 @@ def exact_chunks(result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] |
     """
     if result.repaired:
         return [True] * len(result.chunks)
-    return exact_in_context([report.chunk_id for report in result.chunks], contexts, result.layout.chunk_spans,
-                            result.layers_computed, num_layers)
+    return exact_in_context(
+        [report.chunk_id for report in result.chunks],
+        contexts,
+        result.layout.chunk_spans,
+        result.layers_computed,
+        num_layers,
+    )
 
 
-def harvest(engine: Engine, result: PrefillResult, inputs: Sequence[ChunkInput]) -> list[tuple[ChunkId, ChunkKV]]:
+def harvest(
+    engine: Engine, result: PrefillResult, inputs: Sequence[ChunkInput]
+) -> list[tuple[ChunkId, ChunkKV]]:
     """(chunk id, KV in this context) of every chunk the prefill computed exactly and that did
     not load an exact variant of this very context already (one read back through a lossy
     codec is returned: the caller may keep a float copy). `inputs`: the request's chunks, as
@@ -60,6 +70,11 @@ def harvest(engine: Engine, result: PrefillResult, inputs: Sequence[ChunkInput])
 def chunk_rows(engine: Engine, result: PrefillResult, index: int) -> ChunkKV:
     """Chunk `index` of `result` as a variant of its context (the chunks before it)."""
     start, end = result.layout.chunk_spans[index]
-    return ChunkKV(token_ids=result.layout.chunk_ids[index], kv=result.cache.rows(start, end), base_position=start,
-                   fingerprint=engine.fingerprint, prefix_digest=engine.prompts.prefix_digest,
-                   context=tuple(report.chunk_id for report in result.chunks[:index]))
+    return ChunkKV(
+        token_ids=result.layout.chunk_ids[index],
+        kv=result.cache.rows(start, end),
+        base_position=start,
+        fingerprint=engine.fingerprint,
+        prefix_digest=engine.prompts.prefix_digest,
+        context=tuple(report.chunk_id for report in result.chunks[:index]),
+    )

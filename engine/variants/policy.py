@@ -22,8 +22,8 @@ from engine.cachecraft.choice import Candidate, choose_variant
 from engine.config import EngineConfig
 from engine.kv import ChunkId
 from engine.planners import planner_class
-from engine.planners.cacheblend import blend_schedule
 from engine.planners.base import VariantUse, VariantYield
+from engine.planners.cacheblend import blend_schedule
 from engine.variants.traffic import RecentTraffic
 
 
@@ -63,15 +63,21 @@ class VariantPolicy:
         base variant (stored or not). Records the request in the recent traffic."""
         self.traffic.observe(chunk_ids)
         use = planner_class(mode).variant_use
-        return [self._choose_one(use, tuple(chunk_ids[:i]), options) for i, options in enumerate(candidates)]
+        return [
+            self._choose_one(use, tuple(chunk_ids[:i]), options)
+            for i, options in enumerate(candidates)
+        ]
 
-    def _choose_one(self, use: VariantUse, before: tuple[ChunkId, ...], options: Sequence[Candidate]) -> int | None:
+    def _choose_one(
+        self, use: VariantUse, before: tuple[ChunkId, ...], options: Sequence[Candidate]
+    ) -> int | None:
         index = None
         if use is VariantUse.EXACT:
             index = next((i for i, c in enumerate(options) if tuple(c.context) == before), None)
         elif use is VariantUse.BEST and options:
-            index, _ = choose_variant(options, before, self.config.craft_alpha, self.config.craft_novelty,
-                                      self.blend_cost)
+            index, _ = choose_variant(
+                options, before, self.config.craft_alpha, self.config.craft_novelty, self.blend_cost
+            )
         return index if index is not None and options[index].context else None
 
     # -- leaving ---------------------------------------------------------------------------------
@@ -86,13 +92,18 @@ class VariantPolicy:
         recurs (`recurs`)."""
         return self.config.craft_build == "background" and self._builds(mode, chunk_ids)
 
-    def compute_from(self, mode: str, chunk_ids: Sequence[ChunkId], contexts: Sequence[tuple[ChunkId, ...]]) -> int | None:
+    def compute_from(
+        self, mode: str, chunk_ids: Sequence[ChunkId], contexts: Sequence[tuple[ChunkId, ...]]
+    ) -> int | None:
         """With inline builds: the first chunk that the request itself should compute exactly,
         every chunk after it too (its harvest then keeps them), when its chunk set recurs and
         some chosen variant is not exact; None otherwise. `contexts`: the chosen variants'."""
         if self.config.craft_build != "inline" or not self._builds(mode, chunk_ids):
             return None
-        return next((i for i, context in enumerate(contexts) if tuple(context) != tuple(chunk_ids[:i])), None)
+        return next(
+            (i for i, context in enumerate(contexts) if tuple(context) != tuple(chunk_ids[:i])),
+            None,
+        )
 
     def _builds(self, mode: str, chunk_ids: Sequence[ChunkId]) -> bool:
         """The mode builds, and its chunk set came up at least `craft_build_after` times before
@@ -121,7 +132,9 @@ class VariantPolicy:
     @staticmethod
     def value(candidate: Candidate) -> float:
         """Mean savings per use × (uses + 1) / bytes (a new variant is not worthless)."""
-        return max(candidate.savings or 0.0, 0.0) * (candidate.uses + 1) / max(1, candidate.num_bytes)
+        return (
+            max(candidate.savings or 0.0, 0.0) * (candidate.uses + 1) / max(1, candidate.num_bytes)
+        )
 
     def keep(self, candidates: Sequence[Candidate], limit: int | None = None) -> list[int]:
         """Indices of the candidates a chunk keeps, in their order: the base variant, then the
