@@ -99,6 +99,20 @@ def test_evictions_deletions_and_prunes_leave_the_tree(tiny_engine, catalog, ref
         service.close()
 
 
+def test_variants_pruned_beyond_the_limit_leave_the_tree(tiny_loaded, catalog, refs, tmp_path):
+    from engine import EngineConfig
+    from engine.engine import Engine
+
+    engine = Engine(EngineConfig(data_dir=tmp_path / "engine", fidelity="fast", encode_dtype="engine",
+                                 craft_max_variants=2), tiny_loaded)
+    cache = make_cache(engine, catalog, tmp_path / "kv")
+    a, b, c = refs
+    ask(engine, cache, [a, b, c])
+    ask(engine, cache, [b, a, c])  # c now has three variants (base, after a b, after b a): one goes
+    assert len(catalog.variants_of_chunk(c.chunk_id)) == 2
+    assert len(cache.tree) == ChunkTreeIndex(catalog, cache.keys).rebuild()  # the catalog's rows, no more
+
+
 def test_a_stale_node_costs_a_miss_never_a_wrong_kv(tiny_engine, catalog, refs, tmp_path):
     cache = make_cache(tiny_engine, catalog, tmp_path / "kv")
     a, b, c = ids(refs)
