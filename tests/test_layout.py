@@ -34,7 +34,8 @@ def top_level_imports(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            # `from pkg import submodule` imports the submodule; any other name comes from pkg itself
+            # `from pkg import submodule` imports the submodule; any other name comes from pkg
+            # itself
             for alias in node.names:
                 found.add(f"{node.module}.{alias.name}" if is_module(f"{node.module}.{alias.name}")
                           else node.module)
@@ -56,7 +57,11 @@ def all_imports(package: str) -> dict[str, set[str]]:
     for path in (REPO / package).rglob("*.py"):
         tree = ast.parse(path.read_text())
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and n.level == 0}
+        names |= {
+            n.module
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.module and n.level == 0
+        }
         out[module_name(path)] = {n for n in names if n.split(".")[0] in PACKAGES}
     return out
 
@@ -74,8 +79,13 @@ def test_retrieval_does_not_import_the_application():
 
 
 def test_the_store_knows_nothing_of_the_catalog_or_the_service():
-    offenders = {m: sorted(d for d in deps if d.startswith(("app.catalog", "app.kvcache", "app.rag", "app.api")))
-                 for m, deps in all_imports("app").items() if m.startswith("app.store")}
+    offenders = {
+        m: sorted(
+            d for d in deps if d.startswith(("app.catalog", "app.kvcache", "app.rag", "app.api"))
+        )
+        for m, deps in all_imports("app").items()
+        if m.startswith("app.store")
+    }
     assert {m: d for m, d in offenders.items() if d} == {}
 
 

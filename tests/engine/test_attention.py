@@ -20,7 +20,9 @@ def reference(q, k, v, q_pos, scale):
     return out.transpose(0, 1).reshape(q.shape[1], -1)
 
 
-@pytest.mark.parametrize("n,m", [(50, 50), (300, 7), (700, 2 * QUERY_BLOCK + 3), (40, 1), (500, 400)])
+@pytest.mark.parametrize(
+    "n,m", [(50, 50), (300, 7), (700, 2 * QUERY_BLOCK + 3), (40, 1), (500, 400)]
+)
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
 def test_matches_dense_reference(n, m, heads, kv_heads):
     torch.manual_seed(n + m)
@@ -50,7 +52,9 @@ def test_blocks_far_from_the_start_split_their_keys_and_still_match(heads, kv_he
     """Late blocks run the keys before their first row unmasked; the merge must be exact."""
     torch.manual_seed(7)
     n = 1200
-    q_pos = torch.cat([torch.tensor([3, 40]), torch.randperm(n - 600)[:2 * QUERY_BLOCK].sort().values + 600])
+    q_pos = torch.cat(
+        [torch.tensor([3, 40]), torch.randperm(n - 600)[: 2 * QUERY_BLOCK].sort().values + 600]
+    )
     q = torch.randn(heads, q_pos.numel(), 16)
     k, v = torch.randn(kv_heads, n, 16), torch.randn(kv_heads, n, 16)
     layout = QueryLayout(q_pos, n, q.dtype)
@@ -81,8 +85,18 @@ def test_a_decode_row_with_grouped_heads_matches_the_reference(heads, kv_heads):
     values = [torch.randn(kv_heads, n, 16) for n in lengths]
     batched = attend_each(q, keys, values, 0.25)
     for i, n in enumerate(lengths):
-        alone = causal_attention(q[:, i:i + 1], keys[i], values[i], QueryLayout(torch.tensor([n - 1]), n, q.dtype), 0.25)
-        torch.testing.assert_close(alone, reference(q[:, i:i + 1], keys[i], values[i], torch.tensor([n - 1]), 0.25),
-                                   rtol=1e-4, atol=1e-5)
+        alone = causal_attention(
+            q[:, i : i + 1],
+            keys[i],
+            values[i],
+            QueryLayout(torch.tensor([n - 1]), n, q.dtype),
+            0.25,
+        )
+        torch.testing.assert_close(
+            alone,
+            reference(q[:, i : i + 1], keys[i], values[i], torch.tensor([n - 1]), 0.25),
+            rtol=1e-4,
+            atol=1e-5,
+        )
         assert torch.equal(batched[i], alone[0])
     assert not batched[len(lengths)].any()

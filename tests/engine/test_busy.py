@@ -25,7 +25,9 @@ def engine_with(tiny_engine, **overrides) -> Engine:
     """A fresh engine (fresh odds) over the tiny model, first-token check off unless overridden."""
     settings = dict(guard_margin=0.0, batching=False, epic_tokens=4)
     settings.update(overrides)
-    return Engine(EngineConfig(data_dir=tiny_engine.config.data_dir, **settings), tiny_engine.loaded)
+    return Engine(
+        EngineConfig(data_dir=tiny_engine.config.data_dir, **settings), tiny_engine.loaded
+    )
 
 
 def test_the_odds_start_even_and_follow_the_outcomes():
@@ -115,7 +117,11 @@ def test_a_request_served_from_exact_variants_has_no_blend_to_skip(tiny_engine, 
         engine.busy.odds.record(True)
     with engine.busy.in_flight():
         result = engine.prefill(exact, QUESTION, mode="cachecraft")
-    assert not result.guard.skipped_blend and result.guard.outcome == "exact" and engine.busy.skipped == 0
+    assert (
+        not result.guard.skipped_blend
+        and result.guard.outcome == "exact"
+        and engine.busy.skipped == 0
+    )
 
 
 @pytest.mark.parametrize("fidelity", ["fast", "exact"])
@@ -144,7 +150,8 @@ def test_an_idle_engine_or_good_odds_keep_the_blend(tiny_engine, chunks):
 def test_the_odds_learn_from_reruns_and_repairs_only(tiny_engine, chunks):
     params = SamplingParams(max_new_tokens=TOKENS)
     rerun = engine_with(tiny_engine, guard_margin=1e9)
-    assert rerun.prefill(chunks, QUESTION, mode="cacheblend").guard.outcome == "rerun"  # known at once
+    # known at once
+    assert rerun.prefill(chunks, QUESTION, mode="cacheblend").guard.outcome == "rerun"
     assert rerun.busy.odds.count == 1 and rerun.busy.odds.share == pytest.approx(2 / 3)
     repaired = engine_with(tiny_engine, guard_answer_margin=1e9)
     result = repaired.prefill(chunks, QUESTION, mode="cacheblend", max_new_tokens=TOKENS)

@@ -11,8 +11,12 @@ import torch
 
 from engine.cpu import library
 from engine.decode import decode_batch
-from engine.decode_attention import (NativeStepAttention, TorchStepAttention, resolve_decode_attention,
-                                     step_attention)
+from engine.decode_attention import (
+    NativeStepAttention,
+    TorchStepAttention,
+    resolve_decode_attention,
+    step_attention,
+)
 from engine.kv import KVCache
 from engine.layers import DecoderStack
 from engine.threads import in_own_thread, use_threads
@@ -86,7 +90,9 @@ def test_a_row_is_bitwise_the_same_alone_with_any_companions_and_any_thread_coun
     q = queries(9, len(lengths), 64)
     together = NativeStepAttention(lib, caches, positions, 0.125)(1, q)
     for i in range(len(lengths)):
-        alone = NativeStepAttention(lib, caches[i:i + 1], positions[i:i + 1], 0.125)(1, q[:, i:i + 1].contiguous())
+        alone = NativeStepAttention(lib, caches[i : i + 1], positions[i : i + 1], 0.125)(
+            1, q[:, i : i + 1].contiguous()
+        )
         assert torch.equal(alone[0], together[i])
 
     def on_one_thread():
@@ -101,10 +107,13 @@ def test_padding_rows_get_zeros_and_a_strided_query_is_read_right(lib):
     caches = caches_of(lengths, 2, 32)
     positions = [n - 1 for n in lengths]
     q = queries(4, 3, 32)  # one padding row
-    strided = q.transpose(0, 1).contiguous().transpose(0, 1)  # rows outermost: q.stride(1) > q.stride(0)
+    # rows outermost: q.stride(1) > q.stride(0)
+    strided = q.transpose(0, 1).contiguous().transpose(0, 1)
     got = NativeStepAttention(lib, caches, positions, 0.2)(0, strided)
     assert not got[2].any()
-    torch.testing.assert_close(got, TorchStepAttention(caches, positions, 0.2)(0, q), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        got, TorchStepAttention(caches, positions, 0.2)(0, q), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_an_unsupported_shape_or_cache_dtype_is_refused_without_writing(lib):
@@ -112,15 +121,29 @@ def test_an_unsupported_shape_or_cache_dtype_is_refused_without_writing(lib):
         out = torch.full((1, 2, head_dim), 7.0)
         q = queries(2, 1, head_dim)
         meta = torch.tensor([[cache.data.data_ptr()], [cache.capacity], [10]], dtype=torch.int64)
-        status = lib.decode_attention(1, ctypes.c_void_p(q.data_ptr()), q.stride(0), q.stride(1),
-                                      ctypes.c_void_p(meta[0].data_ptr()), ctypes.c_void_p(meta[1].data_ptr()),
-                                      ctypes.c_void_p(meta[2].data_ptr()), 0, 1, 2, head_dim, 0.1,
-                                      ctypes.c_void_p(out.data_ptr()), 1, cache_dtype)
+        status = lib.decode_attention(
+            1,
+            ctypes.c_void_p(q.data_ptr()),
+            q.stride(0),
+            q.stride(1),
+            ctypes.c_void_p(meta[0].data_ptr()),
+            ctypes.c_void_p(meta[1].data_ptr()),
+            ctypes.c_void_p(meta[2].data_ptr()),
+            0,
+            1,
+            2,
+            head_dim,
+            0.1,
+            ctypes.c_void_p(out.data_ptr()),
+            1,
+            cache_dtype,
+        )
         with pytest.raises(library.CpuKernelError, match="unsupported shape"):
             lib.check("kvm_cpu_decode_attention", status)
         assert torch.equal(out, torch.full((1, 2, head_dim), 7.0))
 
-    call(caches_of([10], 1, 48)[0], 48, library.CACHE_DTYPES["float32"])  # head_dim 48: not compiled
+    # head_dim 48: not compiled
+    call(caches_of([10], 1, 48)[0], 48, library.CACHE_DTYPES["float32"])
     call(caches_of([10], 1, 16)[0], 16, 2)  # no such cache dtype
 
 
@@ -147,7 +170,9 @@ def test_resolution_picks_native_where_it_applies_and_explains_where_not(lib):
     assert resolve_decode_attention("auto", CPU, torch.bfloat16, 9, 3, 64) == "native"
     assert resolve_decode_attention("auto", CPU, torch.float16, 9, 3, 64) == "torch"
     assert resolve_decode_attention("auto", CPU, torch.float32, 9, 3, 48) == "torch"
-    assert resolve_decode_attention("auto", torch.device("cuda"), torch.float32, 9, 3, 64) == "torch"
+    assert (
+        resolve_decode_attention("auto", torch.device("cuda"), torch.float32, 9, 3, 64) == "torch"
+    )
     with pytest.raises(ValueError, match="float32 and bfloat16 on the CPU"):
         resolve_decode_attention("native", CPU, torch.float16, 9, 3, 64)
     with pytest.raises(ValueError, match="head_dim 48"):
@@ -168,7 +193,11 @@ def test_the_build_is_cached_and_a_broken_compiler_is_a_clear_error(tmp_path, mo
     monkeypatch.delenv("CC")
     with pytest.raises(library.CpuKernelError, match="no C compiler"):
         library.build(cache_dir=tmp_path / "third")
-    leftovers = [path.name for path in (tmp_path / "other").rglob("*") if path.is_file() or ".build-" in path.name]
+    leftovers = [
+        path.name
+        for path in (tmp_path / "other").rglob("*")
+        if path.is_file() or ".build-" in path.name
+    ]
     assert leftovers == []  # nothing half-built left behind
 
 
@@ -176,7 +205,9 @@ def test_decode_steps_of_the_tiny_model_agree_on_both_attentions(tiny_engine, ti
     """Whole decode steps (tiny model, head_dim 16) on the kernel and on the twin: same logits
     to rounding, the same greedy tokens, step after step."""
     chunks = chunk_inputs(tiny_engine)
-    prefilled = [tiny_engine.prefill(chunks[i:], QUESTION, mode="full", max_new_tokens=8) for i in range(3)]
+    prefilled = [
+        tiny_engine.prefill(chunks[i:], QUESTION, mode="full", max_new_tokens=8) for i in range(3)
+    ]
     stacks = {kind: DecoderStack(tiny_loaded, kind) for kind in ("native", "torch")}
     runs = {}
     for kind, stack in stacks.items():
@@ -184,7 +215,7 @@ def test_decode_steps_of_the_tiny_model_agree_on_both_attentions(tiny_engine, ti
         tokens = [int(result.logits.argmax()) for result in prefilled]
         steps = []
         for _ in range(4):
-            logits = in_own_thread(lambda: decode_batch(stack, caches, tokens))
+            logits = in_own_thread(lambda: decode_batch(stack, caches, tokens))  # noqa: B023 (run at once)
             steps.append(logits)
             tokens = [int(row.argmax()) for row in logits]
         runs[kind] = steps
@@ -219,16 +250,29 @@ def test_bfloat16_decode_steps_run_on_the_kernel_and_agree_with_the_twin(smol_to
     lengths, tokens = [40, 300, 7], [5, 17, 99]
     logits, grown = {}, {}
     for kind in ("native", "torch"):
-        caches = caches_of(lengths, spec.num_kv_heads, spec.head_dim, layers=spec.num_layers, dtype=torch.bfloat16)
-        logits[kind] = in_own_thread(lambda: decode_batch(DecoderStack(loaded, kind), caches, tokens, invariant=True))
+        caches = caches_of(
+            lengths, spec.num_kv_heads, spec.head_dim, layers=spec.num_layers, dtype=torch.bfloat16
+        )
+        logits[kind] = in_own_thread(
+            lambda: decode_batch(DecoderStack(loaded, kind), caches, tokens, invariant=True)  # noqa: B023
+        )
         grown[kind] = caches
-    assert logits["native"].dtype == torch.float32 and logits["native"].shape == (3, len(smol_tokenizer))
+    assert logits["native"].dtype == torch.float32 and logits["native"].shape == (
+        3,
+        len(smol_tokenizer),
+    )
     torch.testing.assert_close(logits["native"], logits["torch"], rtol=0.05, atol=0.05)
     for native, twin, length in zip(grown["native"], grown["torch"], lengths):
         assert native.length == twin.length == length + 1
-        assert torch.equal(native.data[0], twin.data[0])  # layer 0's new K/V comes before any attention
-        assert torch.equal(native.data[:, :, :, :length], twin.data[:, :, :, :length])  # the old rows untouched
-    batch = caches_of(lengths, spec.num_kv_heads, spec.head_dim, layers=spec.num_layers, dtype=torch.bfloat16)
+        # layer 0's new K/V comes before any attention
+        assert torch.equal(native.data[0], twin.data[0])
+        # the old rows untouched
+        assert torch.equal(native.data[:, :, :, :length], twin.data[:, :, :, :length])
+    batch = caches_of(
+        lengths, spec.num_kv_heads, spec.head_dim, layers=spec.num_layers, dtype=torch.bfloat16
+    )
     alone = [clone(batch[1])]  # the batch's second request, before its step
-    row = in_own_thread(lambda: decode_batch(DecoderStack(loaded, "native"), alone, tokens[1:2], invariant=True))
+    row = in_own_thread(
+        lambda: decode_batch(DecoderStack(loaded, "native"), alone, tokens[1:2], invariant=True)
+    )
     assert torch.equal(row[0], logits["native"][1])

@@ -1,4 +1,5 @@
-"""The linear-layer kernel (engine/linear.py): oneDNN in place of torch's, same weights and results."""
+"""The linear-layer kernel (engine/linear.py): oneDNN in place of torch's, same weights and
+results."""
 
 from __future__ import annotations
 
@@ -6,11 +7,19 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.linear import OneDnnLinear, linear_kernel_of, onednn_agrees, resolve_linear_kernel, use_linear_kernel
+from engine.linear import (
+    OneDnnLinear,
+    linear_kernel_of,
+    onednn_agrees,
+    resolve_linear_kernel,
+    use_linear_kernel,
+)
 from engine.model import wrap_model
 from tests.conftest import build_tiny_model
 
-needs_onednn = pytest.mark.skipif(not onednn_agrees(torch.float32), reason="this PyTorch build has no oneDNN linear")
+needs_onednn = pytest.mark.skipif(
+    not onednn_agrees(torch.float32), reason="this PyTorch build has no oneDNN linear"
+)
 
 
 def _linear_count(model: torch.nn.Module, kind: type) -> int:
@@ -28,7 +37,9 @@ def test_onednn_replaces_every_linear_on_the_same_tensors(smol_tokenizer):
 
     assert use_linear_kernel(model, "onednn") == "onednn"
 
-    assert _linear_count(model, torch.nn.Linear) == 0 and _linear_count(model, OneDnnLinear) == linears
+    assert (
+        _linear_count(model, torch.nn.Linear) == 0 and _linear_count(model, OneDnnLinear) == linears
+    )
     after = {name: tensor.data_ptr() for name, tensor in model.state_dict().items()}
     assert after == before  # same names, same storage: nothing copied
     assert model.lm_head.weight is model.model.embed_tokens.weight  # tied weights stay tied
@@ -69,6 +80,7 @@ def test_auto_picks_onednn_for_float32_and_bfloat16_on_the_cpu_only(monkeypatch)
     import engine.linear
 
     monkeypatch.setattr(engine.linear, "mkl_is_at_home", lambda: False)
+    monkeypatch.setattr(engine.linear, "onednn_agrees", lambda dtype: True)  # the rule, whatever this CPU runs
     cpu = torch.device("cpu")
     assert resolve_linear_kernel("auto", cpu, torch.float32) == "onednn"
     assert resolve_linear_kernel("auto", cpu, torch.bfloat16) == "onednn"
@@ -95,8 +107,11 @@ def test_a_bfloat16_copy_of_a_onednn_model_still_runs(smol_tokenizer):
     x = torch.randint(0, len(smol_tokenizer), (1, 8))
     with torch.inference_mode():
         expected, got = loaded.model(x).logits, copy.model(x).logits.float()
-    assert copy.model.lm_head.weight.dtype == torch.bfloat16 and linear_kernel_of(copy.model) == "onednn"
-    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.7  # bfloat16 rounding, same model
+    # oneDNN where it runs bfloat16 on this CPU, else torch's linears (fit_linear_kernel)
+    kernel = "onednn" if onednn_agrees(torch.bfloat16) else "torch"
+    assert copy.model.lm_head.weight.dtype == torch.bfloat16 and linear_kernel_of(copy.model) == kernel
+    # bfloat16 rounding, same model
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.7
 
 
 @needs_onednn
@@ -109,3 +124,23 @@ def test_onednn_linear_takes_the_inputs_the_engine_gives_it(shape):
     with torch.inference_mode():
         got, expected = OneDnnLinear(linear)(x), linear(x)
     assert got.shape == expected.shape and torch.allclose(got, expected, atol=1e-5)
+
+
+def test_a_copy_cast_to_a_dtype_onednn_cannot_run_goes_back_to_torch_linears(monkeypatch):
+    import engine.linear
+    from engine.linear import OneDnnLinear, fit_linear_kernel, linear_kernel_of, use_linear_kernel
+
+    if not engine.linear.onednn_agrees(torch.float32):
+        pytest.skip("oneDNN's float32 linear does not run here")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 8, bias=False))
+    assert use_linear_kernel(model, "onednn") == "onednn"
+    assert fit_linear_kernel(model) == "onednn"  # still float32: kept
+    monkeypatch.setattr(engine.linear, "onednn_agrees", lambda dtype: dtype == torch.float32)
+    weight = model[0].weight
+    torch.nn.Module.to(model, torch.bfloat16)
+    assert fit_linear_kernel(model) == "torch" and linear_kernel_of(model) == "torch"
+    assert not any(isinstance(m, OneDnnLinear) for m in model.modules())
+    assert model[0].weight is weight and model[1].bias is None  # the same tensors, no copy
+    x = torch.randn(3, 8, dtype=torch.bfloat16)
+    expected = torch.nn.functional.linear(torch.nn.functional.linear(x, weight, model[0].bias), model[1].weight)
+    assert torch.equal(model(x), expected)

@@ -21,8 +21,16 @@ from engine.errors import EngineClosed
 from engine.model import wrap_model
 from engine.planners import planner_names
 from tests.conftest import build_tiny_model
-from tests.engine.batching import BUDGETS, QUESTIONS, StepRecorder, decode_alone, decode_joined, prefill
+from tests.engine.batching import (
+    BUDGETS,
+    QUESTIONS,
+    StepRecorder,
+    decode_alone,
+    decode_joined,
+    prefill,
+)
 from tests.engine.helpers import chunk_inputs
+
 
 @pytest.fixture(scope="module")
 def lively_loaded(smol_tokenizer):
@@ -35,13 +43,21 @@ def lively_loaded(smol_tokenizer):
 
 
 def make_engine(loaded, tmp_path_factory, **options) -> Engine:
-    return Engine(EngineConfig(data_dir=tmp_path_factory.mktemp("sched"), epic_tokens=4, **options), loaded)
+    return Engine(
+        EngineConfig(data_dir=tmp_path_factory.mktemp("sched"), epic_tokens=4, **options), loaded
+    )
 
 
 @pytest.fixture(scope="module")
 def engines(lively_loaded, tmp_path_factory):
-    built = {name: make_engine(lively_loaded, tmp_path_factory, **options) for name, options in
-             (("alone", {"batching": False}), ("batched", {}), ("invariant", {"batch_invariant": True}))}
+    built = {
+        name: make_engine(lively_loaded, tmp_path_factory, **options)
+        for name, options in (
+            ("alone", {"batching": False}),
+            ("batched", {}),
+            ("invariant", {"batch_invariant": True}),
+        )
+    }
     yield built
     for engine in built.values():
         engine.close()
@@ -91,15 +107,20 @@ def test_a_seeded_sampled_request_draws_the_same_tokens_batched(engines, chunks,
         max_new_tokens=14, temperature=0.9, top_p=0.95, seed=99))[0]  # the seed matters
 
 
-def test_bounds_hold_the_batch_and_everyone_finishes(lively_loaded, tmp_path_factory, chunks, steps):
+def test_bounds_hold_the_batch_and_everyone_finishes(
+    lively_loaded, tmp_path_factory, chunks, steps
+):
     engine = make_engine(lively_loaded, tmp_path_factory, max_batch=2)
     try:
-        assert decode_joined(engine, chunks, "naive", steps) == decode_alone(engine, chunks, "naive")
+        assert decode_joined(engine, chunks, "naive", steps) == decode_alone(
+            engine, chunks, "naive"
+        )
         assert max(steps.sizes) == 2
     finally:
         engine.close()
     steps.sizes.clear()
-    engine = make_engine(lively_loaded, tmp_path_factory, max_batch_tokens=1)  # one request at a time
+    # one request at a time
+    engine = make_engine(lively_loaded, tmp_path_factory, max_batch_tokens=1)
     try:
         assert [len(ids) for ids in decode_joined(engine, chunks, "naive", steps)] == BUDGETS
         assert set(steps.sizes) == {1}
@@ -136,7 +157,9 @@ def test_requests_from_many_threads_match_alone(engines, chunks):
     assert got == alone
 
 
-def test_closing_ends_decoding_requests_and_refuses_new_ones(lively_loaded, tmp_path_factory, chunks):
+def test_closing_ends_decoding_requests_and_refuses_new_ones(
+    lively_loaded, tmp_path_factory, chunks
+):
     engine = make_engine(lively_loaded, tmp_path_factory)
     result = prefill(engine, chunks, 0, "naive")
     with engine.scheduler.prefill_turn():

@@ -1,4 +1,5 @@
-"""Row scores at a check layer: plain deviation, or deviation weighted by the question's attention."""
+"""Row scores at a check layer: plain deviation, or deviation weighted by the question's
+attention."""
 
 from __future__ import annotations
 
@@ -16,8 +17,15 @@ def make_view(attention: torch.Tensor) -> LayerView:
     fresh_v = torch.zeros(2, 5, 4)
     cached_v = torch.zeros(2, 5, 4)
     cached_v[:, :, 0] = torch.tensor([1.0, 3.0, 2.0, 0.5, 0.0])  # deviation = 2 * d^2 per row
-    return LayerView(1, torch.arange(10, 15), fresh_v.clone(), fresh_v, torch.zeros(2, 5, 4), cached_v,
-                     attention_from=lambda rows: attention)
+    return LayerView(
+        1,
+        torch.arange(10, 15),
+        fresh_v.clone(),
+        fresh_v,
+        torch.zeros(2, 5, 4),
+        cached_v,
+        attention_from=lambda rows: attention,
+    )
 
 
 def test_deviation_scores_sum_squares_over_heads_and_dims():
@@ -67,7 +75,9 @@ def _noisy_view() -> tuple[LayerView, torch.Tensor]:
     fresh_v[0, 1, 0] = 0.3
     eligible = torch.zeros(15, dtype=torch.bool)
     eligible[10:14] = True
-    return LayerView(2, torch.arange(10, 15), fresh_v.clone(), fresh_v, torch.zeros(2, 5, 4), _to_halves(base)), eligible
+    return LayerView(
+        2, torch.arange(10, 15), fresh_v.clone(), fresh_v, torch.zeros(2, 5, 4), _to_halves(base)
+    ), eligible
 
 
 def test_fresh_values_are_rounded_like_the_cached_ones_before_comparing():
@@ -80,10 +90,16 @@ def test_fresh_values_are_rounded_like_the_cached_ones_before_comparing():
     assert raw[0] > raw[1] > raw[3] > 0  # the codec's error alone outranks the one real change
     assert keep_best(view, config, question, eligible, 1, []).tolist() == [0, 4]
     rounded = as_stored(view, spans)
-    at_layer_3 = as_stored(dataclasses.replace(view, layer=3), spans)  # rounded as that layer is stored
-    assert torch.equal(at_layer_3.fresh_v, view.fresh_v) and not torch.equal(rounded.fresh_v, view.fresh_v)
-    assert torch.equal(view.fresh_v[:, 4], rounded.fresh_v[:, 4])  # the question row is not under the span
-    torch.testing.assert_close(row_scores(rounded, "value", "deviation", question), torch.tensor([0, 0.25, 0, 0, 0]))
+    # rounded as that layer is stored
+    at_layer_3 = as_stored(dataclasses.replace(view, layer=3), spans)
+    assert torch.equal(at_layer_3.fresh_v, view.fresh_v) and not torch.equal(
+        rounded.fresh_v, view.fresh_v
+    )
+    # the question row is not under the span
+    assert torch.equal(view.fresh_v[:, 4], rounded.fresh_v[:, 4])
+    torch.testing.assert_close(
+        row_scores(rounded, "value", "deviation", question), torch.tensor([0, 0.25, 0, 0, 0])
+    )
     assert keep_best(view, config, question, eligible, 1, spans).tolist() == [1, 4]
 
 
@@ -103,4 +119,5 @@ def test_head_rows_come_first_and_count_in_the_budget():
     question = torch.zeros(15, dtype=torch.bool)
     assert keep_best(view, config, question, eligible, 2, [], heads).tolist() == [1, 3, 4]
     assert keep_best(view, config, question, eligible, 2, []).tolist() == [1, 2, 4]
-    assert keep_best(view, config, question, eligible, 0, [], heads).tolist() == [4]  # ratio 0: none
+    # ratio 0: none
+    assert keep_best(view, config, question, eligible, 0, [], heads).tolist() == [4]

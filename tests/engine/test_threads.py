@@ -53,4 +53,10 @@ def test_threads_that_have_not_chosen_run_single_threaded_once_one_pins_more():
     in_own_thread(pinned, threads=1)
     counts["passing"] = in_own_thread(torch.get_num_threads, threads=2)
     counts["default passing"] = in_own_thread(torch.get_num_threads)
-    assert counts == {"pinned": 2, "stray": 1, "pinned after": 2, "passing": 2, "default passing": DEFAULT_THREADS}
+    assert counts == {
+        "pinned": 2,
+        "stray": 1,
+        "pinned after": 2,
+        "passing": 2,
+        "default passing": DEFAULT_THREADS,
+    }

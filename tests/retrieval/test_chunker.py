@@ -62,7 +62,9 @@ def test_a_sentence_longer_than_a_chunk_is_cut_at_words():
 
 
 def test_closing_quotes_stay_with_their_sentence():
-    chunks = Chunker(words, 8, 0).split('He said "stop here now." Then he left at once, in a hurry.')
+    chunks = Chunker(words, 8, 0).split(
+        'He said "stop here now." Then he left at once, in a hurry.'
+    )
     assert chunks[0].text == 'He said "stop here now."'
 
 

@@ -1,4 +1,5 @@
-"""MiniLM embeddings load offline, are unit length, and rank a paraphrase above an unrelated text."""
+"""MiniLM embeddings load offline, are unit length, and rank a paraphrase above an unrelated
+text."""
 
 from __future__ import annotations
 
@@ -20,8 +21,13 @@ def test_vectors_are_normalised(embedder):
 
 
 def test_paraphrase_is_closer_than_unrelated_text(embedder):
-    query, near, far = embedder.encode(["When does the port freeze?", "The harbour freezes in winter.",
-                                        "Bees make honey from nectar."])
+    query, near, far = embedder.encode(
+        [
+            "When does the port freeze?",
+            "The harbour freezes in winter.",
+            "Bees make honey from nectar.",
+        ]
+    )
     assert query @ near > query @ far + 0.2
 
 
@@ -41,7 +47,10 @@ def test_the_linear_kernel_changes_vectors_only_by_rounding_and_keeps_the_name(e
     on_onednn = Embedder(embedder.model_path, linear_kernel="onednn")
     on_torch = Embedder(embedder.model_path, linear_kernel="torch")
     assert (on_onednn.linear_kernel, on_torch.linear_kernel) == ("onednn", "torch")
-    assert linear_kernel_of(on_onednn.model) == "onednn" and linear_kernel_of(on_torch.model) == "torch"
+    assert (
+        linear_kernel_of(on_onednn.model) == "onednn"
+        and linear_kernel_of(on_torch.model) == "torch"
+    )
     texts = ["The harbour freezes in winter.", "Bees make honey from nectar."]
     assert np.allclose(on_onednn.encode(texts), on_torch.encode(texts), atol=1e-5)
     assert on_torch.name == on_onednn.name == embedder.name
@@ -67,6 +76,8 @@ def test_a_view_runs_its_encodings_through_the_given_runner(embedder):
     assert len(ran_on) == 1  # the view's encode went through the runner; the original's did not
     assert view.encode([]).shape == (0, embedder.dim)  # nothing to run for no texts
     assert len(ran_on) == 1
-    many = [f"Passage number {i} about tide mills and bees." for i in range(2 * embedder.batch_size + 3)]
+    many = [
+        f"Passage number {i} about tide mills and bees." for i in range(2 * embedder.batch_size + 3)
+    ]
     assert np.allclose(view.encode(many), embedder.encode(many), atol=1e-5)
     assert len(ran_on) == 1 + 3  # one batch per call: the runner is never held for a whole document

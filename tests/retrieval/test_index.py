@@ -46,8 +46,14 @@ def test_save_and_load_round_trip(index, tmp_path):
     assert [h.chunk_id for h in loaded.search(unit(0, 1, 0), 1)] == [20]
 
 
-@pytest.mark.parametrize("dim,name,ids", [(3, "other-embedder", [10, 20, 30]), (3, "test-embedder", [10, 20]),
-                                          (4, "test-embedder", [10, 20, 30])])
+@pytest.mark.parametrize(
+    "dim,name,ids",
+    [
+        (3, "other-embedder", [10, 20, 30]),
+        (3, "test-embedder", [10, 20]),
+        (4, "test-embedder", [10, 20, 30]),
+    ],
+)
 def test_stale_index_is_not_loaded(index, tmp_path, dim, name, ids):
     index.save(tmp_path)
     assert VectorIndex.load(tmp_path, dim, name, ids) is None
@@ -78,7 +84,9 @@ def test_grows_into_ivf_past_the_threshold_and_keeps_working(tmp_path):
     index.add(list(range(1500, 3000)), vectors[1500:])
     assert index.approximate and len(index) == 3000 and sorted(index.ids()) == list(range(3000))
     assert index.search(vectors[2500], 1)[0].chunk_id == 2500  # a stored vector finds itself
-    assert index.remove([2500, 99999]) == 1 and 2500 not in {h.chunk_id for h in index.search(vectors[2500], 5)}
+    assert index.remove([2500, 99999]) == 1 and 2500 not in {
+        h.chunk_id for h in index.search(vectors[2500], 5)
+    }
     index.add([7], vectors[8][None])  # replace
     assert index.search(vectors[8], 2)[0].chunk_id in (7, 8) and len(index) == 2999
     index.save(tmp_path)
@@ -105,8 +113,13 @@ def test_retriever_applies_changes_in_order():
             return np.stack([unit(1, 0, 0) for _ in texts])
 
     retriever = Retriever(Fake(), VectorIndex(3, "e"))
-    updates = [IndexUpdate(1, 10, unit(1, 0, 0)), IndexUpdate(2, 20, unit(0, 1, 0)), IndexUpdate(3, 10, None),
-               IndexUpdate(4, 10, unit(0, 0, 1)), IndexUpdate(5, 30, None)]
+    updates = [
+        IndexUpdate(1, 10, unit(1, 0, 0)),
+        IndexUpdate(2, 20, unit(0, 1, 0)),
+        IndexUpdate(3, 10, None),
+        IndexUpdate(4, 10, unit(0, 0, 1)),
+        IndexUpdate(5, 30, None),
+    ]
     assert retriever.apply(updates) == 5 and retriever.cursor == 5
     assert sorted(retriever.index.ids()) == [10, 20]
     assert retriever.index.search(unit(0, 0, 1), 1)[0].chunk_id == 10
@@ -137,5 +150,6 @@ def test_index_operations_leave_the_calling_thread_on_one_faiss_thread(index):
     fresh_thread("add", lambda: index.add([999], vector[None]))
     fresh_thread("remove", lambda: index.remove([999]))
     assert {counts[op] for op in ("search", "add", "remove")} == {1}
-    if len(os.sched_getaffinity(0)) > 1 and "OMP_NUM_THREADS" not in os.environ:  # a new thread's own default
+    # a new thread's own default
+    if len(os.sched_getaffinity(0)) > 1 and "OMP_NUM_THREADS" not in os.environ:
         assert counts["search before"] > 1

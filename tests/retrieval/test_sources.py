@@ -15,13 +15,21 @@ def test_markdown_title_and_directory_walk(tmp_path):
     (tmp_path / "sub" / "a_note.txt").write_text("Plain text.")
     (tmp_path / "skip.bin").write_bytes(b"\x00")
     docs = list(load_sources([tmp_path]))
-    assert [(d.title, d.text) for d in docs] == [("Tide Mills", "# Tide Mills\n\nThey ground grain."),
-                                                ("a note", "Plain text.")]
+    assert [(d.title, d.text) for d in docs] == [
+        ("Tide Mills", "# Tide Mills\n\nThey ground grain."),
+        ("a note", "Plain text."),
+    ]
 
 
 def test_benchmark_json_gives_one_document_per_passage(tmp_path):
-    data = [{"question": "q", "answers": ["a"], "ctxs": [{"title": "T1", "text": "one"}, {"title": "T2", "text": " "}]},
-            {"question": "q2", "answers": [], "ctxs": [{"title": "T3", "text": "three"}]}]
+    data = [
+        {
+            "question": "q",
+            "answers": ["a"],
+            "ctxs": [{"title": "T1", "text": "one"}, {"title": "T2", "text": " "}],
+        },
+        {"question": "q2", "answers": [], "ctxs": [{"title": "T3", "text": "three"}]},
+    ]
     path = tmp_path / "set.json"
     path.write_text(json.dumps(data))
     assert [(d.title, d.text) for d in load_sources([path])] == [("T1", "one"), ("T3", "three")]

@@ -8,9 +8,9 @@ import torch
 from app.bench.store import StoreBenchOptions, format_codec_sizes, run_overlap, run_throughput
 from app.cli import build_parser
 from app.cli.bench import STORE_CODECS
+from app.store import StoreConfig, TierUnavailable, create_store, create_tier
 from app.store.codecs import CODECS
 from app.store.lazy import hidden_share
-from app.store import StoreConfig, TierUnavailable, create_store, create_tier
 
 
 @pytest.mark.parametrize("bad", [dict(tiers=()), dict(tiers=("cpu", "cpu")), dict(tiers=("tape",)),
@@ -25,7 +25,8 @@ def test_every_codec_is_named_where_codecs_are_chosen():
     assert STORE_CODECS == tuple(CODECS)
     assert build_parser().parse_args(["bench", "store", "--codec", "k4v3"]).codec == "k4v3"
     sizes = {line.split()[0]: line.split() for line in format_codec_sizes().splitlines()[1:]}
-    assert sizes["k4v3"][1:] == ["5580", "0.242x", "5580", "0.242x"]  # B/token, vs float16 @256 and @512
+    # B/token, vs float16 @256 and @512
+    assert sizes["k4v3"][1:] == ["5580", "0.242x", "5580", "0.242x"]
 
 
 def test_factories(tmp_path):
@@ -44,7 +45,9 @@ def test_factories(tmp_path):
 
 
 def test_bench_throughput_smoke(tmp_path):
-    rows = run_throughput(StoreBenchOptions(tiers=("cpu", "disk"), repeats=1, fsync=False), tmp_path)
+    rows = run_throughput(
+        StoreBenchOptions(tiers=("cpu", "disk"), repeats=1, fsync=False), tmp_path
+    )
     assert [(r.tier, r.entry) for r in rows] == [("cpu", "chunk-512"), ("disk", "chunk-512"),
                                                  ("cpu", "10MiB"), ("disk", "10MiB")]
     assert rows[0].megabytes == pytest.approx(30 * 2 * 3 * 512 * 64 * 2 / 1e6)
@@ -67,8 +70,13 @@ def test_bench_overlap_smoke(tiny_engine, tmp_path):
     assert (result.chunks, result.chunk_tokens, len(result.samples)) == (2, 48, 1)
     sample = result.samples[0]
     layers_in_store = options.chunks * tiny_engine.loaded.spec.num_layers
-    assert 0 < sample["layers_read"] and sample["layers_read"] + sample["layers_wasted"] <= layers_in_store
+    assert (
+        0 < sample["layers_read"]
+        and sample["layers_read"] + sample["layers_wasted"] <= layers_in_store
+    )
     assert (result.load_s, result.wait_s) == (sample["load_s"], sample["wait_s"])
     assert result.load_s > 0 and result.wait_s >= 0
-    assert result.hidden_share == sample["hidden_share"] == hidden_share(result.load_s, result.wait_s)
+    assert (
+        result.hidden_share == sample["hidden_share"] == hidden_share(result.load_s, result.wait_s)
+    )
     assert result.ttft_cold_disk_s > 0 and result.ttft_in_memory_s > 0

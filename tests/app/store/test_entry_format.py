@@ -8,8 +8,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from app.store import CorruptEntry, create_tier
-from app.store import codec
+from app.store import CorruptEntry, codec, create_tier
 from tests.app.store.helpers import key_of, make_entry, same_entry
 
 K = key_of("entry")

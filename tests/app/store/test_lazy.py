@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from engine.kv import ChunkKV
 from app.store import CorruptEntry, EntryReader, LazyChunkKV
+from engine.kv import ChunkKV
 from tests.app.store.helpers import make_entry
 
 READ_S = 0.03
@@ -49,7 +49,10 @@ def test_layers_are_read_while_the_caller_computes(executor):
     entry = make_entry(1, layers=8)
     reader = SlowReader(entry)
     source = LazyChunkKV(reader, executor, torch.float32, prefetch=1)
-    assert (source.num_tokens, source.base_position) == (entry.meta.num_tokens, entry.meta.base_position)
+    assert (source.num_tokens, source.base_position) == (
+        entry.meta.num_tokens,
+        entry.meta.base_position,
+    )
     for index in range(8):
         layer = source.layer(index)
         assert layer.dtype == torch.float32 and torch.equal(layer, entry.kv[index].float())

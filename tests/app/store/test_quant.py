@@ -9,15 +9,23 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from engine.kv import ChunkKV
 from app.store import CorruptEntry, StoreConfig, create_tier
 from app.store import codec as entry_codec
-from app.store.entry import EntryMeta, KVEntry, chunk_from_entry, decode_layer, entry_from_chunk, roundtrip
-from app.store.lazy import LazyChunkKV
 from app.store.codecs import CODECS, QuantCodec, get_codec, pack_codes, packed_bytes, unpack_codes
+from app.store.entry import (
+    EntryMeta,
+    KVEntry,
+    chunk_from_entry,
+    decode_layer,
+    entry_from_chunk,
+    roundtrip,
+)
+from app.store.lazy import LazyChunkKV
+from engine.kv import ChunkKV
 from tests.app.store.helpers import key_of
 
-SHAPE = (3, 2, 3, 100, 64)  # [layers, 2, kv_heads, tokens, head_dim]; 100 tokens: a partial key group
+# [layers, 2, kv_heads, tokens, head_dim]; 100 tokens: a partial key group
+SHAPE = (3, 2, 3, 100, 64)
 
 
 def _kv(seed: int = 0, shape=SHAPE) -> torch.Tensor:
@@ -32,7 +40,18 @@ def _chunk(kv: torch.Tensor) -> ChunkKV:
 
 
 def test_registry_and_bad_names():
-    assert set(CODECS) == {"float16", "bfloat16", "float32", "int8", "int4", "k4v3", "h4v3", "h4v3c", "ch4v3", "ch4v3c"}
+    assert set(CODECS) == {
+        "float16",
+        "bfloat16",
+        "float32",
+        "int8",
+        "int4",
+        "k4v3",
+        "h4v3",
+        "h4v3c",
+        "ch4v3",
+        "ch4v3c",
+    }
     with pytest.raises(ValueError, match="k4v3"):
         get_codec("int3")
     with pytest.raises(ValueError):
@@ -42,21 +61,51 @@ def test_registry_and_bad_names():
         StoreConfig(codec="fp8")
 
 
-@pytest.mark.parametrize("name, ratio", [("float16", 1.0), ("int8", 0.52), ("int4", 0.27), ("k4v3", 0.24), ("h4v3", 0.25), ("h4v3c", 0.25), ("ch4v3", 0.244), ("ch4v3c", 0.244)])
+@pytest.mark.parametrize(
+    "name, ratio",
+    [
+        ("float16", 1.0),
+        ("int8", 0.52),
+        ("int4", 0.27),
+        ("k4v3", 0.24),
+        ("h4v3", 0.25),
+        ("h4v3c", 0.25),
+        ("ch4v3", 0.244),
+        ("ch4v3c", 0.244),
+    ],
+)
 def test_payload_bytes_per_token(name, ratio):
     layer_shape = (2, 3, 256, 64)
     float16_bytes = 2 * 3 * 256 * 64 * 2
     got = get_codec(name).layer_bytes(layer_shape) / float16_bytes
     assert got == pytest.approx(ratio, abs=0.02)
     entry = entry_from_chunk(_chunk(_kv(shape=(4, *layer_shape))), name)
-    assert entry.num_bytes == entry.kv.numel() * entry.kv.element_size() == 4 * get_codec(name).layer_bytes(layer_shape)
+    assert (
+        entry.num_bytes
+        == entry.kv.numel() * entry.kv.element_size()
+        == 4 * get_codec(name).layer_bytes(layer_shape)
+    )
 
 
-@pytest.mark.parametrize("name, tokens", [("k4v3", 256), ("k4v3", 206), ("h4v3", 256), ("h4v3", 206), ("h4v3", 1), ("h4v3c", 206), ("ch4v3", 206), ("ch4v3c", 64)])
+@pytest.mark.parametrize(
+    "name, tokens",
+    [
+        ("k4v3", 256),
+        ("k4v3", 206),
+        ("h4v3", 256),
+        ("h4v3", 206),
+        ("h4v3", 1),
+        ("h4v3c", 206),
+        ("ch4v3", 206),
+        ("ch4v3c", 64),
+    ],
+)
 def test_four_three_bit_codecs_are_at_most_a_quarter_of_float16(name, tokens):
     """k4v3 from a key group's worth of tokens on (its per-channel scales); h4v3 at any length."""
     layer_shape = (2, 3, tokens, 64)  # SmolLM2's; 206 tokens: a partial key group
-    assert get_codec(name).layer_bytes(layer_shape) <= 0.25 * get_codec("float16").layer_bytes(layer_shape)
+    assert get_codec(name).layer_bytes(layer_shape) <= 0.25 * get_codec("float16").layer_bytes(
+        layer_shape
+    )
 
 
 def test_quantized_payloads_are_unchanged():
@@ -86,9 +135,13 @@ def test_quantization_error_is_within_half_a_step(name, tokens):
     group = codec.key_group
     # keys: per (head, dim) channel over groups of key_group tokens
     groups = [keys[:, :, g:g + group] for g in range(0, tokens, group)]
-    key_range = torch.cat([(g.amax(2, keepdim=True) - g.amin(2, keepdim=True)).expand_as(g) for g in groups], 2)
+    key_range = torch.cat(
+        [(g.amax(2, keepdim=True) - g.amin(2, keepdim=True)).expand_as(g) for g in groups], 2
+    )
     key_step = key_range / ((1 << codec.key_bits) - 1)
-    value_step = (values.amax(3, keepdim=True) - values.amin(3, keepdim=True)) / ((1 << codec.value_bits) - 1)
+    value_step = (values.amax(3, keepdim=True) - values.amin(3, keepdim=True)) / (
+        (1 << codec.value_bits) - 1
+    )
     slack = 1e-2  # float16 scale / minimum rounding
     assert bool(((decoded[:, 0] - keys).abs() <= key_step * (0.5 + slack) + 1e-3).all())
     assert bool(((decoded[:, 1] - values).abs() <= value_step * (0.5 + slack) + 1e-3).all())
@@ -138,10 +191,14 @@ def test_per_channel_keys_keep_an_outlier_channel_from_flooding_the_others(name)
 def test_constant_groups_and_float_codecs_round_trip():
     kv = torch.full(SHAPE, 0.75)
     for name in ("int8", "int4", "k4v3", "float32"):
-        assert torch.equal(get_codec(name).decode(get_codec(name).encode(kv), SHAPE[1:], torch.float32), kv)
+        assert torch.equal(
+            get_codec(name).decode(get_codec(name).encode(kv), SHAPE[1:], torch.float32), kv
+        )
     kv = _kv(3)
-    assert torch.equal(get_codec("float16").decode(get_codec("float16").encode(kv), SHAPE[1:], torch.float32),
-                       kv.half().float())
+    assert torch.equal(
+        get_codec("float16").decode(get_codec("float16").encode(kv), SHAPE[1:], torch.float32),
+        kv.half().float(),
+    )
 
 
 @pytest.mark.parametrize("name", ["int8", "int4", "k4v3", "h4v3", "h4v3c", "ch4v3c"])
@@ -164,7 +221,10 @@ def test_quantized_entry_serializes_checksummed_and_decodes_layer_by_layer(tmp_p
         source.close()
     assert torch.equal(torch.stack(layers), whole.kv)
     assert rounding is not None
-    assert all(torch.equal(rounding(chunk.kv[layer, 1], layer), whole.kv[layer, 1]) for layer in range(SHAPE[0]))
+    assert all(
+        torch.equal(rounding(chunk.kv[layer, 1], layer), whole.kv[layer, 1])
+        for layer in range(SHAPE[0])
+    )
     # one flipped byte inside layer 1: its checksum refuses it, layer 0 still decodes
     path = tier.path(key)
     data = bytearray(path.read_bytes())
@@ -172,7 +232,9 @@ def test_quantized_entry_serializes_checksummed_and_decodes_layer_by_layer(tmp_p
     data[layout.offsets[1][0] + 3] ^= 0x40
     path.write_bytes(bytes(data))
     with tier.open(key) as reader:
-        assert torch.equal(decode_layer(reader.meta, reader.layer(0), 0, torch.float32), whole.kv[0])
+        assert torch.equal(
+            decode_layer(reader.meta, reader.layer(0), 0, torch.float32), whole.kv[0]
+        )
         with pytest.raises(CorruptEntry):
             reader.layer(1)
 
@@ -190,18 +252,26 @@ def test_meta_names_an_unknown_codec_as_corrupt():
     meta = EntryMeta("fp", "prefix", "0" * 64, 0, "int4", SHAPE).to_json()
     with pytest.raises(CorruptEntry):
         EntryMeta.from_json({**meta, "dtype": "int2"})
-    assert math.prod(EntryMeta.from_json(meta).payload_shape) == get_codec("int4").layer_bytes(SHAPE[1:])
+    assert math.prod(EntryMeta.from_json(meta).payload_shape) == get_codec("int4").layer_bytes(
+        SHAPE[1:]
+    )
 
 
 def test_memory_tier_keeps_the_encoded_payload():
     tier = create_tier("cpu", StoreConfig())
     entry = entry_from_chunk(_chunk(_kv(6)), "int4")
     tier.put(key_of("m"), entry)
-    assert tier.used_bytes() == entry.num_bytes < entry_from_chunk(_chunk(_kv(6)), "float16").num_bytes / 3
+    assert (
+        tier.used_bytes()
+        == entry.num_bytes
+        < entry_from_chunk(_chunk(_kv(6)), "float16").num_bytes / 3
+    )
     assert isinstance(tier.get(key_of("m")), KVEntry)
 
 
-@pytest.mark.parametrize("name", ["float16", "int8", "int4", "k4v3", "h4v3", "h4v3c", "ch4v3", "ch4v3c"])
+@pytest.mark.parametrize(
+    "name", ["float16", "int8", "int4", "k4v3", "h4v3", "h4v3c", "ch4v3", "ch4v3c"]
+)
 def test_round_values_reads_back_as_the_stored_values(name):
     """What the check layers compare with: fresh V rounded as the codec would store it equals
     the V a stored entry decodes to, so unchanged rows compare equal."""
@@ -221,4 +291,7 @@ def test_chunks_from_lossy_entries_carry_their_codec_rounding():
     rounding = roundtrip(chunk, "h4v3").value_rounding
     assert rounding is not None
     stored = roundtrip(chunk, "h4v3").kv[:, 1]
-    assert all(torch.equal(rounding(chunk.kv[layer, 1], layer), stored[layer]) for layer in range(stored.shape[0]))
+    assert all(
+        torch.equal(rounding(chunk.kv[layer, 1], layer), stored[layer])
+        for layer in range(stored.shape[0])
+    )

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.store.codecs import get_codec
-from app.store.codecs import CLIPS, RotatedQuantCodec, hadamard
+from app.store.codecs import CLIPS, RotatedQuantCodec, get_codec, hadamard
 
 SHAPE = (2, 2, 3, 100, 64)  # [layers, 2, kv_heads, tokens, head_dim]
 
@@ -60,8 +59,10 @@ def test_a_value_outlier_channel_costs_less_than_under_per_token_k4v3():
     """k4v3's values take one range per token, set by the outlier; rotated, it is spread thin."""
     kv = _kv(3, outlier=1)
     normal = [c for c in range(64) if c != 5]
-    errors = {name: float((_round_trip(name, kv)[:, 1, ..., normal] - kv[:, 1, ..., normal]).abs().mean())
-              for name in ("k4v3", "h4v3")}
+    errors = {
+        name: float((_round_trip(name, kv)[:, 1, ..., normal] - kv[:, 1, ..., normal]).abs().mean())
+        for name in ("k4v3", "h4v3")
+    }
     assert errors["h4v3"] < 0.5 * errors["k4v3"], errors
 
 
@@ -136,14 +137,18 @@ def test_centred_keys_round_each_row_about_the_channel_means():
     assert torch.allclose(back[:, 0], alike[:, 0], atol=1e-2)
 
 
-@pytest.mark.parametrize("tokens, at_most_a_quarter", [(64, True), (256, True), (1024, True), (32, False)])
+@pytest.mark.parametrize(
+    "tokens, at_most_a_quarter", [(64, True), (256, True), (1024, True), (32, False)]
+)
 def test_centred_keys_pay_their_means_with_the_dropped_minimums(tokens, at_most_a_quarter):
     """The channel means (heads x head_dim float16 per layer) cost what the K rows' minimums
     saved at 64 tokens: from there on the entry is within 0.25x float16."""
     layer_shape = (2, 3, tokens, 64)
     quarter = 0.25 * get_codec("float16").layer_bytes(layer_shape)
     assert (get_codec("ch4v3").layer_bytes(layer_shape) <= quarter) is at_most_a_quarter
-    assert get_codec("ch4v3c").layer_bytes(layer_shape) == get_codec("ch4v3").layer_bytes(layer_shape)
+    assert get_codec("ch4v3c").layer_bytes(layer_shape) == get_codec("ch4v3").layer_bytes(
+        layer_shape
+    )
 
 
 def test_a_centred_payload_decodes_by_its_documented_layout():
@@ -155,7 +160,11 @@ def test_a_centred_payload_decodes_by_its_documented_layout():
     generator = torch.Generator().manual_seed(5)
     k_codes = torch.randint(0, 16, (tokens, dim), generator=generator)
     v_codes = torch.randint(0, 8, (tokens, dim), generator=generator)
-    k_scale, v_scale, v_min = torch.tensor([0.5, 0.25]), torch.tensor([0.125, 1.0]), torch.tensor([-1.0, 2.0])
+    k_scale, v_scale, v_min = (
+        torch.tensor([0.5, 0.25]),
+        torch.tensor([0.125, 1.0]),
+        torch.tensor([-1.0, 2.0]),
+    )
     k_mean = torch.arange(dim, dtype=torch.float32) / 4
 
     def as_bytes(x: torch.Tensor) -> list[int]:
@@ -167,8 +176,15 @@ def test_a_centred_payload_decodes_by_its_documented_layout():
     for i in range(0, len(flat_v), 8):
         word = sum(code << 3 * j for j, code in enumerate(flat_v[i:i + 8]))
         v_bytes += [word & 0xFF, word >> 8 & 0xFF, word >> 16]
-    payload = torch.tensor(as_bytes(k_scale) + as_bytes(v_scale) + as_bytes(v_min) + as_bytes(k_mean)
-                           + k_bytes + v_bytes, dtype=torch.uint8)
+    payload = torch.tensor(
+        as_bytes(k_scale)
+        + as_bytes(v_scale)
+        + as_bytes(v_min)
+        + as_bytes(k_mean)
+        + k_bytes
+        + v_bytes,
+        dtype=torch.uint8,
+    )
     decoded = get_codec("ch4v3").decode_layer(payload, (2, heads, tokens, dim), torch.float32, 0)
     keys = (k_codes - 7.5) * k_scale[:, None] + k_mean
     values = v_min[:, None] + v_codes * v_scale[:, None]

@@ -7,13 +7,13 @@ import dataclasses
 import pytest
 import torch
 
-from engine.variants.book import VariantBook
 from engine.cachecraft.choice import Candidate, choose_variant
-from engine.variants.build import build_variants
-from engine.variants.harvest import source_contexts
-from engine.variant_stats import VariantStats
 from engine.engine import Engine
 from engine.plan import ChunkInput
+from engine.variant_stats import VariantStats
+from engine.variants.book import VariantBook
+from engine.variants.build import build_variants
+from engine.variants.harvest import source_contexts
 from engine.variants.policy import VariantPolicy
 from tests.engine.helpers import QUESTION, chunk_inputs
 
@@ -58,7 +58,9 @@ def test_cfo_forced_to_one_equals_full(engine):
     craft = engine.prefill(chunks, QUESTION, mode="cachecraft")
     full = engine.prefill(chunks, QUESTION, mode="full")
     torch.testing.assert_close(craft.logits, full.logits, rtol=1e-4, atol=1e-4)
-    assert {c.strategy for c in craft.chunks} == {"full"} and all(c.cfo == 1.0 for c in craft.chunks)
+    assert {c.strategy for c in craft.chunks} == {"full"} and all(
+        c.cfo == 1.0 for c in craft.chunks
+    )
 
 
 def test_partial_recomputes_the_highest_scored_tokens(engine):
@@ -70,7 +72,9 @@ def test_partial_recomputes_the_highest_scored_tokens(engine):
         scores = chunk.stats.token_scores
         picked = set(report.recomputed_offsets)
         assert len(picked) == -(-len(scores) * 24 // 100)
-        assert min(scores[t] for t in picked) >= max(scores[t] for t in range(len(scores)) if t not in picked)
+        assert min(scores[t] for t in picked) >= max(
+            scores[t] for t in range(len(scores)) if t not in picked
+        )
 
 
 def test_base_variant_without_statistics_is_planned_by_deviation(engine):
@@ -83,7 +87,8 @@ def test_base_variant_without_statistics_is_planned_by_deviation(engine):
 
 def test_unfocused_chunk_stops_changing_after_its_termination_layer(engine):
     chunks = with_stats(chunk_inputs(engine))
-    configured(engine, craft_alpha=100.0, focus_layer=2, focus_threshold=100.0)  # every chunk unfocused
+    # every chunk unfocused
+    configured(engine, craft_alpha=100.0, focus_layer=2, focus_threshold=100.0)
     craft = engine.prefill(chunks, QUESTION, mode="cachecraft")
     naive = engine.prefill(chunks, QUESTION, mode="naive")
     for i, (report, (start, end)) in enumerate(zip(craft.chunks, craft.layout.chunk_spans)):
@@ -92,7 +97,9 @@ def test_unfocused_chunk_stops_changing_after_its_termination_layer(engine):
         # layers 0..2 were recomputed in context (the first chunk's context is the prefix alone,
         # as for its base KV, so only later chunks change); above, the cached KV is used as is
         if i:
-            assert not torch.allclose(craft.cache.data[2, :, :, rows], naive.cache.data[2, :, :, rows])
+            assert not torch.allclose(
+                craft.cache.data[2, :, :, rows], naive.cache.data[2, :, :, rows]
+            )
         assert torch.equal(craft.cache.data[3:, :, :, rows], naive.cache.data[3:, :, :, rows])
 
 
@@ -106,7 +113,9 @@ def test_focused_chunks_keep_recomputing(engine):
 def test_exact_variants_from_a_request_equal_full_prefill_rows(engine):
     chunks = chunk_inputs(engine)
     result = engine.prefill(chunks, QUESTION, mode="cachecraft")
-    drafts = build_variants(engine, result, source_contexts(chunks), VariantPolicy(engine.config, 2)).drafts
+    drafts = build_variants(
+        engine, result, source_contexts(chunks), VariantPolicy(engine.config, 2)
+    ).drafts
     assert [d.chunk_id for d in drafts] == [c.chunk_id for c in chunks[1:]]
     full = engine.prefill(chunks, QUESTION, mode="full")
     for i, (draft, (start, end)) in enumerate(zip(drafts, full.layout.chunk_spans[1:]), start=1):

@@ -57,7 +57,15 @@ def test_beta_prime_and_cfo():
 
 def test_identical_context_gives_cfo_zero():
     inter = {"a": 2.0, "b": 1.0}
-    assert cfo(1.0, 0.9, beta_prime(inter, ["a", "b"], ["a", "b"]), novelty_coverage(["a", "b"], ["a", "b"])) == 0.0
+    assert (
+        cfo(
+            1.0,
+            0.9,
+            beta_prime(inter, ["a", "b"], ["a", "b"]),
+            novelty_coverage(["a", "b"], ["a", "b"]),
+        )
+        == 0.0
+    )
 
 
 def test_novelty_coverage_counts_new_neighbours_the_variant_saw():
@@ -65,7 +73,9 @@ def test_novelty_coverage_counts_new_neighbours_the_variant_saw():
     assert novelty_coverage(["a", "b", "c"], ["a"]) == 1.0
     assert novelty_coverage([], []) == 1.0
     # a variant computed after c only scores beta' = 1, but covers a third of the new context
-    assert cfo(1.0, 0.9, beta_prime({"c": 1.0}, ["c"], ["a", "b", "c"]), 1 / 3) == pytest.approx(0.9 * 2 / 3)
+    assert cfo(1.0, 0.9, beta_prime({"c": 1.0}, ["c"], ["a", "b", "c"]), 1 / 3) == pytest.approx(
+        0.9 * 2 / 3
+    )
 
 
 def test_recompute_count_is_the_ceiling():

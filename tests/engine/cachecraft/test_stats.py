@@ -13,7 +13,9 @@ def dense_mass(q, k, q_pos, segments, num_segments, scale):
     group = q.shape[0] // k.shape[0]
     keys = k.repeat_interleave(group, 0)
     scores = (q @ keys.transpose(1, 2)) * scale
-    scores = scores.masked_fill(torch.arange(k.shape[1])[None, None] > q_pos[None, :, None], float("-inf"))
+    scores = scores.masked_fill(
+        torch.arange(k.shape[1])[None, None] > q_pos[None, :, None], float("-inf")
+    )
     probs = torch.softmax(scores, -1).mean(0)
     return torch.stack([probs[:, segments == s].sum(1) for s in range(num_segments)], dim=1)
 
@@ -26,7 +28,9 @@ def test_segment_mass_matches_dense_reference_and_sums_to_one(rows):
     q_pos = torch.randperm(n)[:rows].sort().values
     segments = torch.randint(0, 3, (n,))
     got = segment_attention_mass(q, k, q_pos, segments, 3, 0.35)
-    torch.testing.assert_close(got, dense_mass(q, k, q_pos, segments, 3, 0.35), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        got, dense_mass(q, k, q_pos, segments, 3, 0.35), rtol=1e-4, atol=1e-5
+    )
     torch.testing.assert_close(got.sum(1), torch.ones(rows))
 
 

@@ -8,16 +8,16 @@ import dataclasses
 import pytest
 import torch
 
-from engine.variants.book import VariantBook
 from engine.cachecraft.choice import Candidate
-from engine.variant_stats import VariantStats
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import UnknownMode
 from engine.planners import PLANNERS
 from engine.planners.base import VariantUse, VariantYield
-from engine.variants.harvest import exact_chunks, source_contexts
 from engine.planners.cacheblend import blend_schedule
+from engine.variant_stats import VariantStats
+from engine.variants.book import VariantBook
+from engine.variants.harvest import exact_chunks, source_contexts
 from engine.variants.policy import VariantPolicy, blend_cost
 from engine.variants.traffic import RecentTraffic
 from tests.engine.helpers import QUESTION, chunk_inputs
@@ -42,20 +42,30 @@ def engine(tiny_loaded, tmp_path):
 def test_every_mode_declares_its_policy():
     for cls in PLANNERS.values():
         assert isinstance(cls.variant_use, VariantUse) and isinstance(cls.leaves, VariantYield)
-    assert (PLANNERS["prefix"].variant_use, PLANNERS["prefix"].leaves) == (VariantUse.EXACT, VariantYield.HARVEST)
-    assert (PLANNERS["cachecraft"].variant_use, PLANNERS["cachecraft"].leaves) == (VariantUse.BEST, VariantYield.BUILD)
+    assert (PLANNERS["prefix"].variant_use, PLANNERS["prefix"].leaves) == (
+        VariantUse.EXACT,
+        VariantYield.HARVEST,
+    )
+    assert (PLANNERS["cachecraft"].variant_use, PLANNERS["cachecraft"].leaves) == (
+        VariantUse.BEST,
+        VariantYield.BUILD,
+    )
     assert not policy().uses_variants("full") and not policy().uses_variants("cacheblend")
     with pytest.raises(UnknownMode):
         policy().choose("nope", ["a"], [[Candidate(())]])
 
 
 def test_blend_cost_counts_the_rows_of_each_layer():
-    # r = 0.13, checks at layers 1, 2 and 6 keeping 3r, 2r, r: layer 0 all, 1 → 0.39, 2-5 → 0.26, 6.. → 0.13
-    assert blend_cost(EngineConfig(), LAYERS) == pytest.approx((1 + 0.39 + 4 * 0.26 + 24 * 0.13) / LAYERS)
+    # r = 0.13, checks at layers 1, 2 and 6 keeping 3r, 2r, r: layer 0 all, 1 → 0.39, 2-5 → 0.26,
+    # 6.. → 0.13
+    assert blend_cost(EngineConfig(), LAYERS) == pytest.approx(
+        (1 + 0.39 + 4 * 0.26 + 24 * 0.13) / LAYERS
+    )
     two_checks = EngineConfig(check_layers=(1, 2), check_ratio_multipliers=(2.0, 1.0))
     assert blend_cost(two_checks, LAYERS, 0.15) == pytest.approx((1 + 0.3 + 28 * 0.15) / LAYERS)
-    assert blend_cost(EngineConfig(check_layers=(1,), check_ratio_multipliers=(1.0,)), 4, 0.5) == pytest.approx(
-        (1 + 3 * 0.5) / 4)
+    assert blend_cost(
+        EngineConfig(check_layers=(1,), check_ratio_multipliers=(1.0,)), 4, 0.5
+    ) == pytest.approx((1 + 3 * 0.5) / 4)
 
 
 def test_a_shallow_model_keeps_the_ratio_from_its_last_check():
@@ -76,7 +86,11 @@ def test_blend_cost_is_what_a_cacheblend_prefill_computes(engine):
 
 def test_each_use_gets_what_its_mode_may_use():
     ids = ["a", "b", "c"]
-    candidates = [[Candidate(())], [Candidate(()), measured(["a"])], [measured(["b", "a"]), Candidate(()), measured(["a", "b"])]]
+    candidates = [
+        [Candidate(())],
+        [Candidate(()), measured(["a"])],
+        [measured(["b", "a"]), Candidate(()), measured(["a", "b"])],
+    ]
     assert policy().choose("cacheblend", ids, candidates) == [None, None, None]
     assert policy().choose("prefix", ids, candidates) == [None, 1, 2]
     assert policy().choose("cachecraft", ids, candidates) == [None, 1, 2]
@@ -97,14 +111,19 @@ def test_an_unrelated_or_stale_variant_loses_to_the_base_plus_blend():
     assert p.choose("cachecraft", ids, [[Candidate(())]] * 3 + [shuffled])[-1] is None
     assert p.choose("cachecraft", ["a", "b", "q", "d"], [[Candidate(())]] * 3 + [close])[-1] is None
     # with α small enough the same unrelated variant would win (CFO 0.08 < blend cost)
-    assert policy(craft_alpha=0.1).choose("cachecraft", ids, [[Candidate(())]] * 3 + [unrelated])[-1] == 1
+    assert (
+        policy(craft_alpha=0.1).choose("cachecraft", ids, [[Candidate(())]] * 3 + [unrelated])[-1]
+        == 1
+    )
 
 
 def test_the_full_recompute_branch_is_reachable_at_the_default_alpha():
     from engine.cachecraft.choice import variant_cfo
 
     config = EngineConfig()
-    value = variant_cfo(measured(["x"], cci=0.9), ["a", "b"], config.craft_alpha, config.craft_novelty)
+    value = variant_cfo(
+        measured(["x"], cci=0.9), ["a", "b"], config.craft_alpha, config.craft_novelty
+    )
     assert value > config.craft_full_above
 
 
@@ -137,8 +156,13 @@ def test_builds_only_for_modes_that_build_and_sets_that_recur():
     assert not p.should_build("cachecraft", ["a", "b"])
     p.choose("cachecraft", ["b", "a"], [[Candidate(())]] * 2)
     assert p.should_build("cachecraft", ["b", "a"])
-    assert not p.should_build("prefix", ["a", "b"]) and p.harvests("prefix") and not p.harvests("cacheblend")
-    assert policy(craft_build_after=0).should_build("cachecraft", ["z"]) is False  # never observed: not asked
+    assert (
+        not p.should_build("prefix", ["a", "b"])
+        and p.harvests("prefix")
+        and not p.harvests("cacheblend")
+    )
+    # never observed: not asked
+    assert policy(craft_build_after=0).should_build("cachecraft", ["z"]) is False
     always = policy(craft_build_after=0)
     always.choose("cachecraft", ["z"], [[Candidate(())]])
     assert always.should_build("cachecraft", ["z"])
@@ -156,8 +180,12 @@ def test_exact_rows_end_where_the_first_blended_chunk_starts(engine):
 
 
 def test_a_build_starts_after_the_exact_leading_chunks(engine):
-    book = VariantBook(engine, policy=VariantPolicy(dataclasses.replace(engine.config, craft_build_after=0),
-                                                    engine.loaded.spec.num_layers))
+    book = VariantBook(
+        engine,
+        policy=VariantPolicy(
+            dataclasses.replace(engine.config, craft_build_after=0), engine.loaded.spec.num_layers
+        ),
+    )
     chunks = chunk_inputs(engine)
     for chunk in chunks:
         book.add(chunk.chunk_id, chunk.kv)
@@ -167,7 +195,8 @@ def test_a_build_starts_after_the_exact_leading_chunks(engine):
     assert book.record(result, inputs) == len(ids) - 1
     [work] = book.build_work
     first_start, first_end = result.layout.chunk_spans[0]
-    assert int(work[:first_end].sum()) == 0  # the system prefix and the exact first chunk came from cache
+    # the system prefix and the exact first chunk came from cache
+    assert int(work[:first_end].sum()) == 0
     assert bool((work[first_end:] == engine.loaded.spec.num_layers).all())
     full = engine.prefill(chunks, QUESTION, mode="full")
     again = engine.prefill(book.inputs(ids, "cachecraft"), QUESTION, mode="cachecraft")
