@@ -134,6 +134,27 @@ def use_linear_kernel(model: torch.nn.Module, name: str) -> str:
     return kernel
 
 
+def fit_linear_kernel(model: torch.nn.Module) -> str:
+    """After `model` was cast to another dtype: put torch's `nn.Linear` back (on the same
+    tensors, in place) where oneDNN's linear does not run in the new dtype on this CPU (a probe
+    says so); returns the kernel `model` now runs on. A torch model is left as it is."""
+    if linear_kernel_of(model) == "torch" or onednn_agrees(next(model.parameters()).dtype):
+        return linear_kernel_of(model)
+    for parent in list(model.modules()):
+        for child_name, child in list(parent.named_children()):
+            if isinstance(child, OneDnnLinear):
+                setattr(parent, child_name, _torch_linear(child))
+    return "torch"
+
+
+def _torch_linear(wrapped: OneDnnLinear) -> torch.nn.Linear:
+    linear = torch.nn.Linear(wrapped.in_features, wrapped.out_features, bias=wrapped.bias is not None,
+                             device="meta")
+    linear.weight = wrapped.weight  # the same Parameter: tied weights stay tied
+    linear.bias = wrapped.bias
+    return linear
+
+
 def linear_kernel_of(model: torch.nn.Module) -> str:
     """The kernel `model`'s linear layers run on: `onednn` if any was replaced, else `torch`."""
     return "onednn" if any(isinstance(m, OneDnnLinear) for m in model.modules()) else "torch"
