@@ -39,8 +39,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=2000)
     p.add_argument("--chunks", type=int, default=12, help="distinct chunks in the corpus")
-    p.add_argument("--top-k", type=int, default=6, help="chunks retrieved per request (exhaustive: k!)")
-    p.add_argument("--paths", type=int, default=20, help="earlier requests whose variants the tree holds")
+    p.add_argument(
+        "--top-k", type=int, default=6, help="chunks retrieved per request (exhaustive: k!)"
+    )
+    p.add_argument(
+        "--paths", type=int, default=20, help="earlier requests whose variants the tree holds"
+    )
     p.add_argument("--depth", type=int, default=6, help="longest earlier chunk list")
     p.add_argument("--drop", type=float, default=0.15, help="share of variants evicted")
     p.add_argument("--seed", type=int, default=0)
@@ -55,13 +59,22 @@ def main() -> int:
         oracle.append(exhaustive_best(tree, retrieved))
         retrieval.append(tree.exact_prefix(retrieved))
     n = args.trials
-    print(f"{n} trials: {args.chunks} chunks, top-k {args.top_k}, {args.paths} earlier lists (depth <= {args.depth}), "
-          f"{args.drop:.0%} of variants evicted")
-    for name, got in (("retrieval order", retrieval), ("greedy walk", greedy), ("depth-first search", best)):
+    print(
+        f"{n} trials: {args.chunks} chunks, top-k {args.top_k}, {args.paths} earlier lists "
+        f"(depth <= {args.depth}), {args.drop:.0%} of variants evicted"
+    )
+    for name, got in (
+        ("retrieval order", retrieval),
+        ("greedy walk", greedy),
+        ("depth-first search", best),
+    ):
         short = sum(g < o for g, o in zip(got, oracle))
-        print(f"  {name:<19} mean exact chunks {statistics.fmean(got):.3f} "
-              f"(best order {statistics.fmean(oracle):.3f}); below the best in {short / n:.1%} of trials, "
-              f"by {statistics.fmean(o - g for g, o in zip(got, oracle)):.3f} chunks on average")
+        print(
+            f"  {name:<19} mean exact chunks {statistics.fmean(got):.3f} "
+            f"(best order {statistics.fmean(oracle):.3f}); below the best in {short / n:.1%} "
+            f"of trials, by {statistics.fmean(o - g for g, o in zip(got, oracle)):.3f} chunks "
+            "on average"
+        )
     return 0 if best == oracle else 1
 
 

@@ -53,13 +53,19 @@ class OracleWork:
         return (self.first_sightings + self.question_tokens) / whole if whole else 0.0
 
     def line(self) -> str:
-        return (f"oracle (every chunk seen before reused exactly): {self.exact_share:.0%} of context tokens exact, "
-                f"{1 - self.exact_share:.0%} computed (first sightings off the head), 0% blended; it computes "
-                f"{self.rows_vs_full:.0%} of full's context and question rows")
+        return (
+            f"oracle (every chunk seen before reused exactly): {self.exact_share:.0%} of "
+            f"context tokens exact, {1 - self.exact_share:.0%} computed (first sightings off "
+            f"the head), 0% blended; it computes {self.rows_vs_full:.0%} of full's context "
+            "and question rows"
+        )
 
 
-def oracle_work(retrieved: Sequence[Sequence[int]], chunk_tokens: Mapping[int, int],
-                question_tokens: Sequence[int]) -> OracleWork:
+def oracle_work(
+    retrieved: Sequence[Sequence[int]],
+    chunk_tokens: Mapping[int, int],
+    question_tokens: Sequence[int],
+) -> OracleWork:
     """The oracle of a trace whose request i retrieved `retrieved[i]` (chunk ids) and whose
     question suffix has `question_tokens[i]` tokens; `chunk_tokens`: tokens per chunk id."""
     seen: set[int] = set()
@@ -67,6 +73,8 @@ def oracle_work(retrieved: Sequence[Sequence[int]], chunk_tokens: Mapping[int, i
     for chunk_ids in retrieved:
         new = [chunk_tokens[c] for c in dict.fromkeys(chunk_ids) if c not in seen]
         total += sum(chunk_tokens[c] for c in chunk_ids)
-        computed += sum(new) - max(new, default=0)  # the longest first sighting goes first, from its base
+        computed += sum(new) - max(
+            new, default=0
+        )  # the longest first sighting goes first, from its base
         seen.update(chunk_ids)
     return OracleWork(total, computed, sum(question_tokens))

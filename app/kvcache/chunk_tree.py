@@ -36,7 +36,8 @@ Change = tuple[str, str, Path | None]  # ("add" | "remove", store key, path)
 
 
 class ChunkTreeIndex:
-    """Thread-safe: one lock over the tree; rebuilds are serialised and read the catalog outside it."""
+    """Thread-safe: one lock over the tree; rebuilds are serialised and read the catalog
+    outside it."""
 
     def __init__(self, catalog: Catalog, keys: VariantKeys):
         self.catalog, self.keys = catalog, keys
@@ -63,7 +64,9 @@ class ChunkTreeIndex:
 
     # -- local changes -------------------------------------------------------------------------
 
-    def stored(self, key: str, chunk_id: ChunkId, context: Sequence[ChunkId], storage_dtype: str) -> None:
+    def stored(
+        self, key: str, chunk_id: ChunkId, context: Sequence[ChunkId], storage_dtype: str
+    ) -> None:
         """A variant was stored and recorded here; ignored if the loader would not read it."""
         if not self._readable(tuple(context), storage_dtype):
             return
@@ -92,8 +95,9 @@ class ChunkTreeIndex:
             with self._lock:
                 self._journal = []
             try:
-                rows = self.catalog.variant_contexts(self.keys.engine.fingerprint,
-                                                     self.keys.engine.prompts.prefix_digest)
+                rows = self.catalog.variant_contexts(
+                    self.keys.engine.fingerprint, self.keys.engine.prompts.prefix_digest
+                )
             except BaseException:
                 with self._lock:
                     self._journal = None
@@ -112,10 +116,13 @@ class ChunkTreeIndex:
 
     def _readable(self, context: tuple[ChunkId, ...], storage_dtype: str) -> bool:
         """Whether the loader reads a variant of `context` stored in `storage_dtype`."""
-        return storage_dtype == self.keys.codec(context) or (not context and storage_dtype == self.keys.base_copy_codec)
+        return storage_dtype == self.keys.codec(context) or (
+            not context and storage_dtype == self.keys.base_copy_codec
+        )
 
     def _apply(self, tree: ChunkTree, paths: dict[str, Path], change: Change) -> None:
-        """Apply one change to `tree` / `paths` (idempotent per key); journal it if a rebuild reads."""
+        """Apply one change to `tree` / `paths` (idempotent per key); journal it while a
+        rebuild reads the catalog."""
         op, key, path = change
         if op == "add" and path is not None and key not in paths:
             paths[key] = path

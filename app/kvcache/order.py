@@ -33,8 +33,9 @@ class OrderedChunks:
         return self.ranks != tuple(range(len(self.ranks)))
 
 
-def order_retrieved(tree: ChunkTreeIndex, retrieved: Sequence[Retrieved], rule: str,
-                    uses_variants: bool) -> OrderedChunks:
+def order_retrieved(
+    tree: ChunkTreeIndex, retrieved: Sequence[Retrieved], rule: str, uses_variants: bool
+) -> OrderedChunks:
     """`retrieved` (retrieval order) in the order `rule` chooses; the retrieval order when
     the mode does not load context variants (`uses_variants` False)."""
     ids = [r.chunk_id for r in retrieved]
@@ -45,4 +46,6 @@ def order_retrieved(tree: ChunkTreeIndex, retrieved: Sequence[Retrieved], rule: 
         return OrderedChunks(list(retrieved), tuple(range(len(ids))), ordering)
     rank = {chunk_id: i for i, chunk_id in enumerate(ids)}
     by_id = {r.chunk_id: r for r in retrieved}
-    return OrderedChunks([by_id[c] for c in ordering.order], tuple(rank[c] for c in ordering.order), ordering)
+    return OrderedChunks(
+        [by_id[c] for c in ordering.order], tuple(rank[c] for c in ordering.order), ordering
+    )

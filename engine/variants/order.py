@@ -58,7 +58,9 @@ def order_chunks(tree: ChunkTree, retrieved: Sequence[ChunkId], rule: str) -> Or
     raise ValueError(f"unknown chunk order {rule!r}; known: {', '.join(CHUNK_ORDERS)}")
 
 
-def cache_aware_order(tree: ChunkTree, retrieved: Sequence[ChunkId], budget: int = SEARCH_BUDGET) -> Ordering:
+def cache_aware_order(
+    tree: ChunkTree, retrieved: Sequence[ChunkId], budget: int = SEARCH_BUDGET
+) -> Ordering:
     """The longest held path among `retrieved` first (`best_path`), the rest by `REST_RULE`."""
     path = best_path(tree, retrieved, budget)
     on_path = set(path)
@@ -103,7 +105,11 @@ def exhaustive_best(tree: ChunkTree, retrieved: Sequence[ChunkId]) -> int:
     return max((tree.exact_prefix(order) for order in permutations(retrieved)), default=0)
 
 
-def _held_children(node: TreeNode, rank: dict[ChunkId, int], path: Sequence[ChunkId]) -> list[ChunkId]:
+def _held_children(
+    node: TreeNode, rank: dict[ChunkId, int], path: Sequence[ChunkId]
+) -> list[ChunkId]:
     """The retrieved chunks that continue `node` with a held node, not on `path`, by rank."""
-    return sorted((c for c, child in node.children.items() if child.held and c in rank and c not in path),
-                  key=rank.__getitem__)
+    return sorted(
+        (c for c, child in node.children.items() if child.held and c in rank and c not in path),
+        key=rank.__getitem__,
+    )

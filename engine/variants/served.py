@@ -37,7 +37,9 @@ class ServedTokens:
         return self.exact + self.blended + self.computed
 
 
-def served_tokens(result: PrefillResult, inputs: Sequence[ChunkInput], num_layers: int) -> ServedTokens:
+def served_tokens(
+    result: PrefillResult, inputs: Sequence[ChunkInput], num_layers: int
+) -> ServedTokens:
     """Classify `result`'s context rows; `inputs` are the chunks as the prefill got them."""
     ids = [c.chunk_id for c in inputs]
     counts = [0, 0, 0]  # exact, blended, computed

@@ -49,6 +49,9 @@ def test_a_trace_of_distinct_questions_asks_each_once():
     questions = [f"q{i}" for i in range(10)] + ["q3"]
     trace = distinct_trace(questions, 8, seed=2)
     assert len({r.question for r in trace}) == 8 and not any(r.reformulated for r in trace)
-    assert distinct_trace(questions, 8, seed=2) == trace and distinct_trace(questions, 8, seed=3) != trace
+    assert (
+        distinct_trace(questions, 8, seed=2) == trace
+        and distinct_trace(questions, 8, seed=3) != trace
+    )
     with pytest.raises(InvalidRequest, match="10"):
         distinct_trace(questions, 11)

@@ -19,9 +19,18 @@ MODES = "prefix,prefix:order=cache-aware,cachecraft:order=cache-aware"
 
 @pytest.fixture(scope="module")
 def run(tiny_loaded, embedder, tmp_path_factory):
-    options = WorkloadOptions(corpus=MUSIQUE_SLICE, modes=tuple(parse_modes(MODES)),
-                              work_dir=tmp_path_factory.mktemp("workload-order"), start=0, records=2, requests=6,
-                              seed=1, concurrency=(1,), max_tokens=4, progress=False)
+    options = WorkloadOptions(
+        corpus=MUSIQUE_SLICE,
+        modes=tuple(parse_modes(MODES)),
+        work_dir=tmp_path_factory.mktemp("workload-order"),
+        start=0,
+        records=2,
+        requests=6,
+        seed=1,
+        concurrency=(1,),
+        max_tokens=4,
+        progress=False,
+    )
     return run_workload(options, Server(tiny_loaded, embedder, VALUES), say=lambda _: None)
 
 
@@ -33,7 +42,9 @@ def test_every_cell_reports_how_its_context_tokens_were_served(run):
     for s in run.summaries:
         assert (s.requests, s.errors) == (6, 0), s.first_error
         assert sum(s.served.values()) == pytest.approx(1.0)
-        assert s.served["exact"] <= run.oracle.exact_share + 1e-9  # nothing serves more exactly than the oracle
+        assert (
+            s.served["exact"] <= run.oracle.exact_share + 1e-9
+        )  # nothing serves more exactly than the oracle
         assert all(sum(r["served"]) > 0 for r in s.per_request)
     full, prefix = cell(run, "full"), cell(run, "prefix")
     assert full.served["computed"] == 1.0 and full.reordered_share == 0.0
@@ -52,9 +63,20 @@ def test_the_table_and_the_json_carry_the_shares_and_the_oracle(run):
 
 
 def test_a_trace_of_distinct_questions_runs(tiny_loaded, embedder, tmp_path):
-    options = WorkloadOptions(corpus=MUSIQUE_SLICE, modes=tuple(parse_modes("prefix:order=cache-aware")),
-                              work_dir=tmp_path, start=0, records=2, requests=2, distinct=True, seed=0,
-                              concurrency=(1,), max_tokens=2, answer_fidelity=False, progress=False)
+    options = WorkloadOptions(
+        corpus=MUSIQUE_SLICE,
+        modes=tuple(parse_modes("prefix:order=cache-aware")),
+        work_dir=tmp_path,
+        start=0,
+        records=2,
+        requests=2,
+        distinct=True,
+        seed=0,
+        concurrency=(1,),
+        max_tokens=2,
+        answer_fidelity=False,
+        progress=False,
+    )
     done = run_workload(options, Server(tiny_loaded, embedder, VALUES), say=lambda _: None)
     assert len({r.question for r in done.trace}) == 2 and done.stats.requests == 2
     assert [s.requests for s in done.summaries] == [2, 2]

@@ -30,13 +30,17 @@ def catalog(tmp_path):
 @pytest.fixture
 def refs(tiny_engine, catalog) -> list[ChunkRef]:
     ids = [tiny_engine.chunk_ids(text, title) for title, text in PASSAGES[:3]]
-    new = [NewChunk(text, len(i), hashlib.sha256(repr(i).encode()).hexdigest()) for (_, text), i in zip(PASSAGES, ids)]
+    new = [
+        NewChunk(text, len(i), hashlib.sha256(repr(i).encode()).hexdigest())
+        for (_, text), i in zip(PASSAGES, ids)
+    ]
     added = catalog.add_document("passages", "Passages", "0" * 64, new)
     return [ChunkRef(c.id, i) for c, i in zip(added.chunks, ids)]
 
 
 def make_cache(engine, catalog, kv_dir) -> ChunkKVCache:
-    """KV stored in float32, as the tiny engine computes it: exact reuse is the reference's to 1e-4."""
+    """KV stored in float32, as the tiny engine computes it: exact reuse is the reference's
+    to 1e-4."""
     config = StoreConfig(tiers=("cpu", "disk"), disk_dir=kv_dir, disk_fsync=False, codec="float32")
     return ChunkKVCache.open(engine, create_store(config), catalog, storage_dtype=config.codec)
 
@@ -54,10 +58,14 @@ def ids(refs) -> list[int]:
     return [r.chunk_id for r in refs]
 
 
-def test_a_request_s_harvest_joins_the_tree_and_the_cache_aware_order_reuses_it(tiny_engine, catalog, refs, tmp_path):
+def test_a_request_s_harvest_joins_the_tree_and_the_cache_aware_order_reuses_it(
+    tiny_engine, catalog, refs, tmp_path
+):
     cache = make_cache(tiny_engine, catalog, tmp_path / "kv")
     a, b, c = ids(refs)
-    ask(tiny_engine, cache, refs)  # a, b, c: bases computed now, then (a, b) and (a, b, c) harvested
+    ask(
+        tiny_engine, cache, refs
+    )  # a, b, c: bases computed now, then (a, b) and (a, b, c) harvested
     assert cache.tree.holds((a, b, c))
     shuffled = [c, a, b]
     assert cache.tree.order(shuffled, "retrieval").exact == 1  # only c, from its base at the head
@@ -67,11 +75,17 @@ def test_a_request_s_harvest_joins_the_tree_and_the_cache_aware_order_reuses_it(
     result, inputs = ask(tiny_engine, cache, [by_id[i] for i in ordering.order])
     served = served_tokens(result, inputs, tiny_engine.loaded.spec.num_layers)
     assert served.exact_chunks == (True, True, True) and served.blended == served.computed == 0
-    full = tiny_engine.prefill([ChunkInput(r.chunk_id, r.token_ids) for r in refs], QUESTION, mode="full")
-    torch.testing.assert_close(result.logits, full.logits, rtol=1e-4, atol=1e-4)  # exact reuse: full's answer
+    full = tiny_engine.prefill(
+        [ChunkInput(r.chunk_id, r.token_ids) for r in refs], QUESTION, mode="full"
+    )
+    torch.testing.assert_close(
+        result.logits, full.logits, rtol=1e-4, atol=1e-4
+    )  # exact reuse: full's answer
 
 
-def test_a_replica_or_a_restart_rebuilds_the_tree_from_the_catalog(tiny_engine, catalog, refs, tmp_path):
+def test_a_replica_or_a_restart_rebuilds_the_tree_from_the_catalog(
+    tiny_engine, catalog, refs, tmp_path
+):
     first = make_cache(tiny_engine, catalog, tmp_path / "kv-a")
     ask(tiny_engine, first, refs)
     peer = make_cache(tiny_engine, catalog, tmp_path / "kv-b")  # its own store, the shared catalog
@@ -88,7 +102,11 @@ def test_evictions_deletions_and_prunes_leave_the_tree(tiny_engine, catalog, ref
     try:
         service.evict(None, b, None, None)  # every variant of b: its base and (a, b)
         assert not cache.tree.holds((a, b)) and cache.tree.holds((a,))
-        assert cache.tree.order([c, a, b], "cache-aware").order == (c, a, b)  # bases only: retrieval order
+        assert cache.tree.order([c, a, b], "cache-aware").order == (
+            c,
+            a,
+            b,
+        )  # bases only: retrieval order
         assert cache.tree.rebuild() == len(cache.tree)  # the catalog agrees: those rows are missing
         (key,) = [v.store_key for v in catalog.variants_of_chunk(a)]
         cache.tree.entry_dropped(key)  # the store dropped a's base from its last tier
@@ -103,21 +121,32 @@ def test_variants_pruned_beyond_the_limit_leave_the_tree(tiny_loaded, catalog, r
     from engine import EngineConfig
     from engine.engine import Engine
 
-    engine = Engine(EngineConfig(data_dir=tmp_path / "engine", fidelity="fast", encode_dtype="engine",
-                                 craft_max_variants=2), tiny_loaded)
+    engine = Engine(
+        EngineConfig(
+            data_dir=tmp_path / "engine",
+            fidelity="fast",
+            encode_dtype="engine",
+            craft_max_variants=2,
+        ),
+        tiny_loaded,
+    )
     cache = make_cache(engine, catalog, tmp_path / "kv")
     a, b, c = refs
     ask(engine, cache, [a, b, c])
     ask(engine, cache, [b, a, c])  # c now has three variants (base, after a b, after b a): one goes
     assert len(catalog.variants_of_chunk(c.chunk_id)) == 2
-    assert len(cache.tree) == ChunkTreeIndex(catalog, cache.keys).rebuild()  # the catalog's rows, no more
+    assert (
+        len(cache.tree) == ChunkTreeIndex(catalog, cache.keys).rebuild()
+    )  # the catalog's rows, no more
 
 
 def test_a_stale_node_costs_a_miss_never_a_wrong_kv(tiny_engine, catalog, refs, tmp_path):
     cache = make_cache(tiny_engine, catalog, tmp_path / "kv")
     a, b, c = ids(refs)
     ask(tiny_engine, cache, refs)
-    cache.tree.stored("no-such-key", b, (c,), cache.keys.codec((c,)))  # a peer's variant, evicted since
+    cache.tree.stored(
+        "no-such-key", b, (c,), cache.keys.codec((c,))
+    )  # a peer's variant, evicted since
     cache.tree.stored("no-such-key-2", c, (), cache.keys.codec())
     ordering = cache.tree.order([c, b, a], "cache-aware")
     assert ordering.order[:2] == (a, b)  # the real path is longer; make the stale one win:
@@ -127,9 +156,16 @@ def test_a_stale_node_costs_a_miss_never_a_wrong_kv(tiny_engine, catalog, refs, 
     by_id = {r.chunk_id: r for r in refs}
     result, inputs = ask(tiny_engine, cache, [by_id[i] for i in ordering.order])
     served = served_tokens(result, inputs, tiny_engine.loaded.spec.num_layers)
-    assert served.exact_chunks == (True, False, False)  # b fell back to its base: computed by prefix
-    full = tiny_engine.prefill([ChunkInput(r.chunk_id, r.token_ids) for r in [by_id[i] for i in ordering.order]],
-                               QUESTION, mode="full")
+    assert served.exact_chunks == (
+        True,
+        False,
+        False,
+    )  # b fell back to its base: computed by prefix
+    full = tiny_engine.prefill(
+        [ChunkInput(r.chunk_id, r.token_ids) for r in [by_id[i] for i in ordering.order]],
+        QUESTION,
+        mode="full",
+    )
     torch.testing.assert_close(result.logits, full.logits, rtol=1e-4, atol=1e-4)
 
 
@@ -145,7 +181,9 @@ class ReadingCatalog:
         return rows
 
 
-def test_changes_made_while_a_rebuild_reads_the_catalog_survive_it(tiny_engine, catalog, refs, tmp_path):
+def test_changes_made_while_a_rebuild_reads_the_catalog_survive_it(
+    tiny_engine, catalog, refs, tmp_path
+):
     cache = make_cache(tiny_engine, catalog, tmp_path / "kv")
     a, b, c = ids(refs)
     ask(tiny_engine, cache, refs)

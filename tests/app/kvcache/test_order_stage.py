@@ -19,8 +19,15 @@ THIRD = "When was the tide mill built?"
 
 @pytest.fixture(scope="module")
 def cache_aware(tiny_loaded, embedder, tmp_path_factory):
-    services = start_services(tiny_loaded, embedder, tmp_path_factory.mktemp("ordered"), chunk_order="cache-aware",
-                              default_mode="prefix", default_top_k=ALL, index_poll_s=0.0)
+    services = start_services(
+        tiny_loaded,
+        embedder,
+        tmp_path_factory.mktemp("ordered"),
+        chunk_order="cache-aware",
+        default_mode="prefix",
+        default_top_k=ALL,
+        index_poll_s=0.0,
+    )
     yield services
     services.close()
 
@@ -31,14 +38,20 @@ def ask(services, question: str, mode: str = "prefix", order: str | None = None)
 
 def test_the_same_chunks_in_another_retrieval_order_are_served_exactly(cache_aware):
     first = ask(cache_aware, FIRST)
-    assert first.order.ordering.rule == "cache-aware" and not first.order.reordered  # nothing cached yet
+    assert (
+        first.order.ordering.rule == "cache-aware" and not first.order.reordered
+    )  # nothing cached yet
     second = ask(cache_aware, SECOND)
     retrieval = [r.chunk_id for r in sorted(second.retrieved, key=lambda r: -r.score)]
     assert retrieval != [r.chunk_id for r in first.retrieved]  # the retriever ranks them otherwise
-    assert [r.chunk_id for r in second.retrieved] == [r.chunk_id for r in first.retrieved]  # the cached order
+    assert [r.chunk_id for r in second.retrieved] == [
+        r.chunk_id for r in first.retrieved
+    ]  # the cached order
     assert second.order.reordered and second.order.ordering.exact == len(second.retrieved)
     assert all(second.served.exact_chunks) and second.served.computed == second.served.blended == 0
-    again = ask(cache_aware, SECOND, order="retrieval")  # the retriever's order: only its leading chunk is exact
+    again = ask(
+        cache_aware, SECOND, order="retrieval"
+    )  # the retriever's order: only its leading chunk is exact
     assert not again.order.reordered and again.served.exact < second.served.exact
 
 
@@ -47,7 +60,10 @@ def test_modes_that_load_no_context_variants_keep_the_retrieval_order(cache_awar
     for mode in ("full", "cacheblend", "naive"):
         answer = ask(cache_aware, SECOND, mode=mode)
         assert not answer.order.reordered and answer.order.ordering.rule == "retrieval"
-    assert ask(cache_aware, SECOND, mode="full").served.computed == ask(cache_aware, SECOND, mode="full").served.total
+    assert (
+        ask(cache_aware, SECOND, mode="full").served.computed
+        == ask(cache_aware, SECOND, mode="full").served.total
+    )
 
 
 def test_an_unknown_order_is_refused(cache_aware):
@@ -61,7 +77,10 @@ def test_the_report_shows_the_order_and_the_exact_chunks(cache_aware):
         report = client.post("/ask", json={"question": THIRD, "mode": "prefix"}).json()
     order = report["order"]
     assert order["rule"] == "cache-aware" and order["planned_exact"] == len(report["chunks"])
-    assert order["exact_tokens"] == sum(c["tokens"] for c in report["chunks"]) and order["computed_tokens"] == 0
+    assert (
+        order["exact_tokens"] == sum(c["tokens"] for c in report["chunks"])
+        and order["computed_tokens"] == 0
+    )
     assert all(c["exact"] for c in report["chunks"])
     assert sorted(c["rank"] for c in report["chunks"]) == list(range(len(report["chunks"])))
     assert [c["rank"] for c in report["chunks"]] != list(range(len(report["chunks"])))

@@ -104,7 +104,9 @@ def test_the_search_matches_an_exhaustive_search_over_every_order(seed):
     assert len(best) == exhaustive_best(tree, retrieved)
     assert len(greedy_path(tree, retrieved)) <= len(best)
     ordering = cache_aware_order(tree, retrieved)
-    assert sorted(ordering.order) == sorted(retrieved) and tree.exact_prefix(ordering.order) == len(best)
+    assert sorted(ordering.order) == sorted(retrieved) and tree.exact_prefix(ordering.order) == len(
+        best
+    )
 
 
 def test_a_search_cut_by_its_budget_still_returns_a_held_path_at_least_greedy_long():
