@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 
 from engine.linear import fit_linear_kernel
-
 from engine.model import LoadedModel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -66,5 +65,6 @@ def model_in(loaded: LoadedModel, dtype: torch.dtype) -> LoadedModel:
         return loaded
     model = copy.deepcopy(loaded.model)
     torch.nn.Module.to(model, dtype)  # in place; PreTrainedModel.to's typing does not take a dtype
-    fit_linear_kernel(model)  # oneDNN may run the model's dtype and not this one (CPUs without bfloat16)
+    # oneDNN may run the model's dtype and not this one (CPUs without bfloat16)
+    fit_linear_kernel(model)
     return dataclasses.replace(loaded, model=model)

@@ -148,8 +148,9 @@ def fit_linear_kernel(model: torch.nn.Module) -> str:
 
 
 def _torch_linear(wrapped: OneDnnLinear) -> torch.nn.Linear:
-    linear = torch.nn.Linear(wrapped.in_features, wrapped.out_features, bias=wrapped.bias is not None,
-                             device="meta")
+    linear = torch.nn.Linear(
+        wrapped.in_features, wrapped.out_features, bias=wrapped.bias is not None, device="meta"
+    )
     linear.weight = wrapped.weight  # the same Parameter: tied weights stay tied
     linear.bias = wrapped.bias
     return linear
