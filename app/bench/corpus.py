@@ -39,6 +39,7 @@ class Corpus:
     name: str
     documents: tuple[SourceDocument, ...]
     questions: tuple[str, ...]
+    answers: tuple[tuple[str, ...], ...] = ()  # gold answers per question (empty: none known)
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,15 @@ def load_corpus(path: Path, start: int = 0, records: int | None = None) -> Corpu
     chosen = data[start:None if records is None else start + records]
     if not chosen:
         raise InvalidRequest(f"{path}: no records in [{start}, {start + (records or 0)})")
+    asked = [r for r in chosen if isinstance(r, dict) and r.get("question")]
     return Corpus(f"{path.name}[{start}:{start + len(chosen)}]", tuple(_pooled_passages(path, chosen, start)),
-                  tuple(r["question"].strip() for r in chosen if isinstance(r, dict) and r.get("question")))
+                  tuple(r["question"].strip() for r in asked), tuple(_gold(r) for r in asked))
+
+
+def _gold(record: dict) -> tuple[str, ...]:
+    """A record's gold answers (`answers`, a list of strings; anything else: none)."""
+    answers = record.get("answers")
+    return tuple(a for a in answers if isinstance(a, str)) if isinstance(answers, list) else ()
 
 
 def _pooled_passages(path: Path, records: list, start: int) -> list[SourceDocument]:

@@ -61,7 +61,26 @@ def run_json(run) -> dict:
     snapshot = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(run.snapshot).items()}
     return {"options": options, "corpus": run.corpus, "snapshot": snapshot, "trace_stats": asdict(run.stats),
             "oracle": _oracle_json(run), "environment": run.environment, "seconds": run.seconds,
+            "floor": asdict(run.floor) if getattr(run, "floor", None) is not None else None,
+            "accuracy": {label: asdict(a) for label, a in getattr(run, "accuracy", {}).items()},
             "cells": [s.as_dict() for s in run.summaries]}
+
+
+def format_answers(run) -> str:
+    """The floor (full in another chunk order against full) and, where the corpus has gold
+    answers, each cell's accuracy with its 95% interval and the paired difference against full."""
+    lines = []
+    floor = getattr(run, "floor", None)
+    if floor is not None:
+        lines.append(f"floor: full in another chunk order against full, {floor.compared} distinct requests: "
+                     f"same answer {floor.exact_match:.2f}, ROUGE-L {floor.rouge_l:.3f}, first-token KL "
+                     f"{floor.first_kl:.4f}, top-1 {floor.first_top1:.2f}, ans top-1 {_num(floor.answer_top1, 3)}, "
+                     f"ans KL {_num(floor.answer_kl, 3)}")
+    for label, scored in getattr(run, "accuracy", {}).items():
+        versus = scored.versus_full
+        paired = "-" if versus is None else f"{versus.mean:+.3f} [{versus.low:+.3f}, {versus.high:+.3f}]"
+        lines.append(f"accuracy {label:<44} {scored.accuracy} over {scored.scored} requests; vs full {paired}")
+    return "\n".join(lines)
 
 
 def _oracle_json(run) -> dict | None:
@@ -112,7 +131,7 @@ def _markdown(run, command: str, plots: list[str]) -> str:
         f"same as an earlier request in the same order {s.same_order:.0%}, in another order {s.other_order:.0%}, "
         f"partly shared {s.partly:.0%}, nothing shared {s.fresh:.0%}.", "",
         *([f"Limit: {run.oracle.line()}.", ""] if getattr(run, "oracle", None) is not None else []),
-        "```", format_table(run.summaries), "```", "",
+        "```", format_table(run.summaries), "", format_answers(run), "```", "",
         "Columns: answered requests and errors; throughput (answered requests per second of wall time, the",
         "background drain after the last answer included); TTFT from submission to the first answer piece",
         "(queue wait included) and end-to-end latency; output tokens/s over the wall time; CPU seconds of",

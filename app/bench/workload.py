@@ -24,8 +24,10 @@ import torch
 from app.bench.cell import CellResult, Fidelity, Load, run_cell
 from app.bench.corpus import Corpus, Snapshot, build_snapshot, clone_snapshot, load_corpus, snapshot_key
 from app.bench.modes import ModeSpec
+from app.bench.floor import CellAccuracy, cell_accuracy, floor_pass
 from app.bench.served import OracleWork, oracle_work
 from app.bench.summary import CellSummary, summarize
+from app.bench.summary import Fidelity as AnswerFidelity
 from app.bench.trace import TraceRequest, TraceStats, distinct_trace, generate_trace, read_trace, trace_stats
 from engine.errors import InvalidRequest
 
@@ -55,6 +57,7 @@ class WorkloadOptions:
     max_tokens: int = 32
     max_seconds: float = 900.0
     answer_fidelity: bool = True  # teacher forcing along full's answers (see cell.run_cell)
+    floor: bool = True  # after the cells, full in another chunk order per distinct request (app/bench/floor.py)
     keep: bool = False
     progress: bool = True
 
@@ -75,6 +78,8 @@ class WorkloadRun:
     environment: dict = field(default_factory=dict)
     seconds: float = 0.0
     oracle: OracleWork | None = None  # the trace's limit: every chunk seen before reused exactly
+    floor: AnswerFidelity | None = None  # full prefill in another chunk order against full (app/bench/floor.py)
+    accuracy: dict[str, CellAccuracy] = field(default_factory=dict)  # by cell label, where gold answers exist
 
 
 class Server:
@@ -114,9 +119,37 @@ def run_workload(options: WorkloadOptions, server: Server, say: Callable[[str], 
         f"partly {stats.partly:.0%}, not at all {stats.fresh:.0%}")
     say(oracle.line())
     cells = _run_cells(options, server, snapshot, trace, say)
+    floor = _floor(options, server, snapshot, trace, cells, say)
     run = WorkloadRun(options, corpus.name, snapshot, trace, stats, _summaries(cells, server),
-                      _environment(server), time.perf_counter() - started, oracle)
+                      _environment(server), time.perf_counter() - started, oracle, floor,
+                      _accuracy(cells, trace, corpus))
     return run
+
+
+def _floor(options: WorkloadOptions, server: Server, snapshot: Snapshot, trace: list[TraceRequest],
+           cells: list[CellResult], say) -> AnswerFidelity | None:
+    """The stability floor, off the clock: full in another chunk order against the reference cell."""
+    reference = next((c for c in cells if c.spec.name == REFERENCE), None)
+    if reference is None or not options.floor:
+        return None
+    facts = {f.index: f for f in reference.facts}
+    floor = floor_pass(server.open, snapshot.path, options.work_dir / "runs" / "floor", trace, facts,
+                       options.max_tokens, options.seed)
+    if floor is not None:
+        say(f"floor (full in another chunk order, {floor.compared} distinct requests, off the clock): "
+            f"same answer {floor.exact_match:.2f}, ROUGE-L {floor.rouge_l:.3f}, first-token KL {floor.first_kl:.4f}")
+    return floor
+
+
+def _accuracy(cells: list[CellResult], trace: list[TraceRequest], corpus: Corpus) -> dict[str, CellAccuracy]:
+    """Per cell label (`mode @ load`), gold containment where the corpus has answers."""
+    out: dict[str, CellAccuracy] = {}
+    for cell in cells:
+        reference = next((c.facts for c in cells if c.spec.name == REFERENCE and c.load == cell.load), None)
+        scored = cell_accuracy(cell.facts, trace, corpus.answers, reference)
+        if scored is not None:
+            out[f"{cell.spec.name} @ {cell.load.label}"] = scored
+    return out
 
 
 def _trace(options: WorkloadOptions, corpus: Corpus) -> list[TraceRequest]:

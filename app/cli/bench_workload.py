@@ -43,6 +43,8 @@ def add_workload_parser(kinds, add_engine_arguments) -> None:
     p.add_argument("--tiers", default="cpu,disk", help="KV store tiers of every run (default cpu,disk)")
     p.add_argument("--work-dir", type=Path, default=None, help="snapshots and runs (default <data-dir>/bench-workload)")
     p.add_argument("--keep", action="store_true", help="keep each run's data dir")
+    p.add_argument("--no-floor", dest="floor", action="store_false",
+                   help="skip the stability floor (full in another chunk order per distinct request, off the clock)")
     p.add_argument("--no-answer-fidelity", dest="answer_fidelity", action="store_false",
                    help="skip teacher forcing along full's answers (answer-position top-1 and KL)")
     p.add_argument("--quick", action="store_true",
@@ -83,7 +85,8 @@ def workload_options(args, data_dir: Path):
                            zipf_s=args.zipf, reformulate=args.reformulate, distinct=args.distinct,
                            concurrency=concurrency,
                            rate=args.rate, max_tokens=args.max_tokens, max_seconds=args.max_seconds,
-                           keep=args.keep, answer_fidelity=args.answer_fidelity, progress=sys.stderr.isatty())
+                           keep=args.keep, answer_fidelity=args.answer_fidelity, floor=args.floor,
+                           progress=sys.stderr.isatty())
 
 
 def _default(key: str):
@@ -91,7 +94,7 @@ def _default(key: str):
 
 
 def run_workload_command(args) -> int:
-    from app.bench.report import format_table, write_json, write_report
+    from app.bench.report import format_answers, format_table, write_json, write_report
     from app.bench.workload import Server, run_workload
     from app.cli.bench import settings_overrides
     from app.settings import Settings
@@ -114,6 +117,7 @@ def run_workload_command(args) -> int:
     single_threaded()  # this thread only coordinates from here on (engine/threads.py: stray pools)
     run = run_workload(options, server, say=lambda line: print(line, flush=True))
     print(format_table(run.summaries))
+    print(format_answers(run))
     command = "kvmosaic " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     if args.json:
         write_json(run, args.json)

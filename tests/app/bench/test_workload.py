@@ -129,3 +129,20 @@ def test_every_cell_reports_each_request(run):
     assert statistics.fmean(r["first_kl"] for r in naive.per_request) == pytest.approx(naive.fidelity.first_kl)
     assert statistics.fmean(r["first_top1"] for r in naive.per_request) == pytest.approx(naive.fidelity.first_top1)
     json.dumps([s.as_dict() for s in run.summaries])  # the rows serialize
+
+
+def test_the_floor_is_full_in_another_order_and_accuracy_is_paired_with_full(run):
+    from app.bench.report import format_answers, run_json
+
+    floor = run.floor
+    assert floor is not None and 1 <= floor.compared <= 6
+    assert floor.first_kl > 0.0  # another chunk order is another prompt, even for full prefill
+    assert 0.0 <= floor.exact_match <= 1.0 and 0.0 <= floor.rouge_l <= 1.0
+    # MuSiQue records carry gold answers: every cell is scored, full against itself pairs to exactly 0
+    assert set(run.accuracy) == {f"{s.mode} @ {s.load}" for s in run.summaries}
+    full = run.accuracy["full @ c=1"]
+    assert full.scored == 6 and (full.versus_full.mean, full.versus_full.low, full.versus_full.high) == (0, 0, 0)
+    assert all(0.0 <= a.accuracy.mean <= 1.0 for a in run.accuracy.values())
+    text = format_answers(run)
+    assert text.startswith("floor: full in another chunk order") and "accuracy cachecraft @ c=2" in text
+    assert run_json(run)["floor"]["compared"] == floor.compared
