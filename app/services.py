@@ -24,8 +24,15 @@ from app.kvcache.chunk_cache import ServiceChunkCache, open_chunk_cache
 from app.memory import Trimmer, limit_arenas
 from app.metrics import LiveCollector, Metrics
 from app.queue import WorkQueue
-from app.replica import IndexFollower, LeaseKeeper, PeriodicJob, ReplicaDaemon, index_rows, new_replica_id
 from app.rag import Answer, RagService
+from app.replica import (
+    IndexFollower,
+    LeaseKeeper,
+    PeriodicJob,
+    ReplicaDaemon,
+    index_rows,
+    new_replica_id,
+)
 from app.settings import Settings
 from engine.engine import Engine
 from engine.threads import DEFAULT_THREADS, in_own_thread, single_threaded, use_threads
@@ -43,7 +50,8 @@ PRUNE_EVERY_S = 3600.0
 # The prefix tree of chunk sequences re-reads the catalog this often (peers' variants come
 # and go; this replica's own changes apply at once): a stale node only costs a miss.
 TREE_REFRESH_S = 5.0
-PERSIST_RETRY_S = 30.0  # memory-only base KV: how often to try the persistent tier again (app/kvcache/persist.py)
+# memory-only base KV: how often to try the persistent tier again (app/kvcache/persist.py)
+PERSIST_RETRY_S = 30.0
 
 
 @dataclass
@@ -63,7 +71,9 @@ class Services:
     trimmer: Trimmer | None = None  # hands freed heap back to the kernel when idle (app/memory.py)
 
     @classmethod
-    def start(cls, settings: Settings, engine: Engine | None = None, embedder: Embedder | None = None) -> Services:
+    def start(
+        cls, settings: Settings, engine: Engine | None = None, embedder: Embedder | None = None
+    ) -> Services:
         """Load or open every component; `engine` / `embedder` given: use them (tests)."""
 
         started = time.perf_counter()
@@ -71,23 +81,43 @@ class Services:
         engine = engine or Engine.load(settings.engine_config())
         catalog = Catalog.open(settings.catalog_config())
         chunk_cache = open_chunk_cache(settings, catalog, engine)
-        embedder = embedder or in_own_thread(partial(Embedder, settings.embedder_path, linear_kernel=settings.linear_kernel))  # no pool left here
+        # no pool left here
+        embedder = embedder or in_own_thread(
+            partial(Embedder, settings.embedder_path, linear_kernel=settings.linear_kernel)
+        )
         if engine.computes_on_scheduler:  # embeddings too run on the engine's compute thread
             embedder = embedder.running_on(engine.compute)
         retriever = open_retriever(settings, catalog, embedder)
         chunker = Chunker(token_counter(engine), settings.chunk_tokens, settings.chunk_overlap)
-        leases = LeaseKeeper(catalog, settings.replica_id or new_replica_id(), settings.ingest_lease_s)
-        ingestor = Ingestor(engine, chunker, retriever, catalog, chunk_cache, leases, settings.ingest_kv)
+        leases = LeaseKeeper(
+            catalog, settings.replica_id or new_replica_id(), settings.ingest_lease_s
+        )
+        ingestor = Ingestor(
+            engine, chunker, retriever, catalog, chunk_cache, leases, settings.ingest_kv
+        )
         ingestor.reclaim_expired()
         services = cls.assemble(settings, engine, catalog, chunk_cache, retriever, ingestor)
-        services.daemon = replica_daemon(settings, catalog, chunk_cache, retriever, ingestor).start()
-        log.info("kvmosaic ready in %.1f s: %d chunks indexed, model %s", time.perf_counter() - started,
-                 len(retriever), engine.fingerprint)
+        services.daemon = replica_daemon(
+            settings, catalog, chunk_cache, retriever, ingestor
+        ).start()
+        log.info(
+            "kvmosaic ready in %.1f s: %d chunks indexed, model %s",
+            time.perf_counter() - started,
+            len(retriever),
+            engine.fingerprint,
+        )
         return services
 
     @classmethod
-    def assemble(cls, settings: Settings, engine: Engine, catalog: Catalog, chunk_cache: ServiceChunkCache,
-                 retriever: Retriever, ingestor: Ingestor) -> Services:
+    def assemble(
+        cls,
+        settings: Settings,
+        engine: Engine,
+        catalog: Catalog,
+        chunk_cache: ServiceChunkCache,
+        retriever: Retriever,
+        ingestor: Ingestor,
+    ) -> Services:
         # While the engine computes on its scheduler's thread, the workers only retrieve, wait
         # and stream: single-threaded, they form no OpenMP pools to slow it (engine/threads.py).
         # Otherwise they compute, with the engine's thread count (set, not inherited: torch's
@@ -112,9 +142,16 @@ class Services:
     def observe(self, answer: Answer) -> None:
         share = answer.result.recompute_share
         self.counters.record(answer.result.mode, share)
-        ttft = answer.stages.get("load", 0.0) + answer.stages.get("prefill", 0.0)  # as in the report
-        self.metrics.observe_answer(answer.result.mode, ttft, share, answer.stages, len(answer.result.generated_ids),
-                                    answer.result.guard)
+        # as in the report
+        ttft = answer.stages.get("load", 0.0) + answer.stages.get("prefill", 0.0)
+        self.metrics.observe_answer(
+            answer.result.mode,
+            ttft,
+            share,
+            answer.stages,
+            len(answer.result.generated_ids),
+            answer.result.guard,
+        )
         if self.trimmer is not None:
             self.trimmer.note_work()
 
@@ -134,14 +171,24 @@ class Services:
 def open_retriever(settings: Settings, catalog: Catalog, embedder: Embedder) -> Retriever:
     """The local vector index, in step with the catalog at its current change sequence."""
     cursor = catalog.last_change_seq()  # first: changes after it are applied again, harmlessly
-    retriever = Retriever.open(embedder, settings.index_dir, catalog.indexed_chunk_ids(),
-                               lambda: index_rows(catalog, embedder), config=settings.index_config())
+    retriever = Retriever.open(
+        embedder,
+        settings.index_dir,
+        catalog.indexed_chunk_ids(),
+        lambda: index_rows(catalog, embedder),
+        config=settings.index_config(),
+    )
     retriever.cursor = cursor
     return retriever
 
 
-def replica_daemon(settings: Settings, catalog: Catalog, chunk_cache: ServiceChunkCache, retriever: Retriever,
-                   ingestor: Ingestor) -> ReplicaDaemon:
+def replica_daemon(
+    settings: Settings,
+    catalog: Catalog,
+    chunk_cache: ServiceChunkCache,
+    retriever: Retriever,
+    ingestor: Ingestor,
+) -> ReplicaDaemon:
     """Follow the change log every `index_poll_s`; look for expired ingests (of any replica,
     whatever their lease) every `RECLAIM_EVERY_S` or a third of this replica's lease if
     shorter; sweep orphan KV every half grace period (at least every 10 s); save the index
@@ -149,17 +196,31 @@ def replica_daemon(settings: Settings, catalog: Catalog, chunk_cache: ServiceChu
     from the catalog every `TREE_REFRESH_S` (never when `index_poll_s` is 0: no following)."""
     follower = IndexFollower(catalog, retriever)
     grace = settings.kv_orphan_grace_s
-    return ReplicaDaemon([
-        PeriodicJob("follow the catalog", settings.index_poll_s, follower.poll),
-        PeriodicJob("reclaim expired ingests", min(RECLAIM_EVERY_S, settings.ingest_lease_s / 3),
-                    ingestor.reclaim_expired),
-        PeriodicJob("sweep orphan KV", max(10.0, grace / 2), lambda: chunk_cache.cache.maintenance.sweep_orphans(grace)),
-        PeriodicJob("save the index", INDEX_SAVE_S, retriever.save_if_behind),
-        PeriodicJob("prune the change log", PRUNE_EVERY_S, follower.prune),
-        PeriodicJob("persist memory-only base KV", PERSIST_RETRY_S, chunk_cache.unpersisted.retry),
-        PeriodicJob("rebuild the chunk tree", TREE_REFRESH_S if settings.index_poll_s > 0 else 0.0,
-                    chunk_cache.cache.tree.rebuild),
-    ])
+    return ReplicaDaemon(
+        [
+            PeriodicJob("follow the catalog", settings.index_poll_s, follower.poll),
+            PeriodicJob(
+                "reclaim expired ingests",
+                min(RECLAIM_EVERY_S, settings.ingest_lease_s / 3),
+                ingestor.reclaim_expired,
+            ),
+            PeriodicJob(
+                "sweep orphan KV",
+                max(10.0, grace / 2),
+                lambda: chunk_cache.cache.maintenance.sweep_orphans(grace),
+            ),
+            PeriodicJob("save the index", INDEX_SAVE_S, retriever.save_if_behind),
+            PeriodicJob("prune the change log", PRUNE_EVERY_S, follower.prune),
+            PeriodicJob(
+                "persist memory-only base KV", PERSIST_RETRY_S, chunk_cache.unpersisted.retry
+            ),
+            PeriodicJob(
+                "rebuild the chunk tree",
+                TREE_REFRESH_S if settings.index_poll_s > 0 else 0.0,
+                chunk_cache.cache.tree.rebuild,
+            ),
+        ]
+    )
 
 
 def token_counter(engine: Engine) -> Callable[[str], int]:

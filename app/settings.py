@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app.store.config import Codec, Policy, StoreConfig, Tier, VariantCodec
 from engine import EngineConfig
 from engine.config import (
     FIELD_BOUNDS,
@@ -39,15 +40,15 @@ from engine.config import (
 )
 from engine.encoder import DEFAULT_BATCH_TOKENS
 from engine.variants.order import ChunkOrder
-from app.store.config import Codec, Policy, StoreConfig, Tier, VariantCodec
 from retrieval.index import IndexConfig
 
 if TYPE_CHECKING:
     from app.catalog import CatalogConfig
 
 GiB = 1 << 30
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "tb": 1000**4}
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
+          "gb": 1000**3, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30,
+          "tib": 1 << 40}
 
 
 def parse_bytes(text: str) -> int:
@@ -87,7 +88,9 @@ def store_setting(name: str, **constraints: Any) -> Any:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="KVMOSAIC_", env_file=None, extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="KVMOSAIC_", env_file=None, extra="ignore", frozen=True
+    )
 
     # -- where things live --------------------------------------------------------------------
     data_dir: Path = engine_setting("data_dir")
@@ -112,9 +115,13 @@ class Settings(BaseSettings):
     check_layers: Annotated[tuple[int, ...], NoDecode] = engine_setting("check_layers")
     # None: gradual filtering, the k-th check layer from the end keeps k * ratio (n, ..., 2, 1)
     # (EngineConfig.check_ratio_multipliers is the same rule at its default check layers)
-    check_multipliers: Annotated[tuple[float, ...] | None, NoDecode] = Field(default=None, description=(
-        "Ratio multiplier per check layer, comma-separated, e.g. `2,1.5,1` (unset: `n,…,2,1` "
-        "for n check layers: gradual filtering)."))
+    check_multipliers: Annotated[tuple[float, ...] | None, NoDecode] = Field(
+        default=None,
+        description=(
+            "Ratio multiplier per check layer, comma-separated, e.g. `2,1.5,1` (unset: `n,…,2,1` "
+            "for n check layers: gradual filtering)."
+        ),
+    )
     deviation: Deviation = engine_setting("deviation")
     selection: Selection = engine_setting("selection")
     blend_head_tokens: int = engine_setting("blend_head_tokens")
@@ -134,8 +141,10 @@ class Settings(BaseSettings):
     # fidelity guard (engine/guard.py); a level outside `Fidelity` fails here, at start-up
     fidelity: Fidelity = engine_setting("fidelity")
     guard_margin: float = engine_setting("guard_margin")
-    guard_recompute_ratio: float | None = engine_setting("guard_recompute_ratio")  # "off": recompute_ratio
-    guard_busy_repair_share: float | None = engine_setting("guard_busy_repair_share")  # "off": always blend
+    # "off": recompute_ratio
+    guard_recompute_ratio: float | None = engine_setting("guard_recompute_ratio")
+    # "off": always blend
+    guard_busy_repair_share: float | None = engine_setting("guard_busy_repair_share")
     guard_answer_margin: float = engine_setting("guard_answer_margin")
     guard_answer_tokens: int = engine_setting("guard_answer_tokens")
     # -- chunking and retrieval ---------------------------------------------------------------
@@ -259,10 +268,12 @@ class Settings(BaseSettings):
             return tuple(float(x) for x in _list_items(value)) or None
         return value
 
-    @field_validator("focus_layer", "guard_recompute_ratio", "guard_busy_repair_share", mode="before")
+    @field_validator("focus_layer", "guard_recompute_ratio", "guard_busy_repair_share",
+                     mode="before")
     @classmethod
     def _off_is_none(cls, value: object) -> object:
-        return None if isinstance(value, str) and value.strip().lower() in ("", "off", "none") else value
+        off = isinstance(value, str) and value.strip().lower() in ("", "off", "none")
+        return None if off else value
 
     @field_validator("store_tiers", "allowed_hosts", mode="before")
     @classmethod
@@ -288,12 +299,19 @@ class Settings(BaseSettings):
         return CatalogConfig(url=self.database_url, data_dir=self.data_dir)
 
     def store_config(self) -> StoreConfig:
-        return StoreConfig(tiers=self.store_tiers, gpu_bytes=self.store_gpu_bytes, cpu_bytes=self.store_cpu_bytes,
-                           disk_bytes=self.store_disk_bytes, redis_bytes=self.store_redis_bytes,
-                           disk_dir=self.store_disk_dir or self.data_dir / "kv", redis_url=self.redis_url,
-                           redis_prefix=self.redis_prefix,
-                           codec=self.store_codec, variant_codec=self.store_variant_codec,
-                           eviction=self.store_eviction)
+        return StoreConfig(
+            tiers=self.store_tiers,
+            gpu_bytes=self.store_gpu_bytes,
+            cpu_bytes=self.store_cpu_bytes,
+            disk_bytes=self.store_disk_bytes,
+            redis_bytes=self.store_redis_bytes,
+            disk_dir=self.store_disk_dir or self.data_dir / "kv",
+            redis_url=self.redis_url,
+            redis_prefix=self.redis_prefix,
+            codec=self.store_codec,
+            variant_codec=self.store_variant_codec,
+            eviction=self.store_eviction,
+        )
 
     def index_config(self) -> IndexConfig:
         return IndexConfig(approx_above=self.index_approx_above, nprobe=self.index_nprobe)
