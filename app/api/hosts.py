@@ -32,7 +32,8 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 def host_name(host_header: str) -> str | None:
-    """The lowercase name of a `Host` header without its port ('[::1]:8000' -> '::1'); None if malformed."""
+    """The lowercase name of a `Host` header without its port ('[::1]:8000' -> '::1');
+    None if malformed."""
     try:
         name = urlsplit("//" + host_header.strip()).hostname
     except ValueError:
@@ -52,7 +53,8 @@ def is_loopback_name(name: str) -> bool:
 
 @dataclass(frozen=True)
 class HostRule:
-    """`patterns`: exact names or `*.domain`; `any_host`: every name is answered (see the module docstring)."""
+    """`patterns`: exact names or `*.domain`; `any_host`: every name is answered (see the
+    module docstring)."""
 
     patterns: frozenset[str]
     any_host: bool = False
@@ -97,6 +99,6 @@ class TrustedHostMiddleware:
         host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
         if self.rule.allows(host):
             return await self.app(scope, receive, send)
-        response = error_response(400, "unknown Host header: this server answers only to the names in "
-                                       "KVMOSAIC_ALLOWED_HOSTS (see docs/operations.md)")
+        response = error_response(400, "unknown Host header: this server answers only to the "
+                                       "names in KVMOSAIC_ALLOWED_HOSTS (see docs/operations.md)")
         await response(scope, receive, send)

@@ -1,4 +1,4 @@
-"""Base KV that should be persistent but is held in memory only, until a persistent tier can take it.
+"""Base KV that should be persistent but is held in memory only, until a persistent tier takes it.
 
 Ingest stores base KV in the first persistent tier (disk, else Redis) so it survives a
 restart. When that tier cannot write (a full disk: the store marks it degraded) the KV goes

@@ -21,7 +21,8 @@ from app.main import create_app
 from tests.app.conftest import LOCAL_CLIENT, start_services
 
 MAX_TOKENS = 64
-ASK = {"question": "When was the lighthouse first lit?", "mode": "full", "max_tokens": MAX_TOKENS, "seed": 1}
+ASK = {"question": "When was the lighthouse first lit?", "mode": "full", "max_tokens": MAX_TOKENS,
+       "seed": 1}
 BOUND_S = 120  # a bound against hanging when the fix is missing, never a measurement
 
 
@@ -39,7 +40,8 @@ async def post_then_leave(app, path: str, body: dict, leave: threading.Event) ->
     """POST `body`; the client disconnects once `leave` is set. Returns the status the app sent."""
     raw = json.dumps(body).encode()
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
+             "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
+             "query_string": b"",
              "headers": [(b"host", b"testserver"), (b"content-type", b"application/json"),
                          (b"content-length", str(len(raw)).encode())],
              "client": LOCAL_CLIENT, "server": ("testserver", 80)}
@@ -60,7 +62,9 @@ async def post_then_leave(app, path: str, body: dict, leave: threading.Event) ->
 
 
 def abandoned(services, stage: str) -> float:
-    return services.metrics.registry.get_sample_value("kvmosaic_abandoned_requests_total", {"stage": stage}) or 0.0
+    value = services.metrics.registry.get_sample_value("kvmosaic_abandoned_requests_total",
+                                                       {"stage": stage})
+    return value or 0.0
 
 
 def wait_for(condition, what: str) -> None:
@@ -71,8 +75,9 @@ def wait_for(condition, what: str) -> None:
 
 
 def wait_counted(services, stage: str, count: float) -> None:
-    """Until the abandoned job has stopped: counted (after its end, on the worker's thread), queue empty."""
-    wait_for(lambda: abandoned(services, stage) >= count, f"no abandoned request counted as {stage}")
+    """Until the abandoned job has stopped: counted (after its end, on the worker's thread),
+    and the queue empty."""
+    wait_for(lambda: abandoned(services, stage) >= count, f"nothing counted as abandoned {stage}")
     wait_for(lambda: not services.queue.pending, "the queue never emptied")
 
 
@@ -107,7 +112,7 @@ def test_a_decoding_request_whose_client_left_stops_at_its_next_token(served, mo
     app, services = served
     with TestClient(app, client=LOCAL_CLIENT) as client:  # what the full answer costs
         full = client.post("/ask", json=ASK).json()
-    assert full["usage"]["completion_tokens"] > 8, "the tiny model stopped early: the test cannot tell"
+    assert full["usage"]["completion_tokens"] > 8, "the tiny model stopped early: no test"
 
     stepping, release = threading.Event(), threading.Event()
     decode_batch = engine.scheduler.decode_batch
@@ -125,7 +130,8 @@ def test_a_decoding_request_whose_client_left_stops_at_its_next_token(served, mo
         release.set()
     wait_counted(services, "decoding", cancelled + 1)
     decoded = work(services)[1] - before[1]
-    assert decoded < 4 < full["usage"]["completion_tokens"]  # stopped within a step or two, not at the end
+    # stopped within a step or two, not at the end
+    assert decoded < 4 < full["usage"]["completion_tokens"]
     assert abandoned(services, "decoding") == cancelled + 1
     metrics = TestClient(app, client=LOCAL_CLIENT).get("/metrics").text
     assert 'kvmosaic_abandoned_requests_total{stage="decoding"}' in metrics

@@ -48,7 +48,8 @@ def test_with_no_persistent_tier_left_the_ingest_says_where_kv_went(degraded):
 
 
 @pytest.mark.parametrize("degraded", [("cpu", "disk")], indirect=True)
-def test_a_full_disk_is_degraded_everywhere_and_its_kv_is_persisted_once_it_writes(degraded, monkeypatch):
+def test_a_full_disk_is_degraded_everywhere_and_its_kv_is_persisted_once_it_writes(degraded,
+                                                                                   monkeypatch):
     """The fault injector makes every disk write fail with ENOSPC (issue #42: a 6 MiB tmpfs)."""
     store = degraded.chunk_cache.store
     store.retry_s = 0.0  # try the disk again at each chance, so the recovery shows at once
@@ -62,10 +63,12 @@ def test_a_full_disk_is_degraded_everywhere_and_its_kv_is_persisted_once_it_writ
         assert "memory only" in added["warning"]
 
         ready = client.get("/readyz").json()
-        assert ready["ready"] is True and ready["tiers"]["disk"] == "degraded" and ready["degraded"] == ["disk"]
+        assert ready["ready"] is True and ready["tiers"]["disk"] == "degraded"
+        assert ready["degraded"] == ["disk"]
         assert NO_SPACE in ready["write_errors"]["disk"]
         tier = client.get("/admin/stats", headers=ADMIN).json()["tiers"]["disk"]
-        assert tier["state"] == "degraded" and tier["writable"] is False and tier["put_failures"] >= 1
+        assert tier["state"] == "degraded" and tier["writable"] is False
+        assert tier["put_failures"] >= 1
         assert 'kvmosaic_store_tier_writable{tier="disk"} 0.0' in client.get("/metrics").text
 
         disk.full = False  # space freed: the daemon's periodic job copies the KV to disk

@@ -14,7 +14,8 @@ SIZE = make_entry(0).num_bytes
 
 def make_store(tmp_path, retry_s: float, cpu_entries: int = 3) -> tuple[TieredStore, FullDisk]:
     disk = FullDisk(10 * SIZE, tmp_path / "kv", fsync=False)
-    return TieredStore([CpuTier(cpu_entries * SIZE), disk], create_policy("lru"), retry_s=retry_s), disk
+    tiers = [CpuTier(cpu_entries * SIZE), disk]
+    return TieredStore(tiers, create_policy("lru"), retry_s=retry_s), disk
 
 
 def report(store, name):
@@ -27,10 +28,12 @@ def test_a_failed_write_degrades_the_tier_and_later_puts_pass_it_by(tmp_path):
     disk.full = True
     assert store.put(key_of("a"), make_entry(1), tier="disk") is None
     disk_report = report(store, "disk")
-    assert disk_report.state == "degraded" and disk_report.available and NO_SPACE in disk_report.write_error
+    assert disk_report.state == "degraded" and disk_report.available
+    assert NO_SPACE in disk_report.write_error
     assert disk_report.figures()["writable"] is False and disk_report.counters.put_failures == 1
     assert not list((tmp_path / "kv").rglob("*.tmp"))  # the torn temp file is gone
-    assert store.put(key_of("b"), make_entry(2), tier="disk") is None and disk.writes == 2  # not tried again
+    assert store.put(key_of("b"), make_entry(2), tier="disk") is None
+    assert disk.writes == 2  # not tried again
     assert store.put(key_of("b"), make_entry(2)) == "cpu"  # the other tiers still take writes
     assert same_entry(store.get(key_of("before")), make_entry(0))  # and it still serves reads
     store.close()
