@@ -35,7 +35,7 @@ def guard_out(report) -> GuardOut | None:
         return None
     margin = None if report.margin is None else round(report.margin, 4)
     repair_margin = None if report.repair_margin is None else round(report.repair_margin, 4)
-    return GuardOut(fidelity=report.fidelity, margin=margin, threshold=report.threshold,
+    return GuardOut(fidelity=report.fidelity, margin=margin, threshold=report.threshold, estimate=report.estimate,
                     escalated=report.escalated, spent_ms=round(report.spent_s * 1000, 2),
                     repaired_at=report.repaired_at, repair_margin=repair_margin,
                     repair_ms=round(report.repair_s * 1000, 2), skipped_blend=report.skipped_blend)

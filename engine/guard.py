@@ -91,6 +91,24 @@ class GuardReport:
     skipped_blend: bool = False
 
     @property
+    def estimate(self) -> str:
+        """The guard's estimate against the floor, in one line for the request's report: where
+        the first token's margin was measured, whether it reached the threshold calibrated so
+        that a kept answer stays inside full prefill's own reorder floor (docs/benchmarks/fidelity.md)."""
+        if self.skipped_blend:
+            return "not judged: the engine was busy, so the context was computed exactly"
+        if self.margin is None:
+            return "exact state: nothing to judge" if self.fidelity != "exact" else "exact: full prefill"
+        if self.fidelity == "fast" or self.threshold is None:
+            return f"first-token margin {self.margin:.2f} nats, not judged (fast)"
+        side = "inside" if self.margin >= self.threshold else "may leave"
+        verdict = "re-ran in full" if self.escalated else "kept"
+        if self.repaired_at is not None:
+            verdict = f"kept, then repaired at answer token {self.repaired_at}"
+        return (f"first-token margin {self.margin:.2f} nats against threshold {self.threshold:.2f}: "
+                f"{side} full prefill's reorder floor; {verdict}")
+
+    @property
     def outcome(self) -> str:
         """What answered, in one word (for dashboards): "skipped" (computed exactly at once, the
         engine busy), "rerun" (re-run in full at the first token), "repaired" (went on from full

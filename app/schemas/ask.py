@@ -87,6 +87,8 @@ class GuardOut(BaseModel):
     margin: float | None = Field(default=None, description="first token's log-probability margin over the "
                                                            "runner-up (nats) in the mode's own prefill")
     threshold: float | None = Field(default=None, description="margin below which balanced re-runs in full")
+    estimate: str = Field(default="", description="the guard's estimate against full prefill's own reorder floor, "
+                                                  "in words (docs/benchmarks/fidelity.md)")
     escalated: bool = Field(description="the answer comes from a second, full prefill")
     spent_ms: float = Field(description="time of that second prefill, inside ttft_ms")
     repaired_at: int | None = Field(default=None, description="answer token where balanced switched to full "

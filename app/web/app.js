@@ -127,7 +127,8 @@ function renderReport(report) {
 // What the fidelity guard estimated and spent (engine/guard.py), in one line.
 function guardText(guard) {
   const parts = [guard.fidelity];
-  if (guard.margin !== null) parts.push(`first-token margin ${guard.margin.toFixed(2)}`);
+  if (guard.estimate) parts.push(guard.estimate);
+  else if (guard.margin !== null) parts.push(`first-token margin ${guard.margin.toFixed(2)}`);
   if (guard.escalated) parts.push(`re-ran in full (${ms(guard.spent_ms)})`);
   if (guard.repaired_at !== null && guard.repaired_at !== undefined) {
     parts.push(`from token ${guard.repaired_at} full prefill (${ms(guard.repair_ms)})`);

@@ -51,6 +51,7 @@ def test_balanced_reports_its_estimate_and_the_full_rerun(client):
     guard = body["guard"]
     assert guard["fidelity"] == "balanced" and guard["escalated"] is True
     assert guard["margin"] >= 0 and guard["threshold"] == 1e9
+    assert "may leave full prefill's reorder floor; re-ran in full" in guard["estimate"]
     assert 0 < guard["spent_ms"] <= body["timings"]["ttft_ms"]
     assert body["mode"] == "cacheblend" and {c["strategy"] for c in body["chunks"]} == {"full"}
     # the re-run kept the first chunk (its base variant is exact there) and computed the rest

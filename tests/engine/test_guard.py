@@ -115,3 +115,16 @@ def test_config_refuses_bad_guard_settings(tmp_path):
         EngineConfig(guard_margin=-1.0)
     with pytest.raises(ValueError, match="guard_recompute_ratio"):
         EngineConfig(guard_recompute_ratio=1.5)
+
+
+def test_the_report_says_what_the_guard_estimated_against_the_floor():
+    from engine.guard import GuardReport
+
+    assert "inside full prefill's reorder floor; kept" in GuardReport("balanced", 2.5, 1.0).estimate
+    rerun = GuardReport("balanced", 0.4, 1.0, escalated=True).estimate
+    assert "0.40 nats against threshold 1.00: may leave" in rerun and rerun.endswith("re-ran in full")
+    assert "repaired at answer token 3" in GuardReport("balanced", 2.5, 1.0, repaired_at=3).estimate
+    assert "not judged (fast)" in GuardReport("fast", 0.1, 1.0).estimate
+    assert GuardReport("balanced").estimate == "exact state: nothing to judge"
+    assert GuardReport("exact").estimate == "exact: full prefill"
+    assert "busy" in GuardReport("balanced", skipped_blend=True).estimate
