@@ -26,7 +26,7 @@ from engine.decode_attention import resolve_decode_attention
 from engine.encode_dtype import cpu_has_amx_bf16, model_in, resolve_encode_dtype
 from engine.encoder import DEFAULT_BATCH_TOKENS, ChunkEncoder
 from engine.errors import InvalidRequest, PromptTooLong
-from engine.guard import AnswerCheck, Guarded, answer_check, check_fidelity, default_ratio, run_guarded
+from engine.guard import AnswerCheck, Guarded, answer_check, check_fidelity, default_ratio, judge
 from engine.kv import ChunkKV, KVCache
 from engine.layers import DecoderStack
 from engine.linear import linear_kernel_of
@@ -188,17 +188,24 @@ class Engine:
         """Prefill [prefix][chunks...][question] by `mode`; TTFT ends at the first logits.
 
         `fidelity` ("fast", "balanced", "exact"; None: the config's) is the fidelity guard's
-        level (engine/guard.py): "exact" prefills like `full`, "balanced" re-runs a request
-        whose first token is uncertain in full (inside TTFT); `result.guard` says what it
-        estimated and spent. `ratio` None: the level's (`guard.default_ratio`: a balanced
-        request's first attempt recomputes `guard_recompute_ratio`). Raises InvalidRequest (or a
-        subclass) for bad input. If the
-        RoPE self-check failed, reuse modes fall back to `full` and the result says why.
-        `config` (None: `self.config`) plans this call only, e.g. a calibration's candidate
-        parameters; the engine's own config, shared with other threads, is never replaced.
+        level (engine/guard.py); `result.guard` says what it estimated and spent. `ratio` None:
+        the level's (`guard.default_ratio`). `config` (None: `self.config`) plans this call only;
+        the engine's own config, shared with other threads, is never replaced. Raises
+        InvalidRequest (or a subclass) for bad input. If the RoPE self-check failed, reuse
+        modes fall back to `full` and the result says why.
         """
         started = time.perf_counter()
-        config = self.config if config is None else config
+        request, planner, fallback = self._plan_request(chunks, question, mode, ratio, max_new_tokens, fidelity,
+                                                        self.config if config is None else config)
+        capacity = request.layout.total_len + max_new_tokens
+        with self.busy.in_flight():
+            kept = self.compute(partial(self._prefill_steps, request, planner, capacity))
+        return self._prefill_result(request, planner, kept, fallback, time.perf_counter() - started)
+
+    def _plan_request(self, chunks: Sequence[ChunkInput], question: str, mode: str, ratio: float | None,
+                      max_new_tokens: int, fidelity: str | None,
+                      config: EngineConfig) -> tuple[PlanRequest, BasePlanner, str | None]:
+        """The validated request, its mode's planner and why it fell back to `full` (None: it did not)."""
         fidelity = check_fidelity(fidelity, config)
         ratio = default_ratio(fidelity, config) if ratio is None else float(ratio)
         if not 0.0 <= ratio <= 1.0:
@@ -212,40 +219,53 @@ class Engine:
         self._check_sources(chunks)
         request = PlanRequest(layout, tuple(chunks), self.prefix_kv, ratio, config,
                               self.loaded.spec.num_layers, fidelity)
-        capacity = layout.total_len + max_new_tokens
-        with self.busy.in_flight():
-            kept = self.compute(partial(self._guarded_run, fidelity, config, planner, request, capacity))
-        ttft = time.perf_counter() - started
+        return request, planner, fallback
+
+    def _prefill_steps(self, request: PlanRequest, planner: BasePlanner, capacity: int) -> Guarded:
+        """One request's prefill, on the compute thread: the first attempt's planner (the busy
+        skip named), its run, the guard's verdict, and the exact re-run when the verdict says so."""
+        first, skipped = self._first_attempt(request, planner)
+        plan, out = self._run(request, capacity, first)
+        exact = all(request.exact_chunks(out.layers_computed))
+        verdict = judge(request.fidelity, request.config, first, out, exact)
+        if not verdict.rerun:
+            return Guarded(plan, out, first.name, dataclasses.replace(verdict.report, skipped_blend=skipped))
+        started = time.perf_counter()
+        plan, out = self._rerun_exact(request, out, capacity)
+        report = dataclasses.replace(verdict.report, escalated=True, spent_s=time.perf_counter() - started)
+        return Guarded(plan, out, reference_planner(request.config).name, report)
+
+    def _first_attempt(self, request: PlanRequest, planner: BasePlanner) -> tuple[BasePlanner, bool]:
+        """The first attempt's planner and whether it skipped the mode's blend: the reference
+        for `exact`; the exact-reuse plan for a balanced blend that the busy engine would only
+        have to repair anyway (engine/busy.py); else the mode's own."""
+        config = request.config
+        if request.fidelity == "exact":
+            return reference_planner(config), False
+        blends = (request.fidelity == "balanced" and planner.reuses_cache
+                  and not (planner.exact or planner.exact_reuse)
+                  and not all(request.exact_chunks(None)))  # every chunk from a variant of this context: no blend
+        if blends and self.busy.skip_blend(config.guard_busy_repair_share, self._decoding()):
+            return exact_reuse_planner(config), True
+        return planner, False
+
+    def _prefill_result(self, request: PlanRequest, planner: BasePlanner, kept: Guarded, fallback: str | None,
+                        ttft: float) -> PrefillResult:
+        """The result of a prefill: its state, reports and the guard's watch while decoding
+        (with the rows a repair may keep); a judged blend's outcome feeds the busy gate."""
         out = kept.out
         if out.logits is None:  # `_run` always asks the runner for them
             raise RuntimeError("a prefill ran without its first logits")
-        reports = chunk_reports(chunks, layout, out, self.loaded.spec.num_layers, kept.planner_name, kept.plan.decisions)
+        layout, num_layers = request.layout, self.loaded.spec.num_layers
+        reports = chunk_reports(request.chunks, layout, out, num_layers, kept.planner_name, kept.plan.decisions)
         result = PrefillResult(planner.name, layout, out.cache, out.logits, ttft, reports, fallback,
                                layers_computed=out.layers_computed, guard=kept.report)
-        result.answer_check = answer_check(kept.report, config)
+        result.answer_check = answer_check(kept.report, request.config)
         if result.answer_check is not None:
-            exact_rows = _exact_leading_rows(layout, request.exact_chunks(out.layers_computed))
-            result.repair = partial(self._repair, layout, out.cache, exact_rows)
+            result.exact_rows = _exact_leading_rows(layout, request.exact_chunks(out.layers_computed))
         elif _judged_blend(kept):
             self.busy.odds.record(kept.report.escalated)
         return result
-
-    def _guarded_run(self, fidelity: str, config: EngineConfig, planner: BasePlanner, request: PlanRequest,
-                     capacity: int) -> Guarded:
-        """`run_guarded` of the request, its first attempt chosen when its compute starts: a
-        balanced blend that the busy engine would only have to repair anyway gives way to the
-        exact-reuse plan (engine/busy.py; the report says `skipped_blend`)."""
-        first = planner
-        blends = (fidelity == "balanced" and planner.reuses_cache and not (planner.exact or planner.exact_reuse)
-                  and not all(request.exact_chunks(None)))  # every chunk from a variant of this context: no blend
-        if blends and self.busy.skip_blend(config.guard_busy_repair_share, self._decoding()):
-            first = exact_reuse_planner(config)
-        kept = run_guarded(fidelity, config, partial(self._run, request, capacity), first, reference_planner(config),
-                           exact_state=lambda out: all(request.exact_chunks(out.layers_computed)),
-                           rerun=lambda plan, out: self._rerun_exact(request, out, capacity))
-        if first is planner:
-            return kept
-        return kept._replace(report=dataclasses.replace(kept.report, skipped_blend=True))
 
     def _run(self, request: PlanRequest, capacity: int, planner: BasePlanner) -> tuple[Plan, RunOutput]:
         """Plan the request with `planner` and run its layers (synchronised: timings are real)."""
@@ -319,8 +339,8 @@ class Engine:
                        generator: torch.Generator | None) -> Generator[int, None, None]:
         """`first`'s ids, then, if its check fired, the rest of the answer from the exact state
         (closing this generator closes whichever stream is under way: cancellation holds)."""
-        check, repair = result.answer_check, result.repair
-        assert check is not None and repair is not None and result.guard is not None
+        check, exact_rows = result.answer_check, result.exact_rows
+        assert check is not None and exact_rows is not None and result.guard is not None
         answered: list[int] = []
         with closing(first):
             for token in first:
@@ -330,7 +350,7 @@ class Engine:
         if check.fired_at is None:
             return
         started = time.perf_counter()
-        out = repair(answered)
+        out = self._repair(result.layout, result.cache, exact_rows, answered)
         if out.logits is None:
             raise RuntimeError("a repair ran without logits")
         result.prefill_cache, result.cache, result.repair_layers = result.cache, out.cache, out.layers_computed

@@ -49,9 +49,6 @@ makes a request less faithful than its mode.
 
 from __future__ import annotations
 
-import dataclasses
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -160,38 +157,30 @@ class Guarded(NamedTuple):
     report: GuardReport
 
 
-def run_guarded(fidelity: str, config: EngineConfig, run: Callable[[BasePlanner], tuple[Plan, RunOutput]],
-                planner: BasePlanner, reference: BasePlanner,
-                exact_state: Callable[[RunOutput], bool] = lambda out: False,
-                rerun: Callable[[Plan, RunOutput], tuple[Plan, RunOutput]] | None = None) -> Guarded:
-    """Prefill by the request's level; `run(planner)` plans and runs, returning (plan, out).
+class Verdict(NamedTuple):
+    """The guard's decision on a first attempt: what it estimated, and whether the request
+    must be re-run as the reference would compute it (inside TTFT)."""
 
-    exact: the reference alone. fast: the mode alone, its estimate reported. balanced: the
-    mode, then a re-run when `should_escalate` says the first token is too uncertain:
-    `rerun(plan, out)` of the mode's run (the engine's computes only the rows after the
-    run's exact leading rows, so its result is the reference's to float tolerance), or, when
-    None, the reference plan itself.
-    A planner whose plan is exact (the reference itself, a fallback), or a run whose state
-    `exact_state` finds exact (`prefix` over float KV, every chunk from a float variant of
-    this very context), is never re-run and not watched while decoding (its report has no
-    margin).
+    report: GuardReport
+    rerun: bool
+
+
+def judge(fidelity: str, config: EngineConfig, planner: BasePlanner, out: RunOutput, exact_state: bool) -> Verdict:
+    """The verdict on `out`, the first attempt of `planner` at level `fidelity`.
+
+    An exact plan (the reference, a fallback), an exact state (`exact_state`: every chunk from
+    a float variant of this very context, such as `prefix`'s) and the `exact` level have
+    nothing to judge (the report has no margin, and decoding is not watched). Otherwise the
+    first token's margin is measured; `fast` only reports it, `balanced` asks for a re-run when
+    `should_escalate`. Raises ValueError for an attempt run without logits.
     """
-    if fidelity == "exact":
-        plan, out = run(reference)
-        return Guarded(plan, out, reference.name, GuardReport(fidelity))
-    plan, out = run(planner)
-    if planner.exact or exact_state(out):
-        return Guarded(plan, out, planner.name, GuardReport(fidelity))
+    if fidelity == "exact" or planner.exact or exact_state:
+        return Verdict(GuardReport(fidelity), rerun=False)
     if out.logits is None:
         raise ValueError("the guard judges a prefill by its first token: run it with logits")
     margin = first_token_margin(out.logits)
     report = GuardReport(fidelity, margin, config.guard_margin)
-    if fidelity == "fast" or not should_escalate(margin, config):
-        return Guarded(plan, out, planner.name, report)
-    started = time.perf_counter()
-    plan, out = run(reference) if rerun is None else rerun(plan, out)
-    spent = time.perf_counter() - started
-    return Guarded(plan, out, reference.name, dataclasses.replace(report, escalated=True, spent_s=spent))
+    return Verdict(report, rerun=fidelity == "balanced" and should_escalate(margin, config))
 
 
 class AnswerCheck:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -58,10 +58,11 @@ class PrefillResult:
     # what the fidelity guard estimated and spent (engine/guard.py)
     guard: GuardReport | None = None
     generated_ids: list[int] = field(default_factory=list)
-    # set by Engine.prefill: the guard's watch while decoding (None: unwatched) and the
-    # reference prefill of the prompt plus given answer ids that replaces a fired state
+    # set by Engine.prefill: the guard's watch while decoding (None: unwatched); when it fires,
+    # Engine.generate prefills the prompt and the answer so far as the reference would
     answer_check: AnswerCheck | None = None
-    repair: Callable[[Sequence[int]], RunOutput] | None = None
+    # rows exact before the first inexact chunk: a repair keeps them and computes the rest
+    exact_rows: int | None = None
     # after a repair: the cache the mode's own prefill produced (`cache` is the exact one
     # decoding went on from); teacher-forced figures read the mode's state from it
     prefill_cache: KVCache | None = None

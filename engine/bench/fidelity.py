@@ -477,13 +477,15 @@ def _speed_table(summaries: list[ModeSummary]) -> str:
 
 def _answer_table(summaries: list[ModeSummary]) -> str:
     floor = next((s for s in summaries if s.mode == FLOOR), None)
+    floor_kl = None if floor is None else floor.mean_kl
+    floor_miss = None if floor is None else 1 - floor.rouge_l
     header = (f"{'mode':<17} {'same':>5} {'ROUGE-L':>8} {'KL':>8} {'top1':>5} {'ans top1':>8} {'ans KL':>7} "
               f"{'KL/floor':>8} {'1-RL/fl':>7}  {'accuracy [95%]':<22} {'vs full [95%]':<24} {'EM':>5} {'F1':>5}")
     lines = [header, "-" * len(header)]
     for s in summaries:
         lines.append(f"{s.mode:<17} {s.identical:>5.2f} {s.rouge_l:>8.3f} {s.mean_kl:>8.4f} {s.top1_agreement:>5.2f} "
-                     f"{s.answer_top1:>8.3f} {s.answer_kl:>7.4f} {_ratio(s.mean_kl, floor and floor.mean_kl):>8} "
-                     f"{_ratio(1 - s.rouge_l, floor and 1 - floor.rouge_l):>7}  {str(s.accuracy):<22} "
+                     f"{s.answer_top1:>8.3f} {s.answer_kl:>7.4f} {_ratio(s.mean_kl, floor_kl):>8} "
+                     f"{_ratio(1 - s.rouge_l, floor_miss):>7}  {str(s.accuracy):<22} "
                      f"{_signed(s.accuracy_vs_full):<24} {s.exact_match:>5.2f} {s.f1:>5.2f}")
     return "\n".join(lines)
 
