@@ -3,48 +3,25 @@
 A request names one of `FIDELITIES`:
 - `exact`: the reference plan (full prefill), whatever the mode; the answer equals `full`'s.
 - `fast`: the mode exactly as configured; its first-token margin is reported, nothing is spent.
-- `balanced` (the default): the mode (blending at `guard_recompute_ratio` unless the request names a
-  ratio: `default_ratio`), then two checks. A blended state goes wrong where the
-  answer hangs on a near tie. At the first token (inside TTFT): when the log-probability
-  margin of the top token over the runner-up is below `guard_margin` nats, the prompt is
-  prefilled again as the reference plan would, and that result (equal to `full`'s to float
-  tolerance) is what the request decodes. Like a repair, the re-run keeps the blended run's
-  exact leading rows (the system prefix and the leading chunks exact in this context, such as
-  the first chunk's base variant) as prefix caching would, and computes every later row. While decoding (`AnswerCheck`, after the first token has streamed): the
-  first answer token within `guard_answer_tokens` whose margin is below
-  `guard_answer_margin` stops the blended decode before that token is picked; the prompt
-  plus the answer so far is prefilled by the reference plan (`repair`) and decoding goes on
-  from that exact state, so the rest of the answer is what `full` would say after the same
-  words. This costs no TTFT, only one full prefill for the requests that need it.
+- `balanced` (the default): the mode (blending at `guard_recompute_ratio` unless the request
+  names a ratio: `default_ratio`), then two checks of the log-probability margin of the top
+  token over the runner-up. At the first token (inside TTFT), a margin below `guard_margin`
+  nats re-runs the prompt as the reference would (`judge` returns the `Verdict`; the engine
+  keeps the blend's exact leading rows and computes every later row). While decoding
+  (`AnswerCheck`), the first answer token within `guard_answer_tokens` whose margin is below
+  `guard_answer_margin` stops the blended decode before that token is picked; the prompt and
+  the answer so far are prefilled as the reference would and decoding goes on from that exact
+  state, so the rest of the answer is what `full` says after the same words.
 
-Why the margin and nothing else (SmolLM2, MuSiQue records 0-6, 3 chunks): the share of the
-check layer's question-weighted deviation mass left on stale rows was 0.055-0.065 on every
-record whatever its error, so it could not tell records apart, and keeping rows until that
-mass was covered only raised the ratio uniformly; the blended first-token margin is low
-exactly on the records whose first token or answer drifts. Against the other signals of the
-blended logits alone (`python -m engine.bench.guard_signals`, records 0-47, 6 chunks of at most
-256 tokens, cold cacheblend): entropy and top-1 probability rank the records by KL better
-(Spearman 0.75 against the margin's 0.58), but at the re-run budgets the guard spends they
-leave as much KL or more: re-running 10% of requests leaves mean KL 0.151 by margin, 0.207 by
-entropy, 0.202 by top-1 probability (oracle 0.135); 25%: 0.119, 0.109, 0.111 (oracle 0.087),
-because the margin alone catches the rare near-ties whose KL is largest. Re-measured with checks
-1, 2, 6 at r = 0.13 (cold cacheblend@fast, the distinct chunk lists of workload traces 0, 24
-and 48, 64 requests): entropy ranks by KL better (Spearman 0.73 against 0.60) and leaves less
-KL at a 20-30% re-run budget (0.066 / 0.049 against 0.076 / 0.055), the same at 40% (0.038);
-but on the reporting trace (MuSiQue 100-111, 23 lists) no signal of the blended logits ranks
-KL at all (margin -0.02, entropy 0.24, top-1 probability 0.14): its blends are uniformly
-worse (mean KL 0.155), so a better threshold cannot buy what a better blend would.
-Measured once more on prompts shaped like the server's (MuSiQue 0-47, 6 chunks of at most 256
-tokens, cold cachecraft at `fast`: mean KL 0.186; 0.144 once the margin re-runs its 19%),
-with two second opinions added: the KL between the blend and a `naive` prefill (costs 25% of
-a blend) and between the blend and one at r / 2 (70%). Spearman with KL: margin 0.49, entropy
-0.69, top-1 probability 0.65, naive opinion 0.36, half-r opinion 0.58. Re-running 5 / 10 / 15%
-more of the requests, most suspicious first, leaves KL 0.137 / 0.126 / 0.112 by margin, 0.129 /
-0.121 / 0.074 by entropy, 0.097 / 0.085 / 0.072 by the half-r opinion, 0.087 / 0.072 / 0.053 by
-the oracle; beyond ~15% more, the median TTFT falls under 3x full's. So on such prompts no
-re-run signal reaches KL 0.05 at 3x; only a better blend (more rows: see `recompute_ratio`) can.
-The guard works for every mode through the planner contract alone, never decodes, and never
-makes a request less faithful than its mode.
+Contract: `exact` is token-identical to `full`; `balanced` keeps task accuracy within full's
+95% interval and its deviation from `full` inside full prefill's own stability floor (the
+deviation full shows against itself when the same chunks come in another order); `fast`
+promises speed and reports its deviation. The thresholds are calibrated on answerable cases
+against that floor, on seeds kept apart from the reports: docs/benchmarks/fidelity.md.
+Why the margin: a blended state goes wrong where the answer hangs on a near tie, and that is
+also where full prefill itself flips when the chunk order changes. The guard works for every
+mode through the planner contract alone, never decodes, and never makes a request less
+faithful than its mode.
 """
 
 from __future__ import annotations
