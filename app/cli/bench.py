@@ -128,7 +128,7 @@ def run_fidelity(args) -> int:
     single_threaded()  # this thread computes metrics, never in a pool of its own (engine/threads.py)
     if args.store_codecs:
         return run_codec_fidelity(args, engine, options)
-    summaries = run_fidelity(engine, options)
+    summaries = run_fidelity(engine, options, codecs=_row_codecs(options.modes))
     print(f"records {options.start}..{options.start + options.n - 1} of {options.dataset.name}, "
           f"{options.chunks} chunks, model {engine.fingerprint}, device {engine.device}")
     print(format_table(summaries))
@@ -136,6 +136,15 @@ def run_fidelity(args) -> int:
         write_json(summaries, options, args.json)
         print(f"wrote {args.json}")
     return 0
+
+
+def _row_codecs(labels) -> dict:
+    """The store codecs that rows name (`cachecraft[codec=ch4v3]`), as KV round trips."""
+    from app.store.entry import roundtrip
+    from engine.bench.fidelity import CODEC, settings_of
+
+    names = {settings_of(label).get(CODEC) for label in labels} - {None}
+    return {name: (lambda kv, name=name: roundtrip(kv, name)) for name in names}
 
 
 def run_codec_fidelity(args, engine, options) -> int:

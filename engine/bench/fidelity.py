@@ -22,7 +22,7 @@ import math
 import random
 import statistics
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,8 @@ CRAFT = "cachecraft"  # the mode whose α `kvmosaic calibrate` fits
 WARM = "+warm"
 AT = "@"  # `mode@fidelity`: the row runs at that guard level (engine/guard.py)
 SETTINGS = "["  # `mode[key=value;...]`: the row plans with these engine settings (`row_config`)
+CODEC = "codec"  # `mode[codec=NAME]`: the row's chunk KV goes through a store codec first
+KVTransform = Callable[[ChunkKV], ChunkKV]
 # fixed when the model loads: one engine serves every row
 LOAD_FIELDS = frozenset({"model_path", "device", "dtype", "linear_kernel", "decode_attention", "data_dir",
                          "num_threads", "encode_dtype"})
@@ -180,9 +182,12 @@ def base_variant_chunks(engine: Engine, record: Record, count: int, index: int) 
 
 
 def run_fidelity(engine: Engine, options: FidelityOptions, provider: ChunkProvider = base_variant_chunks,
-                 progress: bool = True) -> list[ModeSummary]:
+                 progress: bool = True, codecs: Mapping[str, KVTransform] | None = None) -> list[ModeSummary]:
     """Every row on every record in each of `options.orders` chunk orders; the summaries start
-    with `full`, then the floor (with more than one order), then the modes."""
+    with `full`, then the floor (with more than one order), then the modes. A row naming
+    `codec=NAME` in its settings reads every chunk's KV through `codecs[NAME]` (the store's
+    encode and decode: the app passes them, the engine knows no codec)."""
+    _check_codecs(row_labels(options), codecs or {})
     records = options.records()
     modes = row_labels(options)
     _warm_up(engine, records[0], options, modes, provider)
@@ -190,7 +195,7 @@ def run_fidelity(engine: Engine, options: FidelityOptions, provider: ChunkProvid
     bar = tqdm(records, desc="fidelity", unit="record", file=sys.stderr, disable=not progress)
     for offset, record in enumerate(bar):
         index = options.start + offset
-        for label, sample in _run_orders(engine, record, options, modes, provider, index):
+        for label, sample in _run_orders(engine, record, options, modes, provider, index, codecs or {}):
             samples[label].append(sample)
         bar.set_postfix({m: f"{statistics.median(s.ttft_ratio for s in samples[m]):.1f}x"
                          for m in modes if m != REFERENCE})
@@ -199,7 +204,7 @@ def run_fidelity(engine: Engine, options: FidelityOptions, provider: ChunkProvid
 
 
 def _run_orders(engine: Engine, record: Record, options: FidelityOptions, modes: Sequence[str],
-                provider: ChunkProvider, index: int) -> list[tuple[str, ModeSample]]:
+                provider: ChunkProvider, index: int, codecs: Mapping[str, KVTransform]) -> list[tuple[str, ModeSample]]:
     """(row label, sample) of every row in every chunk order of one record, and the floor's
     samples: full in order k > 0 measured against full in order 0."""
     base = provider(engine, record, options.chunks, index)
@@ -207,7 +212,8 @@ def _run_orders(engine: Engine, record: Record, options: FidelityOptions, modes:
     out: list[tuple[str, ModeSample]] = []
     first: Reference | None = None
     for order, ids in enumerate(chunk_orders([c.chunk_id for c in base], options.orders, options.seed + index)):
-        inputs = {label: (book.inputs(ids, mode_of(label)), cost) for label, (book, cost) in books.items()}
+        inputs = {label: (_through_codec(book.inputs(ids, mode_of(label)), label, codecs), cost)
+                  for label, (book, cost) in books.items()}
         rows, reference = _run_record(engine, record, inputs, modes, options)
         out += [(label, dataclasses.replace(sample, case=index, order=order)) for label, sample in rows.items()]
         if first is None:
@@ -216,6 +222,21 @@ def _run_orders(engine: Engine, record: Record, options: FidelityOptions, modes:
             out.append((FLOOR, dataclasses.replace(_against(engine, reference, first, record), case=index,
                                                    order=order)))
     return out
+
+
+def _check_codecs(labels: Sequence[str], codecs: Mapping[str, KVTransform]) -> None:
+    for label in labels:
+        codec = settings_of(label).get(CODEC)
+        if codec is not None and codec not in codecs:
+            raise InvalidRequest(f"row {label!r}: no codec {codec!r} here; known: {', '.join(codecs) or 'none'}")
+
+
+def _through_codec(chunks: list[ChunkInput], label: str, codecs: Mapping[str, KVTransform]) -> list[ChunkInput]:
+    """The row's chunks with their KV as the row's codec stores and loads it (unchanged without one)."""
+    codec = settings_of(label).get(CODEC)
+    if codec is None:
+        return chunks
+    return [dataclasses.replace(c, kv=codecs[codec](computed_kv(c))) if c.kv is not None else c for c in chunks]
 
 
 def chunk_orders(ids: list[ChunkId], count: int, seed: int) -> list[list[ChunkId]]:
@@ -271,6 +292,8 @@ def row_config(label: str, config: EngineConfig) -> EngineConfig:
     kernels, model) cannot be set per row."""
     changes: dict[str, Any] = {}
     for key, text in settings_of(label).items():
+        if key == CODEC:
+            continue  # the chunks' KV, not the engine (`_through_codec`)
         if key in LOAD_FIELDS or key not in {f.name for f in dataclasses.fields(config)}:
             raise InvalidRequest(f"row {label!r}: {key!r} is not an engine setting a row may change")
         changes[key] = _typed(text, getattr(config, key))
@@ -463,13 +486,14 @@ def format_table(summaries: list[ModeSummary]) -> str:
 
 
 def _speed_table(summaries: list[ModeSummary]) -> str:
-    header = (f"{'mode':<17} {'n':>3} {'TTFT s':>8} {'vs full':>8} {'floor':>8} {'recomp':>7} {'warm-up':>8} "
+    w = _label_width(summaries)
+    header = (f"{'mode':<{w}} {'n':>3} {'TTFT s':>8} {'vs full':>8} {'floor':>8} {'recomp':>7} {'warm-up':>8} "
               f"{'guard':>6} {'repair':>6} {'work':>6}")
     lines = [header, "-" * len(header)]
     for s in summaries:
         if s.mode == FLOOR:
             continue
-        lines.append(f"{s.mode:<17} {s.records:>3} {s.median_ttft_s:>8.3f} {s.median_ttft_ratio:>7.2f}x "
+        lines.append(f"{s.mode:<{w}} {s.records:>3} {s.median_ttft_s:>8.3f} {s.median_ttft_ratio:>7.2f}x "
                      f"{s.median_compute_ratio:>7.2f}x {s.recompute_share:>7.3f} {s.warmup_cost:>7.2f}x "
                      f"{s.escalated:>6.2f} {s.repaired:>6.2f} {s.work_share:>6.2f}")
     return "\n".join(lines)
@@ -479,15 +503,20 @@ def _answer_table(summaries: list[ModeSummary]) -> str:
     floor = next((s for s in summaries if s.mode == FLOOR), None)
     floor_kl = None if floor is None else floor.mean_kl
     floor_miss = None if floor is None else 1 - floor.rouge_l
-    header = (f"{'mode':<17} {'same':>5} {'ROUGE-L':>8} {'KL':>8} {'top1':>5} {'ans top1':>8} {'ans KL':>7} "
+    w = _label_width(summaries)
+    header = (f"{'mode':<{w}} {'same':>5} {'ROUGE-L':>8} {'KL':>8} {'top1':>5} {'ans top1':>8} {'ans KL':>7} "
               f"{'KL/floor':>8} {'1-RL/fl':>7}  {'accuracy [95%]':<22} {'vs full [95%]':<24} {'EM':>5} {'F1':>5}")
     lines = [header, "-" * len(header)]
     for s in summaries:
-        lines.append(f"{s.mode:<17} {s.identical:>5.2f} {s.rouge_l:>8.3f} {s.mean_kl:>8.4f} {s.top1_agreement:>5.2f} "
+        lines.append(f"{s.mode:<{w}} {s.identical:>5.2f} {s.rouge_l:>8.3f} {s.mean_kl:>8.4f} {s.top1_agreement:>5.2f} "
                      f"{s.answer_top1:>8.3f} {s.answer_kl:>7.4f} {_ratio(s.mean_kl, floor_kl):>8} "
                      f"{_ratio(1 - s.rouge_l, floor_miss):>7}  {str(s.accuracy):<22} "
                      f"{_signed(s.accuracy_vs_full):<24} {s.exact_match:>5.2f} {s.f1:>5.2f}")
     return "\n".join(lines)
+
+
+def _label_width(summaries: list[ModeSummary]) -> int:
+    return max([17] + [len(s.mode) for s in summaries])
 
 
 def _ratio(value: float, floor: float | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -65,3 +66,22 @@ def test_row_settings_plan_that_row_only(tiny_engine, dataset):
     summaries = {s.mode: s for s in run_fidelity(tiny_engine, options, progress=False)}
     assert summaries["cacheblend@balanced[guard_margin=1000]"].escalated == 1.0
     assert summaries["cacheblend@balanced[guard_margin=0]"].escalated == 0.0
+
+
+def test_a_row_may_read_its_chunk_kv_through_a_codec(tiny_engine, dataset):
+    from engine.errors import InvalidRequest
+
+    calls = []
+
+    def halve(kv):
+        calls.append(kv.num_tokens)
+        return dataclasses.replace(kv, kv=kv.kv * 0.5)
+
+    options = FidelityOptions(dataset=dataset, n=1, chunks=4, max_new_tokens=2, orders=1,
+                              modes=("naive@fast", "naive@fast[codec=half]"))
+    summaries = {s.mode: s for s in run_fidelity(tiny_engine, options, progress=False, codecs={"half": halve})}
+    assert len(calls) == 4  # every chunk of the one row, once
+    plain, halved = summaries["naive@fast"], summaries["naive@fast[codec=half]"]
+    assert halved.mean_kl > plain.mean_kl  # the row really read the transformed KV
+    with pytest.raises(InvalidRequest, match="no codec 'half'"):
+        run_fidelity(tiny_engine, options, progress=False)
