@@ -100,12 +100,14 @@ class VariantRecord:
 @dataclass(frozen=True)
 class VariantContext:
     """A ready variant as the prefix tree of chunk sequences needs it (app/kvcache/chunk_tree.py):
-    its store key, its chunk, the ordered chunk ids it was computed after, its codec."""
+    its store key, its chunk, the ordered chunk ids it was computed after, its codec, and the
+    fastest tier that held it when last known."""
 
     store_key: str
     chunk_id: int
     context: tuple[ChunkId, ...]
     storage_dtype: str
+    tier: str = ""
 
 
 @dataclass(frozen=True)

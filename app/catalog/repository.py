@@ -305,14 +305,14 @@ class Catalog(IngestLeases, ChangeLog):
                     for key, status, tier, count, savings in rows}
 
     def variant_contexts(self, model_fingerprint: str, prefix_digest: str) -> list[rec.VariantContext]:
-        """Every ready variant of one model and system prefix: key, chunk, context, codec."""
+        """Every ready variant of one model and system prefix: key, chunk, context, codec, tier."""
         with self.session() as s:
             rows = s.execute(select(Variant.store_key, Variant.chunk_id, Variant.context_signature,
-                                    Variant.storage_dtype)
+                                    Variant.storage_dtype, Variant.tier)
                              .where(Variant.status == READY, Variant.model_fingerprint == model_fingerprint,
                                     Variant.prefix_digest == prefix_digest))
-            return [rec.VariantContext(key, chunk_id, rec.parse_context_signature(signature), dtype)
-                    for key, chunk_id, signature, dtype in rows]
+            return [rec.VariantContext(key, chunk_id, rec.parse_context_signature(signature), dtype, tier)
+                    for key, chunk_id, signature, dtype, tier in rows]
 
     def variant_statuses(self) -> dict[str, str]:
         """{store key: status} of every variant (start-up reconciliation reads this)."""

@@ -52,8 +52,9 @@ class ChunkKVCache:
         base variants; `variant_dtype`: of context variants (None: the same); `base_tier`:
         where base variants computed on use are stored (None: the first tier); see `ChunkLoader`."""
         keys = VariantKeys(engine, storage_dtype, variant_dtype)
-        tree = ChunkTreeIndex(catalog, keys)
+        tree = ChunkTreeIndex(catalog, keys, store)
         store.subscribe(tree)  # evictions and corrupt entries leave the tree at once
         variants = ChunkVariants(engine, store, catalog, keys, tree)
         loader = ChunkLoader(engine, store, catalog, variants, prefetch_layers, base_tier)
-        return cls(engine, store, catalog, keys, variants, loader, KVMaintenance(store, catalog, tree), tree)
+        maintenance = KVMaintenance(store, catalog, tree)
+        return cls(engine, store, catalog, keys, variants, loader, maintenance, tree)

@@ -5,12 +5,16 @@ stored it. The tree (`engine.variants.tree.ChunkTree`) is a local, rebuildable v
 ready rows of this model and system prefix, in the codec the loader reads for that context
 (`VariantKeys.codec`, or a base's exact copy):
 
-- `rebuild` reads the catalog and replaces the tree: at start-up (after reconcile), after
-  an admin eviction or clear, and every `KVMOSAIC_CHUNK_TREE_REFRESH_S` on the replica
-  daemon, which brings in the variants peers stored and drops the ones they evicted.
+- `rebuild` reads the catalog and replaces the tree: at start-up (after reconcile) and every
+  `TREE_REFRESH_S` on the replica daemon (`app/services.py`), which brings in the variants
+  peers stored and drops the ones they evicted. On a shared catalog, a row counts only where
+  this replica can read its KV: in a shared tier (Redis), or in one of its own tiers; a peer's
+  memory or disk is out of reach (a row names one tier, the fastest when last known, so a KV
+  a peer promoted out of Redis is left out until it moves again).
 - Local changes apply at once: `stored` (every variant put, `ChunkVariants.put_entry`),
-  `removed` (pruned variants, deleted documents) and `entry_dropped` (the store evicted an
-  entry from its last tier, or found it corrupt: this is a `StoreListener`).
+  `removed` (pruned variants, deleted documents, admin evictions and clears) and
+  `entry_dropped` (the store evicted an entry from its last tier, or found it corrupt: this
+  is a `StoreListener`).
 - A change made while a rebuild reads the catalog is kept in a journal and replayed on the
   new tree, so the swap does not lose it.
 
@@ -26,6 +30,7 @@ from collections.abc import Iterable, Sequence
 
 from app.catalog import Catalog, VariantContext
 from app.kvcache.keys import VariantKeys
+from app.store import TieredStore
 from engine.kv import ChunkId
 from engine.variants.order import Ordering, order_chunks
 from engine.variants.tree import ChunkTree, Path
@@ -39,8 +44,10 @@ class ChunkTreeIndex:
     """Thread-safe: one lock over the tree; rebuilds are serialised and read the catalog
     outside it."""
 
-    def __init__(self, catalog: Catalog, keys: VariantKeys):
-        self.catalog, self.keys = catalog, keys
+    def __init__(self, catalog: Catalog, keys: VariantKeys, store: TieredStore | None = None):
+        """`store`: this replica's, to tell on a shared catalog which rows it can read (None:
+        every row counts)."""
+        self.catalog, self.keys, self.store = catalog, keys, store
         self._tree = ChunkTree()
         self._paths: dict[str, Path] = {}  # store key -> its node
         self._journal: list[Change] | None = None  # changes during a rebuild's catalog read
@@ -104,7 +111,7 @@ class ChunkTreeIndex:
                 raise
             tree, paths = ChunkTree(), dict[str, Path]()
             for row in rows:
-                if self._readable(row.context, row.storage_dtype):
+                if self._readable(row.context, row.storage_dtype) and self._reachable(row):
                     self._apply(tree, paths, _added(row))
             with self._lock:
                 for change in self._journal or ():
@@ -119,6 +126,19 @@ class ChunkTreeIndex:
         return storage_dtype == self.keys.codec(context) or (
             not context and storage_dtype == self.keys.base_copy_codec
         )
+
+    def _reachable(self, row: VariantContext) -> bool:
+        """Whether this replica can read the row's KV: always on its own catalog; on a shared
+        one, in a shared tier or in one of its own (a peer's memory or disk is out of reach)."""
+        if self.store is None or not self.catalog.is_shared:
+            return True
+        tiers = [self.store.tier(name) for name in self.store.live_names()]
+        if any(t.shared and t.name == row.tier for t in tiers):
+            return True
+        try:
+            return any(not t.shared and t.contains(row.store_key) for t in tiers)
+        except Exception:  # a tier that cannot answer now: leave the row out (no exact path)
+            return False
 
     def _apply(self, tree: ChunkTree, paths: dict[str, Path], change: Change) -> None:
         """Apply one change to `tree` / `paths` (idempotent per key); journal it while a

@@ -169,6 +169,35 @@ def test_a_stale_node_costs_a_miss_never_a_wrong_kv(tiny_engine, catalog, refs, 
     torch.testing.assert_close(result.logits, full.logits, rtol=1e-4, atol=1e-4)
 
 
+class SharedCatalog:
+    """The catalog as replicas on one PostgreSQL see it (`is_shared`)."""
+
+    is_shared = True
+
+    def __init__(self, catalog: Catalog):
+        self.catalog = catalog
+
+    def variant_contexts(self, fingerprint: str, prefix_digest: str):
+        return self.catalog.variant_contexts(fingerprint, prefix_digest)
+
+
+def test_on_a_shared_catalog_a_peer_s_local_kv_is_out_of_reach(
+    tiny_engine, catalog, refs, tmp_path
+):
+    first = make_cache(tiny_engine, catalog, tmp_path / "kv-a")
+    ask(tiny_engine, first, refs)  # everything in first's own cpu tier
+    peer = make_cache(tiny_engine, catalog, tmp_path / "kv-b")
+    peer.tree.catalog = SharedCatalog(catalog)
+    assert peer.tree.rebuild() == 0  # the rows name a tier it has, but its own copy holds none
+    a, b, c = refs
+    ask(tiny_engine, peer, [c])  # c's base, computed and stored by the peer itself
+    assert peer.tree.rebuild() == 1 and peer.tree.holds((c.chunk_id,))
+    peer.store.tier("disk").shared = True  # as if its disk tier were the one both replicas read
+    (key,) = [v.store_key for v in catalog.variants_of_chunk(a.chunk_id)]
+    catalog.set_variant_tier(key, "disk")
+    assert peer.tree.rebuild() == 2 and peer.tree.holds((a.chunk_id,))
+
+
 class ReadingCatalog:
     """A catalog whose variant read lets a local change happen halfway (as another thread would)."""
 
