@@ -206,9 +206,10 @@ class EngineConfig:
         5, ge=1, doc="Variants kept per chunk: the base and the most valuable others (mean work "
         "saved per use × (uses + 1) / bytes).")
     focus_layer: int | None = bounded(
-        None, ge=0, doc="`cachecraft` early termination: first layer from which chunks the "
-        "question ignores stop recomputing (off: never). Off by default: with the checks at "
-        "layers 1, 2 and 6 it cost more fidelity than it saved (docs/benchmarks/recompute.md).")
+        10, ge=0, doc="`cachecraft` early termination: first layer from which chunks the "
+        "question ignores stop recomputing (none: never). On because on answerable cases it kept "
+        "accuracy and the deviation from full while saving work (docs/benchmarks/guard.md, "
+        "calibration against the floor).")
     focus_threshold: float = bounded(
         0.5, ge=0.0, doc="A chunk is unfocused below this fraction of an even share of the "
         "question's attention.")
@@ -229,10 +230,11 @@ class EngineConfig:
         "one from a near one (docs/benchmarks/guard.md). In `bench workload` mode specs a "
         "balanced spec's r is `guard_recompute_ratio=`.")
     guard_answer_margin: float = bounded(
-        3.0, ge=0.0, doc="`balanced`: the first later answer token whose margin is below this "
+        0.5, ge=0.0, doc="`balanced`: the first later answer token whose margin is below this "
         "(nats) stops the blended decode; the prompt plus the answer so far is prefilled in full "
-        "and decoding goes on from there (after TTFT; at most once per request). Blended states "
-        "of a small model drift within a few tokens (docs/benchmarks/guard.md).")
+        "and decoding goes on from there (after TTFT; at most once per request). The smallest "
+        "threshold that keeps answers inside full prefill's reorder floor on the tuning cases "
+        "(docs/benchmarks/guard.md, calibration against the floor).")
     guard_answer_tokens: int = bounded(
         64, ge=0, doc="`balanced`: answer tokens watched that way (0 or 1: no check while "
         "decoding).")
