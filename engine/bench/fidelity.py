@@ -30,17 +30,31 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from engine.bench.accuracy import Interval, Score, bootstrap, paired_difference, per_case_means, score_answer
+from engine.bench.accuracy import (
+    Interval,
+    Score,
+    bootstrap,
+    paired_difference,
+    per_case_means,
+    score_answer,
+)
 from engine.bench.flops import FlopCounter
-from engine.bench.metrics import best_f1, forced_logits, kl_divergence, rouge_l, same_top1, teacher_forced
+from engine.bench.metrics import (
+    best_f1,
+    forced_logits,
+    kl_divergence,
+    rouge_l,
+    same_top1,
+    teacher_forced,
+)
 from engine.config import EngineConfig
 from engine.decode import SamplingParams
 from engine.engine import Engine
 from engine.errors import InvalidRequest
-from engine.planners import planner_class, reference_mode
-from engine.planners.base import VariantYield
 from engine.kv import ChunkId, ChunkKV
 from engine.plan import ChunkInput
+from engine.planners import planner_class, reference_mode
+from engine.planners.base import VariantYield
 from engine.result import PrefillResult
 from engine.variants.book import VariantBook
 from engine.variants.policy import VariantPolicy
@@ -54,8 +68,18 @@ SETTINGS = "["  # `mode[key=value;...]`: the row plans with these engine setting
 CODEC = "codec"  # `mode[codec=NAME]`: the row's chunk KV goes through a store codec first
 KVTransform = Callable[[ChunkKV], ChunkKV]
 # fixed when the model loads: one engine serves every row
-LOAD_FIELDS = frozenset({"model_path", "device", "dtype", "linear_kernel", "decode_attention", "data_dir",
-                         "num_threads", "encode_dtype"})
+LOAD_FIELDS = frozenset(
+    {
+        "model_path",
+        "device",
+        "dtype",
+        "linear_kernel",
+        "decode_attention",
+        "data_dir",
+        "num_threads",
+        "encode_dtype",
+    }
+)
 MAX_PASSAGES = 1000  # passages per record, for distinct chunk ids across records (MuSiQue has 10)
 
 
@@ -76,7 +100,7 @@ class DatasetSlice:
 
     def records(self) -> list[Record]:
         """The slice's records; InvalidRequest if the file is unreadable or the slice empty."""
-        records = load_dataset(self.dataset)[self.start:self.start + self.n]
+        records = load_dataset(self.dataset)[self.start : self.start + self.n]
         if not records:
             raise InvalidRequest("the dataset slice is empty")
         return records
@@ -109,8 +133,12 @@ class ModeSample:
     answer_top1: float = float("nan")
     answer_kl: float = float("nan")
     escalated: bool = False  # the fidelity guard re-ran the request in full
-    repaired: bool = False  # the guard's check while decoding switched the greedy answer to full prefill
-    work_share: float = 1.0  # FLOPs of this mode's prefills (first-token re-run and repair included) / full's
+    repaired: bool = (
+        False  # the guard's check while decoding switched the greedy answer to full prefill
+    )
+    work_share: float = (
+        1.0  # FLOPs of this mode's prefills (first-token re-run and repair included) / full's
+    )
     case: int = 0  # the record's index in the dataset
     order: int = 0  # 0: the dataset's chunk order; 1..: seeded shuffles (`chunk_orders`)
     identical: bool = False  # the greedy answer is the reference's, word for word
@@ -138,12 +166,16 @@ class ModeSummary:
     identical: float = 1.0  # share of answers equal to the reference's word for word
     exact_match: float = float("nan")  # mean EM against the gold answers
     # gold containment over cases (each the mean over its orders) and paired against full's
-    accuracy: Interval = field(default_factory=lambda: Interval(float("nan"), float("nan"), float("nan")))
+    accuracy: Interval = field(
+        default_factory=lambda: Interval(float("nan"), float("nan"), float("nan"))
+    )
     accuracy_vs_full: Interval = field(default_factory=lambda: Interval(0.0, 0.0, 0.0))
     samples: list[ModeSample] = field(default_factory=list)
 
 
-Record = dict[str, Any]  # one benchmark record: {question, answers, ctxs: [{title, text}]}, as JSON gives it
+Record = dict[
+    str, Any
+]  # one benchmark record: {question, answers, ctxs: [{title, text}]}, as JSON gives it
 # (engine, record, chunks wanted, record index) → the record's chunk inputs
 ChunkProvider = Callable[[Engine, Record, int, int], list[ChunkInput]]
 
@@ -155,14 +187,19 @@ def load_dataset(path: Path) -> list[Record]:
     except (OSError, json.JSONDecodeError) as exc:
         raise InvalidRequest(f"cannot read dataset {path}: {exc}") from exc
     if not isinstance(records, list) or not all(_is_record(r) for r in records):
-        raise InvalidRequest(f"{path} is not a list of {{question, answers, ctxs: [{{title, text}}]}}")
+        raise InvalidRequest(
+            f"{path} is not a list of {{question, answers, ctxs: [{{title, text}}]}}"
+        )
     return records
 
 
 def _is_record(record: object) -> bool:
-    return (isinstance(record, dict) and isinstance(record.get("question"), str)
-            and isinstance(record.get("ctxs"), list)
-            and all(isinstance(c, dict) and "text" in c for c in record["ctxs"]))
+    return (
+        isinstance(record, dict)
+        and isinstance(record.get("question"), str)
+        and isinstance(record.get("ctxs"), list)
+        and all(isinstance(c, dict) and "text" in c for c in record["ctxs"])
+    )
 
 
 def record_chunk_id(record: int, position: int) -> int:
@@ -181,8 +218,13 @@ def base_variant_chunks(engine: Engine, record: Record, count: int, index: int) 
     return chunks
 
 
-def run_fidelity(engine: Engine, options: FidelityOptions, provider: ChunkProvider = base_variant_chunks,
-                 progress: bool = True, codecs: Mapping[str, KVTransform] | None = None) -> list[ModeSummary]:
+def run_fidelity(
+    engine: Engine,
+    options: FidelityOptions,
+    provider: ChunkProvider = base_variant_chunks,
+    progress: bool = True,
+    codecs: Mapping[str, KVTransform] | None = None,
+) -> list[ModeSummary]:
     """Every row on every record in each of `options.orders` chunk orders; the summaries start
     with `full`, then the floor (with more than one order), then the modes. A row naming
     `codec=NAME` in its settings reads every chunk's KV through `codecs[NAME]` (the store's
@@ -195,32 +237,59 @@ def run_fidelity(engine: Engine, options: FidelityOptions, provider: ChunkProvid
     bar = tqdm(records, desc="fidelity", unit="record", file=sys.stderr, disable=not progress)
     for offset, record in enumerate(bar):
         index = options.start + offset
-        for label, sample in _run_orders(engine, record, options, modes, provider, index, codecs or {}):
+        for label, sample in _run_orders(
+            engine, record, options, modes, provider, index, codecs or {}
+        ):
             samples[label].append(sample)
-        bar.set_postfix({m: f"{statistics.median(s.ttft_ratio for s in samples[m]):.1f}x"
-                         for m in modes if m != REFERENCE})
+        bar.set_postfix(
+            {
+                m: f"{statistics.median(s.ttft_ratio for s in samples[m]):.1f}x"
+                for m in modes
+                if m != REFERENCE
+            }
+        )
     rows = [m for m in (REFERENCE, FLOOR) + modes[1:] if samples[m]]
     return [_summarize(label, samples[label], samples[REFERENCE]) for label in rows]
 
 
-def _run_orders(engine: Engine, record: Record, options: FidelityOptions, modes: Sequence[str],
-                provider: ChunkProvider, index: int, codecs: Mapping[str, KVTransform]) -> list[tuple[str, ModeSample]]:
+def _run_orders(
+    engine: Engine,
+    record: Record,
+    options: FidelityOptions,
+    modes: Sequence[str],
+    provider: ChunkProvider,
+    index: int,
+    codecs: Mapping[str, KVTransform],
+) -> list[tuple[str, ModeSample]]:
     """(row label, sample) of every row in every chunk order of one record, and the floor's
     samples: full in order k > 0 measured against full in order 0."""
     base = provider(engine, record, options.chunks, index)
     books = mode_books(engine, record["question"], base, options, modes, index)
     out: list[tuple[str, ModeSample]] = []
     first: Reference | None = None
-    for order, ids in enumerate(chunk_orders([c.chunk_id for c in base], options.orders, options.seed + index)):
-        inputs = {label: (_through_codec(book.inputs(ids, mode_of(label)), label, codecs), cost)
-                  for label, (book, cost) in books.items()}
+    for order, ids in enumerate(
+        chunk_orders([c.chunk_id for c in base], options.orders, options.seed + index)
+    ):
+        inputs = {
+            label: (_through_codec(book.inputs(ids, mode_of(label)), label, codecs), cost)
+            for label, (book, cost) in books.items()
+        }
         rows, reference = _run_record(engine, record, inputs, modes, options)
-        out += [(label, dataclasses.replace(sample, case=index, order=order)) for label, sample in rows.items()]
+        out += [
+            (label, dataclasses.replace(sample, case=index, order=order))
+            for label, sample in rows.items()
+        ]
         if first is None:
             first = reference
         else:
-            out.append((FLOOR, dataclasses.replace(_against(engine, reference, first, record), case=index,
-                                                   order=order)))
+            out.append(
+                (
+                    FLOOR,
+                    dataclasses.replace(
+                        _against(engine, reference, first, record), case=index, order=order
+                    ),
+                )
+            )
     return out
 
 
@@ -228,15 +297,22 @@ def _check_codecs(labels: Sequence[str], codecs: Mapping[str, KVTransform]) -> N
     for label in labels:
         codec = settings_of(label).get(CODEC)
         if codec is not None and codec not in codecs:
-            raise InvalidRequest(f"row {label!r}: no codec {codec!r} here; known: {', '.join(codecs) or 'none'}")
+            raise InvalidRequest(
+                f"row {label!r}: no codec {codec!r} here; known: {', '.join(codecs) or 'none'}"
+            )
 
 
-def _through_codec(chunks: list[ChunkInput], label: str, codecs: Mapping[str, KVTransform]) -> list[ChunkInput]:
+def _through_codec(
+    chunks: list[ChunkInput], label: str, codecs: Mapping[str, KVTransform]
+) -> list[ChunkInput]:
     """The row's chunks with their KV as the row's codec stores and loads it (unchanged without one)."""
     codec = settings_of(label).get(CODEC)
     if codec is None:
         return chunks
-    return [dataclasses.replace(c, kv=codecs[codec](computed_kv(c))) if c.kv is not None else c for c in chunks]
+    return [
+        dataclasses.replace(c, kv=codecs[codec](computed_kv(c))) if c.kv is not None else c
+        for c in chunks
+    ]
 
 
 def chunk_orders(ids: list[ChunkId], count: int, seed: int) -> list[list[ChunkId]]:
@@ -250,8 +326,11 @@ def row_labels(options: FidelityOptions) -> tuple[str, ...]:
     """The rows of the table: `full` first, every mode cold, then with `warmup_orders` > 0 a
     warm row for each mode whose requests leave variants."""
     modes = (REFERENCE,) + tuple(m for m in options.modes if m != REFERENCE)
-    warm = tuple(f"{m}{WARM}{options.warmup_orders}" for m in modes
-                 if options.warmup_orders > 0 and planner_class(mode_of(m)).leaves is not VariantYield.NONE)
+    warm = tuple(
+        f"{m}{WARM}{options.warmup_orders}"
+        for m in modes
+        if options.warmup_orders > 0 and planner_class(mode_of(m)).leaves is not VariantYield.NONE
+    )
     return modes + warm
 
 
@@ -279,7 +358,9 @@ def settings_of(label: str) -> dict[str, str]:
         return {}
     inner = body.split(SETTINGS, 1)[1]
     if not inner.endswith("]"):
-        raise InvalidRequest(f"row {label!r}: settings go in brackets, e.g. cacheblend[guard_margin=0.5]")
+        raise InvalidRequest(
+            f"row {label!r}: settings go in brackets, e.g. cacheblend[guard_margin=0.5]"
+        )
     pairs = [item.split("=", 1) for item in inner[:-1].split(";") if item.strip()]
     if any(len(pair) != 2 for pair in pairs):
         raise InvalidRequest(f"row {label!r}: each setting is key=value, separated by ';'")
@@ -295,7 +376,9 @@ def row_config(label: str, config: EngineConfig) -> EngineConfig:
         if key == CODEC:
             continue  # the chunks' KV, not the engine (`_through_codec`)
         if key in LOAD_FIELDS or key not in {f.name for f in dataclasses.fields(config)}:
-            raise InvalidRequest(f"row {label!r}: {key!r} is not an engine setting a row may change")
+            raise InvalidRequest(
+                f"row {label!r}: {key!r} is not an engine setting a row may change"
+            )
         changes[key] = _typed(text, getattr(config, key))
     try:
         return dataclasses.replace(config, **changes)
@@ -318,19 +401,34 @@ def _typed(text: str, current: object) -> object:
     return text
 
 
-def mode_books(engine: Engine, question: str, base: list[ChunkInput], options: FidelityOptions,
-               labels: Sequence[str], index: int) -> dict[str, tuple[VariantBook, float]]:
+def mode_books(
+    engine: Engine,
+    question: str,
+    base: list[ChunkInput],
+    options: FidelityOptions,
+    labels: Sequence[str],
+    index: int,
+) -> dict[str, tuple[VariantBook, float]]:
     """Per row label: the variant book its mode draws from (cold: base variants only; warm:
     after the warm-up) and the warm-up's cost in full prefills of the record."""
     out: dict[str, tuple[VariantBook, float]] = {}
     for label in labels:
         orders = options.warmup_orders if WARM in label else 0
-        out[label] = warmed_book(engine, question, base, orders, options.seed + index, mode_of(label))
+        out[label] = warmed_book(
+            engine, question, base, orders, options.seed + index, mode_of(label)
+        )
     return out
 
 
-def warmed_book(engine: Engine, question: str, base: list[ChunkInput], orders: int, seed: int,
-                mode: str = CRAFT, policy: VariantPolicy | None = None) -> tuple[VariantBook, float]:
+def warmed_book(
+    engine: Engine,
+    question: str,
+    base: list[ChunkInput],
+    orders: int,
+    seed: int,
+    mode: str = CRAFT,
+    policy: VariantPolicy | None = None,
+) -> tuple[VariantBook, float]:
     """A book holding the base variants plus what `orders` untimed `mode` requests in other
     orders of the same chunks left (through the book's policy); and what those requests and
     builds cost, in full prefills of the chunks in their own order (0 without warm-up)."""
@@ -372,13 +470,23 @@ def other_orders(ids: list[ChunkId], count: int, seed: int) -> list[list[ChunkId
     return orders
 
 
-def _warm_up(engine: Engine, record: Record, options: FidelityOptions, labels: Sequence[str],
-             provider: ChunkProvider) -> None:
+def _warm_up(
+    engine: Engine,
+    record: Record,
+    options: FidelityOptions,
+    labels: Sequence[str],
+    provider: ChunkProvider,
+) -> None:
     base = provider(engine, record, options.chunks, -1)
     warm = dataclasses.replace(options, warmup_orders=min(1, options.warmup_orders))
     for label, (book, _) in mode_books(engine, record["question"], base, warm, labels, -1).items():
-        engine.prefill(book.inputs([c.chunk_id for c in base], mode_of(label)), record["question"],
-                       mode=mode_of(label), ratio=options.ratio, max_new_tokens=1)
+        engine.prefill(
+            book.inputs([c.chunk_id for c in base], mode_of(label)),
+            record["question"],
+            mode=mode_of(label),
+            ratio=options.ratio,
+            max_new_tokens=1,
+        )
 
 
 @dataclass(frozen=True)
@@ -395,8 +503,13 @@ class Reference:
     forced: torch.Tensor
 
 
-def _run_record(engine: Engine, record: Record, inputs: dict[str, tuple[list[ChunkInput], float]],
-                modes: Sequence[str], options: FidelityOptions) -> tuple[dict[str, ModeSample], Reference]:
+def _run_record(
+    engine: Engine,
+    record: Record,
+    inputs: dict[str, tuple[list[ChunkInput], float]],
+    modes: Sequence[str],
+    options: FidelityOptions,
+) -> tuple[dict[str, ModeSample], Reference]:
     """Every row on one record in one chunk order (full first: the others are measured against it)."""
     params = SamplingParams(max_new_tokens=options.max_new_tokens)
     flops = FlopCounter.for_engine(engine)
@@ -404,27 +517,47 @@ def _run_record(engine: Engine, record: Record, inputs: dict[str, tuple[list[Chu
     out = {}
     for label in modes:
         chunks, warmup_cost = inputs[label]
-        result = engine.prefill(chunks, record["question"], mode=mode_of(label), ratio=options.ratio,
-                                max_new_tokens=options.max_new_tokens, fidelity=fidelity_of(label, options),
-                                config=row_config(label, engine.config))
+        result = engine.prefill(
+            chunks,
+            record["question"],
+            mode=mode_of(label),
+            ratio=options.ratio,
+            max_new_tokens=options.max_new_tokens,
+            fidelity=fidelity_of(label, options),
+            config=row_config(label, engine.config),
+        )
         logits = result.logits.clone()
         work = flops.prefill(result.layers_computed)
         answer = "".join(engine.generate(result, params)).strip()
         repair = result.repair_layers
-        work_all = work + (flops.prefill(repair) if repair is not None else 0.0)  # the guard's repair is charged
+        work_all = work + (
+            flops.prefill(repair) if repair is not None else 0.0
+        )  # the guard's repair is charged
         if reference is None:
             ids = list(result.generated_ids)
-            reference = Reference(result, result.ttft_s, work, logits, answer, ids, forced_logits(engine, result, ids))
+            reference = Reference(
+                result, result.ttft_s, work, logits, answer, ids, forced_logits(engine, result, ids)
+            )
         forced = teacher_forced(engine, result, reference.ids, reference.forced)
         out[label] = ModeSample(
-            ttft_s=result.ttft_s, ttft_ratio=reference.ttft_s / result.ttft_s,
-            compute_ratio=reference.work / max(work, 1.0), recompute_share=result.recompute_share,
-            kl=kl_divergence(reference.logits, logits), top1=same_top1(reference.logits, logits),
-            rouge_l=rouge_l(answer, reference.answer), f1=best_f1(answer, record.get("answers", [])),
-            answer=answer, warmup_cost=warmup_cost, answer_top1=forced.top1_share, answer_kl=forced.mean_kl,
-            escalated=bool(result.guard is not None and result.guard.escalated), repaired=result.repaired,
-            work_share=work_all / max(reference.work, 1.0), identical=answer == reference.answer,
-            score=score_answer(answer, record.get("answers", [])))
+            ttft_s=result.ttft_s,
+            ttft_ratio=reference.ttft_s / result.ttft_s,
+            compute_ratio=reference.work / max(work, 1.0),
+            recompute_share=result.recompute_share,
+            kl=kl_divergence(reference.logits, logits),
+            top1=same_top1(reference.logits, logits),
+            rouge_l=rouge_l(answer, reference.answer),
+            f1=best_f1(answer, record.get("answers", [])),
+            answer=answer,
+            warmup_cost=warmup_cost,
+            answer_top1=forced.top1_share,
+            answer_kl=forced.mean_kl,
+            escalated=bool(result.guard is not None and result.guard.escalated),
+            repaired=result.repaired,
+            work_share=work_all / max(reference.work, 1.0),
+            identical=answer == reference.answer,
+            score=score_answer(answer, record.get("answers", [])),
+        )
     if reference is None:
         raise InvalidRequest("no rows to run")
     return out, reference
@@ -434,11 +567,21 @@ def _against(engine: Engine, other: Reference, first: Reference, record: Record)
     """Full prefill in another order (`other`) measured against full in the first (`first`), as
     a mode is against full: a floor sample. Its timing fields are 1: the floor costs nothing."""
     forced = teacher_forced(engine, other.result, first.ids, first.forced)
-    return ModeSample(ttft_s=other.ttft_s, ttft_ratio=1.0, compute_ratio=1.0, recompute_share=1.0,
-                      kl=kl_divergence(first.logits, other.logits), top1=same_top1(first.logits, other.logits),
-                      rouge_l=rouge_l(other.answer, first.answer), f1=best_f1(other.answer, record.get("answers", [])),
-                      answer=other.answer, answer_top1=forced.top1_share, answer_kl=forced.mean_kl,
-                      identical=other.answer == first.answer, score=score_answer(other.answer, record.get("answers", [])))
+    return ModeSample(
+        ttft_s=other.ttft_s,
+        ttft_ratio=1.0,
+        compute_ratio=1.0,
+        recompute_share=1.0,
+        kl=kl_divergence(first.logits, other.logits),
+        top1=same_top1(first.logits, other.logits),
+        rouge_l=rouge_l(other.answer, first.answer),
+        f1=best_f1(other.answer, record.get("answers", [])),
+        answer=other.answer,
+        answer_top1=forced.top1_share,
+        answer_kl=forced.mean_kl,
+        identical=other.answer == first.answer,
+        score=score_answer(other.answer, record.get("answers", [])),
+    )
 
 
 def _summarize(mode: str, samples: list[ModeSample], reference: list[ModeSample]) -> ModeSummary:
@@ -447,22 +590,33 @@ def _summarize(mode: str, samples: list[ModeSample], reference: list[ModeSample]
     mean = statistics.fmean
     accuracy, versus = _accuracy(samples, reference, first_order=mode == FLOOR)
     return ModeSummary(
-        mode=mode, records=len({s.case for s in samples}),
+        mode=mode,
+        records=len({s.case for s in samples}),
         median_ttft_s=statistics.median(s.ttft_s for s in samples),
         median_ttft_ratio=statistics.median(s.ttft_ratio for s in samples),
         median_compute_ratio=statistics.median(s.compute_ratio for s in samples),
         recompute_share=mean(s.recompute_share for s in samples),
-        mean_kl=mean(s.kl for s in samples), top1_agreement=mean(s.top1 for s in samples),
-        rouge_l=mean(s.rouge_l for s in samples), f1=mean(s.f1 for s in samples),
-        warmup_cost=mean(s.warmup_cost for s in samples), answer_top1=_mean_known(s.answer_top1 for s in samples),
-        answer_kl=_mean_known(s.answer_kl for s in samples), escalated=mean(s.escalated for s in samples),
-        repaired=mean(s.repaired for s in samples), work_share=mean(s.work_share for s in samples),
-        identical=mean(s.identical for s in samples), exact_match=_mean_known(s.score.exact for s in samples),
-        accuracy=accuracy, accuracy_vs_full=versus, samples=samples)
+        mean_kl=mean(s.kl for s in samples),
+        top1_agreement=mean(s.top1 for s in samples),
+        rouge_l=mean(s.rouge_l for s in samples),
+        f1=mean(s.f1 for s in samples),
+        warmup_cost=mean(s.warmup_cost for s in samples),
+        answer_top1=_mean_known(s.answer_top1 for s in samples),
+        answer_kl=_mean_known(s.answer_kl for s in samples),
+        escalated=mean(s.escalated for s in samples),
+        repaired=mean(s.repaired for s in samples),
+        work_share=mean(s.work_share for s in samples),
+        identical=mean(s.identical for s in samples),
+        exact_match=_mean_known(s.score.exact for s in samples),
+        accuracy=accuracy,
+        accuracy_vs_full=versus,
+        samples=samples,
+    )
 
 
-def _accuracy(samples: list[ModeSample], reference: list[ModeSample],
-              first_order: bool = False) -> tuple[Interval, Interval]:
+def _accuracy(
+    samples: list[ModeSample], reference: list[ModeSample], first_order: bool = False
+) -> tuple[Interval, Interval]:
     """Gold containment over cases (mean over each case's orders) and the paired difference
     against the reference's samples of the same (case, order)s, or of the same case in the
     first order when `first_order` (the floor: what reordering alone does to accuracy)."""
@@ -487,15 +641,19 @@ def format_table(summaries: list[ModeSummary]) -> str:
 
 def _speed_table(summaries: list[ModeSummary]) -> str:
     w = _label_width(summaries)
-    header = (f"{'mode':<{w}} {'n':>3} {'TTFT s':>8} {'vs full':>8} {'floor':>8} {'recomp':>7} {'warm-up':>8} "
-              f"{'guard':>6} {'repair':>6} {'work':>6}")
+    header = (
+        f"{'mode':<{w}} {'n':>3} {'TTFT s':>8} {'vs full':>8} {'floor':>8} {'recomp':>7} {'warm-up':>8} "
+        f"{'guard':>6} {'repair':>6} {'work':>6}"
+    )
     lines = [header, "-" * len(header)]
     for s in summaries:
         if s.mode == FLOOR:
             continue
-        lines.append(f"{s.mode:<{w}} {s.records:>3} {s.median_ttft_s:>8.3f} {s.median_ttft_ratio:>7.2f}x "
-                     f"{s.median_compute_ratio:>7.2f}x {s.recompute_share:>7.3f} {s.warmup_cost:>7.2f}x "
-                     f"{s.escalated:>6.2f} {s.repaired:>6.2f} {s.work_share:>6.2f}")
+        lines.append(
+            f"{s.mode:<{w}} {s.records:>3} {s.median_ttft_s:>8.3f} {s.median_ttft_ratio:>7.2f}x "
+            f"{s.median_compute_ratio:>7.2f}x {s.recompute_share:>7.3f} {s.warmup_cost:>7.2f}x "
+            f"{s.escalated:>6.2f} {s.repaired:>6.2f} {s.work_share:>6.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -504,14 +662,18 @@ def _answer_table(summaries: list[ModeSummary]) -> str:
     floor_kl = None if floor is None else floor.mean_kl
     floor_miss = None if floor is None else 1 - floor.rouge_l
     w = _label_width(summaries)
-    header = (f"{'mode':<{w}} {'same':>5} {'ROUGE-L':>8} {'KL':>8} {'top1':>5} {'ans top1':>8} {'ans KL':>7} "
-              f"{'KL/floor':>8} {'1-RL/fl':>7}  {'accuracy [95%]':<22} {'vs full [95%]':<24} {'EM':>5} {'F1':>5}")
+    header = (
+        f"{'mode':<{w}} {'same':>5} {'ROUGE-L':>8} {'KL':>8} {'top1':>5} {'ans top1':>8} {'ans KL':>7} "
+        f"{'KL/floor':>8} {'1-RL/fl':>7}  {'accuracy [95%]':<22} {'vs full [95%]':<24} {'EM':>5} {'F1':>5}"
+    )
     lines = [header, "-" * len(header)]
     for s in summaries:
-        lines.append(f"{s.mode:<{w}} {s.identical:>5.2f} {s.rouge_l:>8.3f} {s.mean_kl:>8.4f} {s.top1_agreement:>5.2f} "
-                     f"{s.answer_top1:>8.3f} {s.answer_kl:>7.4f} {_ratio(s.mean_kl, floor_kl):>8} "
-                     f"{_ratio(1 - s.rouge_l, floor_miss):>7}  {str(s.accuracy):<22} "
-                     f"{_signed(s.accuracy_vs_full):<24} {s.exact_match:>5.2f} {s.f1:>5.2f}")
+        lines.append(
+            f"{s.mode:<{w}} {s.identical:>5.2f} {s.rouge_l:>8.3f} {s.mean_kl:>8.4f} {s.top1_agreement:>5.2f} "
+            f"{s.answer_top1:>8.3f} {s.answer_kl:>7.4f} {_ratio(s.mean_kl, floor_kl):>8} "
+            f"{_ratio(1 - s.rouge_l, floor_miss):>7}  {str(s.accuracy):<22} "
+            f"{_signed(s.accuracy_vs_full):<24} {s.exact_match:>5.2f} {s.f1:>5.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -529,6 +691,8 @@ def _signed(interval: Interval) -> str:
 
 
 def write_json(summaries: list[ModeSummary], options: FidelityOptions, path: Path) -> None:
-    payload = {"options": {**asdict(options), "dataset": str(options.dataset)},
-               "modes": [asdict(s) for s in summaries]}
+    payload = {
+        "options": {**asdict(options), "dataset": str(options.dataset)},
+        "modes": [asdict(s) for s in summaries],
+    }
     Path(path).write_text(json.dumps(payload, indent=2))
