@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import random
 import shutil
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.bench.cell import RequestFacts
-from app.bench.summary import Fidelity
+from app.bench.summary import Fidelity, pair_fidelity
 from app.bench.trace import TraceRequest
 from engine.bench.accuracy import Interval, bootstrap, paired_difference, score_answer
-from engine.bench.metrics import kl_divergence, normalize_answer, rouge_l, same_top1, teacher_forced
+from engine.bench.metrics import teacher_forced
 from engine.decode import SamplingParams
 
 
@@ -61,7 +60,7 @@ def measure_floor(services, trace: Sequence[TraceRequest], reference: dict[int, 
             continue  # the index answered differently: not the same request
         chunks = services.chunk_cache.load(hits, "full").inputs
         pairs.append((ref, _reordered_full(engine, chunks, request.question, ref, max_tokens, rng)))
-    return _fidelity(pairs)
+    return pair_fidelity(pairs)
 
 
 def _reordered_full(engine, chunks, question: str, ref: RequestFacts, max_tokens: int,
@@ -76,21 +75,6 @@ def _reordered_full(engine, chunks, question: str, ref: RequestFacts, max_tokens
     answer = teacher_forced(engine, result, ref.generated_ids, ref.forced) if ref.forced is not None else None
     return RequestFacts(ref.index, tuple(chunks[i].chunk_id for i in order), text, len(result.generated_ids),
                         logits, 0.0, 0.0, 0.0, 1.0, 0, tuple(result.generated_ids), answer=answer)
-
-
-def _fidelity(pairs: list[tuple[RequestFacts, RequestFacts]]) -> Fidelity | None:
-    if not pairs:
-        return None
-    forced = [f.answer for _, f in pairs if f.answer is not None and f.answer.positions]
-    positions = sum(t.positions for t in forced)
-    return Fidelity(
-        compared=len(pairs),
-        exact_match=statistics.fmean(normalize_answer(r.text) == normalize_answer(f.text) for r, f in pairs),
-        rouge_l=statistics.fmean(rouge_l(f.text, r.text) for r, f in pairs),
-        first_kl=statistics.fmean(kl_divergence(r.first_logits, f.first_logits) for r, f in pairs),
-        first_top1=statistics.fmean(same_top1(r.first_logits, f.first_logits) for r, f in pairs),
-        answer_top1=sum(t.top1_share * t.positions for t in forced) / positions if positions else float("nan"),
-        answer_kl=sum(t.mean_kl * t.positions for t in forced) / positions if positions else float("nan"))
 
 
 def floor_pass(open_services, snapshot: Path, scratch: Path, trace: Sequence[TraceRequest],

@@ -158,8 +158,12 @@ def request_rows(facts: Sequence[RequestFacts], reference: dict[int, RequestFact
 
 def fidelity(facts: Sequence[RequestFacts], reference: dict[int, RequestFacts]) -> Fidelity | None:
     """Fidelity of `facts` against the reference requests of the same index and chunk order."""
-    pairs = [(reference[f.index], f) for f in facts
-             if f.index in reference and reference[f.index].chunk_ids == f.chunk_ids]
+    return pair_fidelity([(reference[f.index], f) for f in facts
+                          if f.index in reference and reference[f.index].chunk_ids == f.chunk_ids])
+
+
+def pair_fidelity(pairs: Sequence[tuple[RequestFacts, RequestFacts]]) -> Fidelity | None:
+    """Fidelity of each pair's second request against its first (None for no pairs)."""
     if not pairs:
         return None
     return Fidelity(
