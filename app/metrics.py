@@ -16,9 +16,9 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from app.queue import WorkQueue
+    from app.store import TierFigures
     from engine.busy import BusyGate
     from engine.guard import GuardReport
-    from app.store import TierFigures
 
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -30,30 +30,74 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("kvmosaic_http_requests", "HTTP requests by route, method and status",
-                                ["route", "method", "status"], registry=r)
-        self.latency = Histogram("kvmosaic_http_request_seconds", "HTTP request latency by route",
-                                 ["route"], buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("kvmosaic_ttft_seconds", "Time to first token (after retrieval) by mode",
-                              ["mode"], buckets=TTFT_BUCKETS, registry=r)
-        self.stage = Histogram("kvmosaic_stage_seconds", "Time per request stage",
-                               ["stage"], buckets=LATENCY_BUCKETS, registry=r)
-        self.recompute_share = Histogram("kvmosaic_recompute_share", "Share of context tokens recomputed",
-                                         ["mode"], buckets=SHARE_BUCKETS, registry=r)
-        self.answers = Counter("kvmosaic_answers", "Answered questions by mode", ["mode"], registry=r)
-        self.guard = Counter("kvmosaic_guard_outcomes", "Answers by fidelity level and what the guard did "
-                             "(kept, exact, rerun, repaired, skipped: engine/guard.py GuardReport.outcome)",
-                             ["fidelity", "outcome"], registry=r)
-        self.generated_tokens = Counter("kvmosaic_generated_tokens", "Generated answer tokens", registry=r)
-        self.rejected = Counter("kvmosaic_rejected_requests", "Requests refused with 503 (queue full)",
-                                registry=r)
-        self.abandoned = Counter("kvmosaic_abandoned_requests", "Requests whose client disconnected before the "
-                                 "answer, by where their work stopped: queued (dropped before the prefill), "
-                                 "decoding (cancelled mid-answer), finished (it ended first) (app/api/abandon.py)",
-                                 ["stage"], registry=r)
+        self.requests = Counter(
+            "kvmosaic_http_requests",
+            "HTTP requests by route, method and status",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "kvmosaic_http_request_seconds",
+            "HTTP request latency by route",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "kvmosaic_ttft_seconds",
+            "Time to first token (after retrieval) by mode",
+            ["mode"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.stage = Histogram(
+            "kvmosaic_stage_seconds",
+            "Time per request stage",
+            ["stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.recompute_share = Histogram(
+            "kvmosaic_recompute_share",
+            "Share of context tokens recomputed",
+            ["mode"],
+            buckets=SHARE_BUCKETS,
+            registry=r,
+        )
+        self.answers = Counter(
+            "kvmosaic_answers", "Answered questions by mode", ["mode"], registry=r
+        )
+        self.guard = Counter(
+            "kvmosaic_guard_outcomes",
+            "Answers by fidelity level and what the guard did "
+            "(kept, exact, rerun, repaired, skipped: engine/guard.py GuardReport.outcome)",
+            ["fidelity", "outcome"],
+            registry=r,
+        )
+        self.generated_tokens = Counter(
+            "kvmosaic_generated_tokens", "Generated answer tokens", registry=r
+        )
+        self.rejected = Counter(
+            "kvmosaic_rejected_requests", "Requests refused with 503 (queue full)", registry=r
+        )
+        self.abandoned = Counter(
+            "kvmosaic_abandoned_requests",
+            "Requests whose client disconnected before the "
+            "answer, by where their work stopped: queued (dropped before the prefill), "
+            "decoding (cancelled mid-answer), finished (it ended first) (app/api/abandon.py)",
+            ["stage"],
+            registry=r,
+        )
 
-    def observe_answer(self, mode: str, ttft_s: float, share: float, stages: dict[str, float],
-                       generated: int, guard: GuardReport | None = None) -> None:
+    def observe_answer(
+        self,
+        mode: str,
+        ttft_s: float,
+        share: float,
+        stages: dict[str, float],
+        generated: int,
+        guard: GuardReport | None = None,
+    ) -> None:
         self.answers.labels(mode).inc()
         if guard is not None:
             self.guard.labels(guard.fidelity, guard.outcome).inc()
@@ -78,38 +122,65 @@ class LiveCollector(Collector):
     `BusyGate` (None: not reported).
     """
 
-    def __init__(self, queue: WorkQueue, tier_stats: Callable[[], Mapping[str, TierFigures]],
-                 busy: BusyGate | None = None):
+    def __init__(
+        self,
+        queue: WorkQueue,
+        tier_stats: Callable[[], Mapping[str, TierFigures]],
+        busy: BusyGate | None = None,
+    ):
         self.queue = queue
         self.tier_stats = tier_stats
         self.busy = busy
 
     def collect(self) -> Iterator[Metric]:
-        depth = GaugeMetricFamily("kvmosaic_queue_requests", "Requests in the work queue", labels=["state"])
+        depth = GaugeMetricFamily(
+            "kvmosaic_queue_requests", "Requests in the work queue", labels=["state"]
+        )
         depth.add_metric(["running"], self.queue.running)
         depth.add_metric(["waiting"], self.queue.waiting)
         yield depth
         if self.busy is not None:
-            yield GaugeMetricFamily("kvmosaic_guard_repair_share",
-                                    "Share of recent blended balanced requests that needed a full prefill anyway "
-                                    "(re-run or repaired); at or above KVMOSAIC_GUARD_BUSY_REPAIR_SHARE a busy "
-                                    "server skips such blends (engine/busy.py)", value=self.busy.odds.share)
+            yield GaugeMetricFamily(
+                "kvmosaic_guard_repair_share",
+                "Share of recent blended balanced requests that needed a full prefill anyway "
+                "(re-run or repaired); at or above KVMOSAIC_GUARD_BUSY_REPAIR_SHARE a busy "
+                "server skips such blends (engine/busy.py)",
+                value=self.busy.odds.share,
+            )
         stats = self.tier_stats()
-        lookups = CounterMetricFamily("kvmosaic_cache_lookups", "KV store lookups by tier and result",
-                                      labels=["tier", "result"])
+        lookups = CounterMetricFamily(
+            "kvmosaic_cache_lookups",
+            "KV store lookups by tier and result",
+            labels=["tier", "result"],
+        )
         size = GaugeMetricFamily("kvmosaic_cache_bytes", "KV bytes held per tier", labels=["tier"])
-        entries = GaugeMetricFamily("kvmosaic_cache_entries", "KV entries held per tier", labels=["tier"])
-        corrupt = CounterMetricFamily("kvmosaic_cache_corrupt", "KV entries found corrupt (recomputed) per tier",
-                                      labels=["tier"])
-        evictions = CounterMetricFamily("kvmosaic_cache_evictions", "KV entries evicted per tier", labels=["tier"])
-        up = GaugeMetricFamily("kvmosaic_store_tier_up",
-                               "1 while a store tier is reachable, 0 while it is down and skipped (degraded)",
-                               labels=["tier"])
-        writable = GaugeMetricFamily("kvmosaic_store_tier_writable",
-                                     "1 while a store tier takes writes, 0 while it is degraded (its last write "
-                                     "failed, e.g. no space left) or down", labels=["tier"])
-        put_failures = CounterMetricFamily("kvmosaic_cache_put_failures",
-                                           "KV writes a store tier refused (no space, I/O errors)", labels=["tier"])
+        entries = GaugeMetricFamily(
+            "kvmosaic_cache_entries", "KV entries held per tier", labels=["tier"]
+        )
+        corrupt = CounterMetricFamily(
+            "kvmosaic_cache_corrupt",
+            "KV entries found corrupt (recomputed) per tier",
+            labels=["tier"],
+        )
+        evictions = CounterMetricFamily(
+            "kvmosaic_cache_evictions", "KV entries evicted per tier", labels=["tier"]
+        )
+        up = GaugeMetricFamily(
+            "kvmosaic_store_tier_up",
+            "1 while a store tier is reachable, 0 while it is down and skipped (degraded)",
+            labels=["tier"],
+        )
+        writable = GaugeMetricFamily(
+            "kvmosaic_store_tier_writable",
+            "1 while a store tier takes writes, 0 while it is degraded (its last write "
+            "failed, e.g. no space left) or down",
+            labels=["tier"],
+        )
+        put_failures = CounterMetricFamily(
+            "kvmosaic_cache_put_failures",
+            "KV writes a store tier refused (no space, I/O errors)",
+            labels=["tier"],
+        )
         for tier, s in stats.items():
             up.add_metric([tier], 1 if s["available"] else 0)
             writable.add_metric([tier], 1 if s["writable"] else 0)
@@ -121,4 +192,3 @@ class LiveCollector(Collector):
             corrupt.add_metric([tier], s["corrupt"])
             evictions.add_metric([tier], s["evictions"])
         yield from (lookups, size, entries, corrupt, evictions, up, writable, put_failures)
-

@@ -42,14 +42,20 @@ def raise_if_abandoned(cancel: threading.Event | None, stage: str) -> None:
 
 
 class WorkQueue:
-    def __init__(self, workers: int, queue_size: int, retry_after_s: int = 2,
-                 initializer: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        workers: int,
+        queue_size: int,
+        retry_after_s: int = 2,
+        initializer: Callable[[], None] | None = None,
+    ):
         """`initializer` runs once on each worker thread (e.g. `engine.threads.single_threaded`)."""
         self.workers = workers
         self.capacity = workers + queue_size
         self.retry_after_s = retry_after_s
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvmosaic-worker",
-                                            initializer=initializer)
+        self._executor = ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="kvmosaic-worker", initializer=initializer
+        )
         self._lock = threading.Lock()
         self._pending = 0  # running + waiting
         self._running = 0
@@ -85,7 +91,9 @@ class WorkQueue:
             self._finish(started=False)
             raise QueueFull(self.retry_after_s) from None
 
-    def submit_cancellable(self, cancel: threading.Event, fn: Callable[[*Args], T], *args: *Args) -> Future[T]:
+    def submit_cancellable(
+        self, cancel: threading.Event, fn: Callable[[*Args], T], *args: *Args
+    ) -> Future[T]:
         """`submit`, but a worker that picks the job up with `cancel` set drops it: the
         future then raises Abandoned and `fn` never runs."""
         return self.submit(self._unless_cancelled, cancel, partial(fn, *args))

@@ -3,21 +3,31 @@
 from __future__ import annotations
 
 from app.kvcache.chunk_cache import COMPUTED_NOW
-from app.schemas.ask import AskResponse, ChunkOut, GuardOut, OrderOut, Timings, Usage
 from app.rag import Answer
+from app.schemas.ask import AskResponse, ChunkOut, GuardOut, OrderOut, Timings, Usage
 
 
 def ask_response(answer: Answer, tokenizer=None) -> AskResponse:
     """`tokenizer` given: add each chunk's token pieces and recomputed offsets (explain)."""
     result = answer.result
-    chunks = [chunk_out(r, report, variant, result.mode, tokenizer)
-              for r, report, variant in zip(answer.retrieved, result.chunks, answer.variants)]
+    chunks = [
+        chunk_out(r, report, variant, result.mode, tokenizer)
+        for r, report, variant in zip(answer.retrieved, result.chunks, answer.variants)
+    ]
     for i, chunk in enumerate(chunks):
         chunk.rank = answer.order.ranks[i] if answer.order is not None else i
         chunk.exact = i < len(answer.served.exact_chunks) and answer.served.exact_chunks[i]
-    return AskResponse(answer=answer.text, mode=result.mode, finish_reason=answer.finish_reason,
-                       fallback_reason=result.fallback_reason, guard=guard_out(result.guard), chunks=chunks,
-                       timings=timings(answer), usage=usage(answer), order=order_out(answer))
+    return AskResponse(
+        answer=answer.text,
+        mode=result.mode,
+        finish_reason=answer.finish_reason,
+        fallback_reason=result.fallback_reason,
+        guard=guard_out(result.guard),
+        chunks=chunks,
+        timings=timings(answer),
+        usage=usage(answer),
+        order=order_out(answer),
+    )
 
 
 def order_out(answer: Answer) -> OrderOut | None:
@@ -25,8 +35,13 @@ def order_out(answer: Answer) -> OrderOut | None:
     if answer.order is None:
         return None
     served = answer.served
-    return OrderOut(rule=answer.order.ordering.rule, planned_exact=answer.order.ordering.exact,
-                    exact_tokens=served.exact, blended_tokens=served.blended, computed_tokens=served.computed)
+    return OrderOut(
+        rule=answer.order.ordering.rule,
+        planned_exact=answer.order.ordering.exact,
+        exact_tokens=served.exact,
+        blended_tokens=served.blended,
+        computed_tokens=served.computed,
+    )
 
 
 def guard_out(report) -> GuardOut | None:
@@ -35,19 +50,39 @@ def guard_out(report) -> GuardOut | None:
         return None
     margin = None if report.margin is None else round(report.margin, 4)
     repair_margin = None if report.repair_margin is None else round(report.repair_margin, 4)
-    return GuardOut(fidelity=report.fidelity, margin=margin, threshold=report.threshold, estimate=report.estimate,
-                    escalated=report.escalated, spent_ms=round(report.spent_s * 1000, 2),
-                    repaired_at=report.repaired_at, repair_margin=repair_margin,
-                    repair_ms=round(report.repair_s * 1000, 2), skipped_blend=report.skipped_blend)
+    return GuardOut(
+        fidelity=report.fidelity,
+        margin=margin,
+        threshold=report.threshold,
+        estimate=report.estimate,
+        escalated=report.escalated,
+        spent_ms=round(report.spent_s * 1000, 2),
+        repaired_at=report.repaired_at,
+        repair_margin=repair_margin,
+        repair_ms=round(report.repair_s * 1000, 2),
+        skipped_blend=report.skipped_blend,
+    )
 
 
 def chunk_out(retrieved, report, variant: str, mode: str, tokenizer) -> ChunkOut:
     out = ChunkOut(
-        chunk_id=retrieved.chunk.id, document_id=retrieved.document.id, document=retrieved.document.title,
-        source=retrieved.document.source, ordinal=retrieved.chunk.ordinal, score=round(retrieved.score, 4),
-        text=retrieved.chunk.text, strategy=report.strategy or mode, tokens=report.tokens,
-        reused=report.reused, recomputed=report.recomputed, compute_share=round(report.compute_share, 4),
-        cached=report.cached and variant != COMPUTED_NOW, variant=variant, stopped_layer=report.stopped_layer, cfo=report.cfo)
+        chunk_id=retrieved.chunk.id,
+        document_id=retrieved.document.id,
+        document=retrieved.document.title,
+        source=retrieved.document.source,
+        ordinal=retrieved.chunk.ordinal,
+        score=round(retrieved.score, 4),
+        text=retrieved.chunk.text,
+        strategy=report.strategy or mode,
+        tokens=report.tokens,
+        reused=report.reused,
+        recomputed=report.recomputed,
+        compute_share=round(report.compute_share, 4),
+        cached=report.cached and variant != COMPUTED_NOW,
+        variant=variant,
+        stopped_layer=report.stopped_layer,
+        cfo=report.cfo,
+    )
     if tokenizer is not None:
         out.token_texts = [tokenizer.decode([t]) for t in retrieved.token_ids]
         out.recomputed_offsets = list(getattr(report, "recomputed_offsets", ()))
@@ -56,14 +91,25 @@ def chunk_out(retrieved, report, variant: str, mode: str, tokenizer) -> ChunkOut
 
 def timings(answer: Answer) -> Timings:
     ms = {k: round(v * 1000, 2) for k, v in answer.stages.items()}
-    return Timings(retrieve_ms=ms.get("retrieve", 0.0), load_ms=ms.get("load", 0.0),
-                   prefill_ms=ms.get("prefill", 0.0), ttft_ms=round(ms.get("load", 0.0) + ms.get("prefill", 0.0), 2),
-                   decode_ms=ms.get("decode", 0.0), store_ms=ms.get("store", 0.0), total_ms=ms.get("total", 0.0))
+    return Timings(
+        retrieve_ms=ms.get("retrieve", 0.0),
+        load_ms=ms.get("load", 0.0),
+        prefill_ms=ms.get("prefill", 0.0),
+        ttft_ms=round(ms.get("load", 0.0) + ms.get("prefill", 0.0), 2),
+        decode_ms=ms.get("decode", 0.0),
+        store_ms=ms.get("store", 0.0),
+        total_ms=ms.get("total", 0.0),
+    )
 
 
 def usage(answer: Answer) -> Usage:
     result = answer.result
     prompt, completion = result.layout.total_len, len(result.generated_ids)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                 context_tokens=result.context_tokens, recomputed_tokens=result.recomputed_tokens,
-                 recompute_share=round(result.recompute_share, 4))
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        context_tokens=result.context_tokens,
+        recomputed_tokens=result.recomputed_tokens,
+        recompute_share=round(result.recompute_share, 4),
+    )

@@ -122,9 +122,14 @@ class Services:
         # and stream: single-threaded, they form no OpenMP pools to slow it (engine/threads.py).
         # Otherwise they compute, with the engine's thread count (set, not inherited: torch's
         # process-wide count is whatever the last helper thread set).
-        queue = WorkQueue(settings.workers, settings.queue_size, settings.retry_after_s,
-                          single_threaded if engine.computes_on_scheduler
-                          else partial(use_threads, engine.config.num_threads or DEFAULT_THREADS))
+        queue = WorkQueue(
+            settings.workers,
+            settings.queue_size,
+            settings.retry_after_s,
+            single_threaded
+            if engine.computes_on_scheduler
+            else partial(use_threads, engine.config.num_threads or DEFAULT_THREADS),
+        )
         rag = RagService(engine, retriever, catalog, chunk_cache, settings)
         services = cls(settings, engine, catalog, chunk_cache, retriever, ingestor, rag, queue)
         rag.observe = services.observe

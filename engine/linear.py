@@ -34,7 +34,8 @@ from engine.config import LINEAR_KERNELS
 log = logging.getLogger(__name__)
 
 _ONEDNN_LINEAR: Callable[..., torch.Tensor] | None = getattr(
-    getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+    getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None
+)
 
 
 class OneDnnLinear(torch.nn.Module):
@@ -54,8 +55,10 @@ class OneDnnLinear(torch.nn.Module):
         return _ONEDNN_LINEAR(x, self.weight, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}"
+        )
 
 
 def resolve_linear_kernel(name: str, device: torch.device, dtype: torch.dtype) -> str:

@@ -107,16 +107,22 @@ def chunk_reports(
     decisions = decisions or [ChunkDecision(mode)] * len(chunks)
     for chunk, decision, (start, end) in zip(chunks, decisions, layout.chunk_spans):
         tokens = end - start
-        reports.append(ChunkReport(
-            chunk_id=chunk.chunk_id,
-            tokens=tokens,
-            recomputed=int(out.selected[start:end].sum()),
-            compute_share=float(out.layers_computed[start:end].sum()) / (tokens * num_layers),
-            cached=chunk.kv is not None,
-            recomputed_offsets=tuple(int(i) for i in out.selected[start:end].nonzero().flatten()),
-            stopped_layer=_stopped_layer(out.stopped_layer[start:end]),
-            strategy=decision.strategy, cfo=decision.cfo, variant=decision.variant,
-        ))
+        reports.append(
+            ChunkReport(
+                chunk_id=chunk.chunk_id,
+                tokens=tokens,
+                recomputed=int(out.selected[start:end].sum()),
+                compute_share=float(out.layers_computed[start:end].sum()) / (tokens * num_layers),
+                cached=chunk.kv is not None,
+                recomputed_offsets=tuple(
+                    int(i) for i in out.selected[start:end].nonzero().flatten()
+                ),
+                stopped_layer=_stopped_layer(out.stopped_layer[start:end]),
+                strategy=decision.strategy,
+                cfo=decision.cfo,
+                variant=decision.variant,
+            )
+        )
     return reports
 
 

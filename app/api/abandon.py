@@ -31,8 +31,9 @@ class ClientGone(Exception):
     """The client disconnected before its answer was ready; the work was cancelled."""
 
 
-async def answer_while_connected(request: Request, queue: WorkQueue, rag: RagService, query: Query,
-                                 metrics: Metrics) -> Answer:
+async def answer_while_connected(
+    request: Request, queue: WorkQueue, rag: RagService, query: Query, metrics: Metrics
+) -> Answer:
     """`rag.ask(query)` on the queue; raises ClientGone (after cancelling the job) if the
     client disconnects first, QueueFull as `WorkQueue.submit` does."""
     cancel = threading.Event()

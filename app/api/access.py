@@ -34,8 +34,9 @@ from app.api.hosts import HostRule
 REFUSED_FETCH_SITES = ("cross-site", "same-site")
 
 
-def check_write_access(request: Request, write_token: SecretStr | None, admin_token: SecretStr | None,
-                       hosts: HostRule) -> None:
+def check_write_access(
+    request: Request, write_token: SecretStr | None, admin_token: SecretStr | None, hosts: HostRule
+) -> None:
     """Raise HTTPException (401/403) unless the request may write; see the module docstring."""
     if is_cross_site(request):
         raise HTTPException(403, "cross-site requests may not change documents")
@@ -45,12 +46,20 @@ def check_write_access(request: Request, write_token: SecretStr | None, admin_to
         if request.client is not None and is_loopback(request.client.host):
             if hosts.is_trusted(request.headers.get("host")):
                 return
-            raise HTTPException(403, "document writes from this machine must name it as the Host (localhost, "
-                                     "a loopback address or KVMOSAIC_ALLOWED_HOSTS): a foreign name that "
-                                     "resolves here is a DNS rebinding attempt")
-        raise HTTPException(403, "document writes are open only to clients on this machine: set "
-                                 "KVMOSAIC_WRITE_TOKEN and send it as a bearer token")
-    raise HTTPException(401, "missing or wrong write bearer token", headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(
+                403,
+                "document writes from this machine must name it as the Host (localhost, "
+                "a loopback address or KVMOSAIC_ALLOWED_HOSTS): a foreign name that "
+                "resolves here is a DNS rebinding attempt",
+            )
+        raise HTTPException(
+            403,
+            "document writes are open only to clients on this machine: set "
+            "KVMOSAIC_WRITE_TOKEN and send it as a bearer token",
+        )
+    raise HTTPException(
+        401, "missing or wrong write bearer token", headers={"WWW-Authenticate": "Bearer"}
+    )
 
 
 def is_cross_site(request: Request) -> bool:
@@ -74,8 +83,11 @@ def bearer_matches(authorization: str | None, *tokens: SecretStr | None) -> bool
     if scheme.lower() != "bearer" or not given.strip():
         return False
     given_bytes = given.strip().encode()
-    return any(hmac.compare_digest(given_bytes, secret.encode())
-               for secret in (_secret(t) for t in tokens) if secret is not None)
+    return any(
+        hmac.compare_digest(given_bytes, secret.encode())
+        for secret in (_secret(t) for t in tokens)
+        if secret is not None
+    )
 
 
 def is_loopback(host: str) -> bool:

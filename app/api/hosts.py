@@ -99,6 +99,9 @@ class TrustedHostMiddleware:
         host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
         if self.rule.allows(host):
             return await self.app(scope, receive, send)
-        response = error_response(400, "unknown Host header: this server answers only to the "
-                                       "names in KVMOSAIC_ALLOWED_HOSTS (see docs/operations.md)")
+        response = error_response(
+            400,
+            "unknown Host header: this server answers only to the "
+            "names in KVMOSAIC_ALLOWED_HOSTS (see docs/operations.md)",
+        )
         await response(scope, receive, send)

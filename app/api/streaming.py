@@ -29,10 +29,11 @@ class AnswerStream:
         self._metrics = metrics  # counts the answer as abandoned if its client left first
 
     @classmethod
-    def start(cls, services, query) -> "AnswerStream":
+    def start(cls, services, query) -> AnswerStream:
         stream = cls(asyncio.get_running_loop(), services.metrics)
-        future = services.queue.submit_cancellable(stream.cancel, services.rag.ask, query, stream._piece,
-                                                   stream.cancel)
+        future = services.queue.submit_cancellable(
+            stream.cancel, services.rag.ask, query, stream._piece, stream.cancel
+        )
         future.add_done_callback(stream._finished)
         return stream
 

@@ -46,7 +46,9 @@ async def read_document(request: Request, limit: int) -> Upload:
         if not declared:  # file parts spool without a cap; the declared length is the cap
             raise HTTPException(411, "file uploads need a Content-Length header")
         return await _from_form(request, limit)
-    raise HTTPException(415, "send application/json {text, title?} or multipart/form-data with a file")
+    raise HTTPException(
+        415, "send application/json {text, title?} or multipart/form-data with a file"
+    )
 
 
 async def _read_body(request: Request, cap: int) -> bytes:
@@ -68,7 +70,9 @@ def _from_json(raw: bytes, limit: int) -> SourceDocument:
     try:
         doc = DocumentIn.model_validate(data)
     except ValidationError as exc:
-        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+        ) from None
     return Upload(_document(doc.text, doc.title, doc.source or "api", limit), doc.kv)
 
 
@@ -76,7 +80,9 @@ async def _from_form(request: Request, limit: int) -> Upload:
     form = await request.form(max_files=1, max_fields=4, max_part_size=limit + 1)
     unknown = sorted(set(form.keys()) - set(FORM_FIELDS))
     if unknown:
-        raise HTTPException(422, f"unknown form field {unknown[0]!r}; the fields are {', '.join(FORM_FIELDS)}")
+        raise HTTPException(
+            422, f"unknown form field {unknown[0]!r}; the fields are {', '.join(FORM_FIELDS)}"
+        )
     if any(len(form.getlist(field)) > 1 for field in FORM_FIELDS):
         raise HTTPException(422, "each form field may be sent once")
     kv = form.get("kv")
@@ -85,9 +91,19 @@ async def _from_form(request: Request, limit: int) -> Upload:
     name, text = await _file_text(form.get("file"), limit)
     title = form.get("title")
     if isinstance(title, str) and len(title) > TITLE_MAX_CHARS:
-        raise HTTPException(422, f"title: the title has {len(title)} characters; the limit is {TITLE_MAX_CHARS}")
-    return Upload(_document(text, title if isinstance(title, str) else None, f"upload:{name}", limit,
-                            fallback_title=name.rsplit(".", 1)[0]), kv)
+        raise HTTPException(
+            422, f"title: the title has {len(title)} characters; the limit is {TITLE_MAX_CHARS}"
+        )
+    return Upload(
+        _document(
+            text,
+            title if isinstance(title, str) else None,
+            f"upload:{name}",
+            limit,
+            fallback_title=name.rsplit(".", 1)[0],
+        ),
+        kv,
+    )
 
 
 async def _file_text(upload: UploadFile | str | None, limit: int) -> tuple[str, str]:
@@ -99,8 +115,13 @@ async def _file_text(upload: UploadFile | str | None, limit: int) -> tuple[str, 
         return "upload.txt", upload
     name = upload.filename or "upload.txt"
     if len(name) > FILENAME_MAX_CHARS:
-        raise HTTPException(422, f"the file name has {len(name)} characters; the limit is {FILENAME_MAX_CHARS}")
-    if not name.lower().endswith(TEXT_SUFFIXES) and (upload.content_type or "") not in TEXT_TYPES[:3]:
+        raise HTTPException(
+            422, f"the file name has {len(name)} characters; the limit is {FILENAME_MAX_CHARS}"
+        )
+    if (
+        not name.lower().endswith(TEXT_SUFFIXES)
+        and (upload.content_type or "") not in TEXT_TYPES[:3]
+    ):
         raise HTTPException(415, f"{name}: only UTF-8 .txt and .md files are accepted")
     raw = await upload.read(limit + 1)
     if len(raw) > limit:
@@ -108,10 +129,14 @@ async def _file_text(upload: UploadFile | str | None, limit: int) -> tuple[str, 
     try:
         return name, raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise HTTPException(422, f"{name}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+        raise HTTPException(
+            422, f"{name}: not valid UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from None
 
 
-def _document(text: str, title: str | None, source: str, limit: int, fallback_title: str = "untitled") -> SourceDocument:
+def _document(
+    text: str, title: str | None, source: str, limit: int, fallback_title: str = "untitled"
+) -> SourceDocument:
     if len(text.encode("utf-8")) > limit:
         raise _too_large(limit)
     if not text.strip():

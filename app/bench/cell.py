@@ -54,13 +54,27 @@ class RequestFacts:
     generated_ids: tuple[int, ...] = ()
     escalated: bool = False  # the fidelity guard re-ran the prefill in full (inside TTFT)
     repaired: bool = False  # ... or went on from full prefill while decoding (engine/guard.py)
-    margin: float | None = None  # the guard's first-token margin (None: an exact state, not measured)
-    skipped_blend: bool = False  # the guard computed it exactly at once, the engine being busy (engine/busy.py)
-    forced: torch.Tensor | None = None  # reference cells: [answer tokens, vocab] logits along its own answer
-    answer: TeacherForced | None = None  # this answer's fidelity along the reference's (teacher forcing)
+    margin: float | None = (
+        None  # the guard's first-token margin (None: an exact state, not measured)
+    )
+    skipped_blend: bool = (
+        False  # the guard computed it exactly at once, the engine being busy (engine/busy.py)
+    )
+    forced: torch.Tensor | None = (
+        None  # reference cells: [answer tokens, vocab] logits along its own answer
+    )
+    answer: TeacherForced | None = (
+        None  # this answer's fidelity along the reference's (teacher forcing)
+    )
     decoding: tuple[float, float] | None = None  # perf_counter of its first and last streamed piece
-    served: tuple[int, int, int] = (0, 0, 0)  # context tokens served exact, blended, computed (app/bench/served.py)
-    reordered: bool = False  # the order stage moved its chunks off retrieval order (chunk_ids: prompt order)
+    served: tuple[int, int, int] = (
+        0,
+        0,
+        0,
+    )  # context tokens served exact, blended, computed (app/bench/served.py)
+    reordered: bool = (
+        False  # the order stage moved its chunks off retrieval order (chunk_ids: prompt order)
+    )
 
 
 @dataclass
@@ -77,7 +91,9 @@ class CellResult:
     background_work: WorkTotals  # the part of `work` done off the request path (variant builds)
     tier_hits: dict[str, int] = field(default_factory=dict)
     tier_misses: dict[str, int] = field(default_factory=dict)
-    kv_bytes: dict[str, int] = field(default_factory=dict)  # after the drain (`Catalog.ready_bytes_by_kind`)
+    kv_bytes: dict[str, int] = field(
+        default_factory=dict
+    )  # after the drain (`Catalog.ready_bytes_by_kind`)
 
 
 @dataclass(frozen=True)
@@ -89,9 +105,18 @@ class Fidelity:
     reference: dict[int, RequestFacts] | None = None
 
 
-def run_cell(spec: ModeSpec, load: Load, trace: Sequence[TraceRequest], snapshot: Path, run_dir: Path,
-             open_services: Callable, max_tokens: int, max_seconds: float, fidelity: Fidelity = Fidelity(),
-             keep: bool = False) -> CellResult:
+def run_cell(
+    spec: ModeSpec,
+    load: Load,
+    trace: Sequence[TraceRequest],
+    snapshot: Path,
+    run_dir: Path,
+    open_services: Callable,
+    max_tokens: int,
+    max_seconds: float,
+    fidelity: Fidelity = Fidelity(),
+    keep: bool = False,
+) -> CellResult:
     """Replay `trace` for `spec` under `load`; `open_services(data_dir, spec)` starts the services.
 
     Teacher forcing (`fidelity`) runs on the client thread as each answer arrives, between that
@@ -101,33 +126,51 @@ def run_cell(spec: ModeSpec, load: Load, trace: Sequence[TraceRequest], snapshot
     data_dir = clone_snapshot(snapshot, run_dir)
     services = open_services(data_dir, spec)
     try:
-        queries = [services.rag.query(r.question, r.top_k, spec.mode, None, max_tokens, temperature=0.0)
-                   for r in trace]
-        return _measure(services, spec, load, queries, max_seconds, _digest(services.engine, fidelity))
+        queries = [
+            services.rag.query(r.question, r.top_k, spec.mode, None, max_tokens, temperature=0.0)
+            for r in trace
+        ]
+        return _measure(
+            services, spec, load, queries, max_seconds, _digest(services.engine, fidelity)
+        )
     finally:
         services.close()
         if not keep:
             shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def _measure(services, spec: ModeSpec, load: Load, queries: Sequence, max_seconds: float, digest) -> CellResult:
+def _measure(
+    services, spec: ModeSpec, load: Load, queries: Sequence, max_seconds: float, digest
+) -> CellResult:
     meter = services.engine.runner.meter
     work0, background0 = meter.snapshot(), meter.background_snapshot()
     cpu0, tiers0 = _cpu_seconds(), services.chunk_cache.tier_stats()
     started = time.perf_counter()
     deadline = started + max_seconds
-    outcomes = (run_closed_loop(services, queries, load.clients, deadline, digest) if load.clients is not None
-                else run_open_loop(services, queries, load.rate, deadline, digest=digest))
+    outcomes = (
+        run_closed_loop(services, queries, load.clients, deadline, digest)
+        if load.clients is not None
+        else run_open_loop(services, queries, load.rate, deadline, digest=digest)
+    )
     last_answer = time.perf_counter()
     services.chunk_cache.drain()  # background work this trace caused is charged to it
     ended = time.perf_counter()
     tiers1 = services.chunk_cache.tier_stats()
-    return CellResult(spec, load, [o.answer for o in outcomes if o.ok],
-                      [o.error for o in outcomes if o.error], sum(o.rejections for o in outcomes),
-                      ended - started, ended - last_answer, _cpu_seconds() - cpu0, meter.snapshot() - work0,
-                      meter.background_snapshot() - background0,
-                      _delta(tiers0, tiers1, "hits"), _delta(tiers0, tiers1, "misses"),
-                      services.catalog.ready_bytes_by_kind())
+    return CellResult(
+        spec,
+        load,
+        [o.answer for o in outcomes if o.ok],
+        [o.error for o in outcomes if o.error],
+        sum(o.rejections for o in outcomes),
+        ended - started,
+        ended - last_answer,
+        _cpu_seconds() - cpu0,
+        meter.snapshot() - work0,
+        meter.background_snapshot() - background0,
+        _delta(tiers0, tiers1, "hits"),
+        _delta(tiers0, tiers1, "misses"),
+        services.catalog.ready_bytes_by_kind(),
+    )
 
 
 def _digest(engine, fidelity: Fidelity) -> Callable[[Outcome, object], RequestFacts]:
@@ -150,19 +193,28 @@ def _digest(engine, fidelity: Fidelity) -> Callable[[Outcome, object], RequestFa
 def _facts(outcome: Outcome, answer) -> RequestFacts:
     result = answer.result
     first = outcome.first_piece or outcome.finished
-    return RequestFacts(outcome.index, tuple(r.chunk.id for r in answer.retrieved), answer.text,
-                        len(result.generated_ids), result.logits.detach().float().cpu().clone(),
-                        first - outcome.submitted,
-                        answer.stages.get("load", 0.0) + answer.stages.get("prefill", 0.0),
-                        outcome.finished - outcome.submitted, result.recompute_share,
-                        sum(label.startswith("base (computed") for label in answer.variants),
-                        tuple(result.generated_ids), bool(result.guard is not None and result.guard.escalated),
-                        result.repaired, result.guard.margin if result.guard is not None else None,
-                        skipped_blend=bool(result.guard is not None and result.guard.skipped_blend),
-                        decoding=(outcome.first_piece, outcome.last_piece)
-                        if outcome.first_piece is not None and outcome.last_piece is not None else None,
-                        served=(answer.served.exact, answer.served.blended, answer.served.computed),
-                        reordered=answer.order is not None and answer.order.reordered)
+    return RequestFacts(
+        outcome.index,
+        tuple(r.chunk.id for r in answer.retrieved),
+        answer.text,
+        len(result.generated_ids),
+        result.logits.detach().float().cpu().clone(),
+        first - outcome.submitted,
+        answer.stages.get("load", 0.0) + answer.stages.get("prefill", 0.0),
+        outcome.finished - outcome.submitted,
+        result.recompute_share,
+        sum(label.startswith("base (computed") for label in answer.variants),
+        tuple(result.generated_ids),
+        bool(result.guard is not None and result.guard.escalated),
+        result.repaired,
+        result.guard.margin if result.guard is not None else None,
+        skipped_blend=bool(result.guard is not None and result.guard.skipped_blend),
+        decoding=(outcome.first_piece, outcome.last_piece)
+        if outcome.first_piece is not None and outcome.last_piece is not None
+        else None,
+        served=(answer.served.exact, answer.served.blended, answer.served.computed),
+        reordered=answer.order is not None and answer.order.reordered,
+    )
 
 
 def _cpu_seconds() -> float:

@@ -52,8 +52,9 @@ def _keep_answer(_outcome: Outcome, answer: object) -> object:
     return answer
 
 
-def run_closed_loop(services, queries: Sequence, clients: int, deadline: float,
-                    digest: Digest = _keep_answer) -> list[Outcome]:
+def run_closed_loop(
+    services, queries: Sequence, clients: int, deadline: float, digest: Digest = _keep_answer
+) -> list[Outcome]:
     """`clients` threads, each sending its next request when the last one is answered, until the
     trace is done or `deadline` (perf_counter) has passed. A 503 is retried after a short wait."""
     outcomes: list[Outcome] = []
@@ -95,8 +96,14 @@ def _ask_until_served(services, query, index: int, deadline: float, digest: Dige
     return outcome
 
 
-def run_open_loop(services, queries: Sequence, rate: float, deadline: float, seed: int = 0,
-                  digest: Digest = _keep_answer) -> list[Outcome]:
+def run_open_loop(
+    services,
+    queries: Sequence,
+    rate: float,
+    deadline: float,
+    seed: int = 0,
+    digest: Digest = _keep_answer,
+) -> list[Outcome]:
     """Poisson arrivals at `rate` requests/s, whatever the server's state; a full queue is a 503,
     not retried (`error="rejected"`). Waits for every accepted request to finish."""
     rng = random.Random(seed)

@@ -25,7 +25,9 @@ from engine.planners import planner_names
 ALIASES = {"ratio": "recompute_ratio", "order": "chunk_order"}
 # Settings fixed when the models load: every spec of a run shares one loaded model and
 # embedder, so a spec could not change them (set them for the whole run instead).
-LOAD_SETTINGS = frozenset({"model_path", "device", "dtype", "linear_kernel", "embedder_path", "data_dir"})
+LOAD_SETTINGS = frozenset(
+    {"model_path", "device", "dtype", "linear_kernel", "embedder_path", "data_dir"}
+)
 # Named configurations: what a paper describes, next to our defaults.
 # CacheBlend as published: deviation selection at one check layer, no fidelity guard.
 PRESETS = {"cacheblend-paper": "cacheblend:selection=deviation,check_layers=1,fidelity=fast"}
@@ -82,9 +84,13 @@ def parse_mode(text: str) -> ModeSpec:
             raise InvalidRequest(f"mode {mode}: expected key=value, got {pair!r}")
         key = ALIASES.get(key.strip(), key.strip())
         if key not in Settings.model_fields:
-            raise InvalidRequest(f"mode {mode}: {key!r} is not a setting (see the README's Settings)")
+            raise InvalidRequest(
+                f"mode {mode}: {key!r} is not a setting (see the README's Settings)"
+            )
         if key in LOAD_SETTINGS:
-            raise InvalidRequest(f"mode {mode}: {key!r} is fixed when the model loads and shared by every mode "
-                                 f"of a run; set KVMOSAIC_{key.upper()} (or its flag) for the whole run")
+            raise InvalidRequest(
+                f"mode {mode}: {key!r} is fixed when the model loads and shared by every mode "
+                f"of a run; set KVMOSAIC_{key.upper()} (or its flag) for the whole run"
+            )
         settings.append((key, value.strip()))
     return ModeSpec(mode, tuple(settings), label or (text if settings else ""))

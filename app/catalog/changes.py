@@ -33,7 +33,9 @@ def append_changes(s: Session, op: str, chunk_ids: Sequence[int]) -> None:
     if s.get_bind().dialect.name == "postgresql":
         s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": CHANGE_LOCK})
     now = utcnow()
-    s.execute(insert(IndexChange), [{"chunk_id": int(c), "op": op, "created_at": now} for c in chunk_ids])
+    s.execute(
+        insert(IndexChange), [{"chunk_id": int(c), "op": op, "created_at": now} for c in chunk_ids]
+    )
 
 
 class ChangeLog(BaseCatalog):
@@ -48,11 +50,17 @@ class ChangeLog(BaseCatalog):
     def changes_since(self, cursor: int, limit: int = 1000) -> list[rec.IndexChangeRecord]:
         """Up to `limit` changes with `seq > cursor`, oldest first, adds with their chunk."""
         with self.session() as s:
-            rows = s.execute(select(IndexChange.seq, IndexChange.chunk_id, IndexChange.op)
-                             .where(IndexChange.seq > cursor).order_by(IndexChange.seq).limit(limit)).all()
+            rows = s.execute(
+                select(IndexChange.seq, IndexChange.chunk_id, IndexChange.op)
+                .where(IndexChange.seq > cursor)
+                .order_by(IndexChange.seq)
+                .limit(limit)
+            ).all()
             added = {c.chunk_id: c for c in _indexed(s, [r.chunk_id for r in rows if r.op == ADD])}
-            return [rec.IndexChangeRecord(seq, chunk_id, op, added.get(chunk_id) if op == ADD else None)
-                    for seq, chunk_id, op in rows]
+            return [
+                rec.IndexChangeRecord(seq, chunk_id, op, added.get(chunk_id) if op == ADD else None)
+                for seq, chunk_id, op in rows
+            ]
 
     def prune_changes(self, older_than: datetime) -> int:
         """Delete log entries made before `older_than`, always keeping the newest one (so `seq`
@@ -62,24 +70,40 @@ class ChangeLog(BaseCatalog):
             newest = s.scalar(select(func.max(IndexChange.seq)))
             if newest is None:
                 return 0
-            return rows_changed(s, delete(IndexChange).where(IndexChange.created_at < older_than,
-                                                             IndexChange.seq < newest))
+            return rows_changed(
+                s,
+                delete(IndexChange).where(
+                    IndexChange.created_at < older_than, IndexChange.seq < newest
+                ),
+            )
 
     def indexed_chunks_by_id(self, chunk_ids: Sequence[int]) -> list[rec.IndexedChunk]:
         """The retrievable chunks among `chunk_ids`, with their embeddings (any order)."""
         with self.session() as s:
-            return [c for start in range(0, len(chunk_ids), 500) for c in _indexed(s, list(chunk_ids[start:start + 500]))]
+            return [
+                c
+                for start in range(0, len(chunk_ids), 500)
+                for c in _indexed(s, list(chunk_ids[start : start + 500]))
+            ]
 
     def indexed_chunk_ids(self) -> list[int]:
         """Ids of every retrievable chunk (an index row assigned), ascending."""
         with self.session() as s:
-            return list(s.scalars(select(Chunk.id).where(Chunk.embedding_row.is_not(None)).order_by(Chunk.id)))
+            return list(
+                s.scalars(
+                    select(Chunk.id).where(Chunk.embedding_row.is_not(None)).order_by(Chunk.id)
+                )
+            )
 
     def indexed_chunks(self, after_id: int = 0, limit: int = 1000) -> list[rec.IndexedChunk]:
         """Retrievable chunks with id > `after_id`, ascending, with their embeddings (a page)."""
         with self.session() as s:
-            query = _indexed_query().where(Chunk.embedding_row.is_not(None), Chunk.id > after_id) \
-                .order_by(Chunk.id).limit(limit)
+            query = (
+                _indexed_query()
+                .where(Chunk.embedding_row.is_not(None), Chunk.id > after_id)
+                .order_by(Chunk.id)
+                .limit(limit)
+            )
             return [_indexed_record(row) for row in s.execute(query)]
 
     def iter_indexed_chunks(self, page: int = 1000) -> Iterable[rec.IndexedChunk]:
@@ -95,13 +119,16 @@ class ChangeLog(BaseCatalog):
 
 def _indexed_query() -> Select[int, str, str, str | None, bytes | None]:
     """(chunk id, document title, chunk text, embedder, embedding) of chunks, to filter."""
-    return select(Chunk.id, Document.title, Chunk.text, Chunk.embedder, Chunk.embedding) \
-        .join(Document, Document.id == Chunk.document_id)
+    return select(Chunk.id, Document.title, Chunk.text, Chunk.embedder, Chunk.embedding).join(
+        Document, Document.id == Chunk.document_id
+    )
 
 
 def _indexed_record(row: Row[int, str, str, str | None, bytes | None]) -> rec.IndexedChunk:
     chunk_id, title, chunk_text, embedder, embedding = row
-    return rec.IndexedChunk(chunk_id, title, chunk_text, embedder, bytes(embedding) if embedding is not None else None)
+    return rec.IndexedChunk(
+        chunk_id, title, chunk_text, embedder, bytes(embedding) if embedding is not None else None
+    )
 
 
 def _indexed(s: Session, chunk_ids: list[int]) -> list[rec.IndexedChunk]:

@@ -53,14 +53,18 @@ def default_sqlite_url(data_dir: Path) -> str:
 def url_from_environment() -> str:
     """`KVMOSAIC_DATABASE_URL`, else the SQLite file under `KVMOSAIC_DATA_DIR` (default `data`)."""
     url = os.environ.get(URL_ENV)
-    return normalize_url(url) if url else default_sqlite_url(Path(os.environ.get(DATA_DIR_ENV, "data")))
+    return (
+        normalize_url(url)
+        if url
+        else default_sqlite_url(Path(os.environ.get(DATA_DIR_ENV, "data")))
+    )
 
 
 def normalize_url(url: str) -> str:
     """Give bare `postgresql://` / `postgres://` URLs the psycopg (v3) driver."""
     for bare in ("postgresql://", "postgres://"):
         if url.startswith(bare):
-            return "postgresql+psycopg://" + url[len(bare):]
+            return "postgresql+psycopg://" + url[len(bare) :]
     return url
 
 
@@ -72,8 +76,9 @@ def create_db_engine(url: str, echo: bool = False) -> Engine:
         return create_engine(url, echo=echo, pool_pre_ping=True, future=True)
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, echo=echo, future=True,
-                           connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+    engine = create_engine(
+        url, echo=echo, future=True, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+    )
     event.listen(engine, "connect", _sqlite_pragmas)
     return engine
 

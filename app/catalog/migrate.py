@@ -21,7 +21,6 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 

@@ -16,17 +16,17 @@ migrations at head must stay identical to these models (a test compares them).
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from sqlalchemy import (
     JSON,
     BigInteger,
-    LargeBinary,
     DateTime,
     Float,
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -50,7 +50,7 @@ INGEST_STATES = (RUNNING, RECLAIMING)
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 # Deterministic constraint names, so later migrations (SQLite batch mode included) can name
@@ -81,7 +81,9 @@ class Document(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     chunks: Mapped[list[Chunk]] = relationship(
-        back_populates="document", cascade="all, delete-orphan", passive_deletes=True,
+        back_populates="document",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
         order_by="Chunk.ordinal",
     )
 
@@ -90,10 +92,14 @@ class Chunk(Base):
     """One chunk of a document, in document order (`ordinal` 0, 1, ...)."""
 
     __tablename__ = "chunks"
-    __table_args__ = (UniqueConstraint("document_id", "ordinal", name="uq_chunks_document_ordinal"),)
+    __table_args__ = (
+        UniqueConstraint("document_id", "ordinal", name="uq_chunks_document_ordinal"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    document_id: Mapped[int] = mapped_column(ForeignKey("documents.id", ondelete="CASCADE"), index=True)
+    document_id: Mapped[int] = mapped_column(
+        ForeignKey("documents.id", ondelete="CASCADE"), index=True
+    )
     ordinal: Mapped[int] = mapped_column(Integer)
     text: Mapped[str] = mapped_column(Text)
     num_tokens: Mapped[int] = mapped_column(Integer)
@@ -109,7 +115,9 @@ class Chunk(Base):
 
     document: Mapped[Document] = relationship(back_populates="chunks")
     variants: Mapped[list[Variant]] = relationship(
-        back_populates="chunk", cascade="all, delete-orphan", passive_deletes=True,
+        back_populates="chunk",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
     )
 
 
@@ -125,9 +133,7 @@ class Variant(Base):
     """
 
     __tablename__ = "variants"
-    __table_args__ = (
-        Index("ix_variants_chunk_fingerprint", "chunk_id", "model_fingerprint"),
-    )
+    __table_args__ = (Index("ix_variants_chunk_fingerprint", "chunk_id", "model_fingerprint"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     chunk_id: Mapped[int] = mapped_column(ForeignKey("chunks.id", ondelete="CASCADE"), index=True)
@@ -161,8 +167,9 @@ class IndexChange(Base):
 
     __tablename__ = "index_changes"
 
-    seq: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-                                     autoincrement=True)
+    seq: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
     chunk_id: Mapped[int] = mapped_column(Integer)
     op: Mapped[str] = mapped_column(String(8))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -179,7 +186,9 @@ class Ingest(Base):
     __tablename__ = "ingests"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    document_id: Mapped[int] = mapped_column(ForeignKey("documents.id", ondelete="CASCADE"), unique=True)
+    document_id: Mapped[int] = mapped_column(
+        ForeignKey("documents.id", ondelete="CASCADE"), unique=True
+    )
     owner: Mapped[str] = mapped_column(String(128))
     state: Mapped[str] = mapped_column(String(16), default=RUNNING)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

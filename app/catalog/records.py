@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import overload
 
 from app.catalog.models import READY, Chunk, Document, Variant
@@ -195,23 +195,45 @@ def aware(moment: datetime | None) -> datetime | None:
     """SQLite hands back naive datetimes; every stored time is UTC, so say so."""
     if moment is None or moment.tzinfo is not None:
         return moment
-    return moment.replace(tzinfo=timezone.utc)
+    return moment.replace(tzinfo=UTC)
 
 
 def document_record(row: Document, num_chunks: int) -> DocumentRecord:
-    return DocumentRecord(row.id, row.source, row.content_hash, row.title, aware(row.created_at), num_chunks)
+    return DocumentRecord(
+        row.id, row.source, row.content_hash, row.title, aware(row.created_at), num_chunks
+    )
 
 
 def chunk_record(row: Chunk) -> ChunkRecord:
-    return ChunkRecord(row.id, row.document_id, row.ordinal, row.text, row.num_tokens,
-                       row.token_ids_hash, row.embedding_row)
+    return ChunkRecord(
+        row.id,
+        row.document_id,
+        row.ordinal,
+        row.text,
+        row.num_tokens,
+        row.token_ids_hash,
+        row.embedding_row,
+    )
 
 
 def variant_record(row: Variant) -> VariantRecord:
     # JSON object keys are text: the chunk ids of `inter_scores` come back as ints here
     inter = None if row.inter_scores is None else {int(k): v for k, v in row.inter_scores.items()}
     stats = VariantStats(row.a, row.b, row.cci, inter, row.token_scores, row.expected_savings)
-    return VariantRecord(row.id, row.chunk_id, parse_context_signature(row.context_signature),
-                         row.model_fingerprint, row.prefix_digest, row.storage_dtype, row.store_key,
-                         row.tier, row.num_bytes, row.num_tokens, row.status, aware(row.created_at),
-                         row.access_count, aware(row.last_access_at), stats)
+    return VariantRecord(
+        row.id,
+        row.chunk_id,
+        parse_context_signature(row.context_signature),
+        row.model_fingerprint,
+        row.prefix_digest,
+        row.storage_dtype,
+        row.store_key,
+        row.tier,
+        row.num_bytes,
+        row.num_tokens,
+        row.status,
+        aware(row.created_at),
+        row.access_count,
+        aware(row.last_access_at),
+        stats,
+    )

@@ -26,16 +26,22 @@ from engine.work import mark_background_thread
 
 log = logging.getLogger(__name__)
 
-Job = tuple[PrefillResult, tuple[tuple[ChunkId, ...] | None, ...]]  # a prefill and its chunks' source contexts
+Job = tuple[
+    PrefillResult, tuple[tuple[ChunkId, ...] | None, ...]
+]  # a prefill and its chunks' source contexts
 IDLE_POLL_S = 0.01
 
 
 class VariantBuilder:
-    def __init__(self, variants: ChunkVariants, max_pending: int = 2, idle: Callable[[], bool] | None = None):
+    def __init__(
+        self, variants: ChunkVariants, max_pending: int = 2, idle: Callable[[], bool] | None = None
+    ):
         self.variants = variants
         # Set by whoever runs requests (`Services`); None: always idle (tests, benchmarks).
         self.idle = idle
-        self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_pending)  # None: stop the thread
+        self._jobs: queue.Queue[Job | None] = queue.Queue(
+            maxsize=max_pending
+        )  # None: stop the thread
         self._stopping = threading.Event()
         self.built = self.skipped = self.failed = 0
         self._thread = threading.Thread(target=self._work, name="variant-builder", daemon=True)
@@ -89,6 +95,8 @@ def _lower_priority(increment: int = 10) -> None:
     """Raise this thread's nice value (Linux: per thread); elsewhere do nothing."""
     try:
         tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
+        os.setpriority(
+            os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment)
+        )
     except (AttributeError, OSError):
         log.debug("could not lower the variant builder's priority")

@@ -45,9 +45,16 @@ class ChunkKVCache:
     tree: ChunkTreeIndex
 
     @classmethod
-    def open(cls, engine: Engine, store: TieredStore, catalog: Catalog, storage_dtype: str = "float16",
-             prefetch_layers: int = 2, base_tier: str | None = None,
-             variant_dtype: str | None = None) -> ChunkKVCache:
+    def open(
+        cls,
+        engine: Engine,
+        store: TieredStore,
+        catalog: Catalog,
+        storage_dtype: str = "float16",
+        prefetch_layers: int = 2,
+        base_tier: str | None = None,
+        variant_dtype: str | None = None,
+    ) -> ChunkKVCache:
         """The four parts over one engine, store and catalog. `storage_dtype`: the codec of
         base variants; `variant_dtype`: of context variants (None: the same); `base_tier`:
         where base variants computed on use are stored (None: the first tier); see `ChunkLoader`."""

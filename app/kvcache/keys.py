@@ -43,19 +43,31 @@ class VariantKeys:
         """The codec a variant of `context` is stored in (empty context: the base variant)."""
         return self.variant_dtype if context else self.storage_dtype
 
-    def key(self, token_ids: Sequence[int], context: Sequence[ChunkId] = (), codec: str | None = None) -> str:
+    def key(
+        self, token_ids: Sequence[int], context: Sequence[ChunkId] = (), codec: str | None = None
+    ) -> str:
         """Hash of model fingerprint, prefix digest, codec (default: `codec(context)`), context
         and token ids (32 hex digits)."""
         h = hashlib.sha256()
-        for part in (self.engine.fingerprint, self.engine.prompts.prefix_digest, codec or self.codec(context),
-                     context_signature(context)):
+        for part in (
+            self.engine.fingerprint,
+            self.engine.prompts.prefix_digest,
+            codec or self.codec(context),
+            context_signature(context),
+        ):
             h.update(part.encode())
             h.update(b"\0")
         h.update(np.asarray(token_ids, dtype="<i8").tobytes())
         return h.hexdigest()[:32]
 
-    def expectation(self, token_ids: Sequence[int], context: Sequence[ChunkId] = (),
-                    codec: str | None = None) -> EntryExpectation:
+    def expectation(
+        self, token_ids: Sequence[int], context: Sequence[ChunkId] = (), codec: str | None = None
+    ) -> EntryExpectation:
         """What an entry read under `key(token_ids, context, codec)` must say about itself."""
-        return EntryExpectation(self.engine.fingerprint, self.engine.prompts.prefix_digest,
-                                token_ids_hash(token_ids), codec or self.codec(context), tuple(context))
+        return EntryExpectation(
+            self.engine.fingerprint,
+            self.engine.prompts.prefix_digest,
+            token_ids_hash(token_ids),
+            codec or self.codec(context),
+            tuple(context),
+        )

@@ -74,16 +74,27 @@ class LoadedChunks:
     def __enter__(self) -> LoadedChunks:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
         self.close()
 
 
 class ChunkLoader:
     """Thread-safe; one per engine and store."""
 
-    def __init__(self, engine: Engine, store: TieredStore, catalog: Catalog, variants: ChunkVariants,
-                 prefetch_layers: int = 2, base_tier: str | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        store: TieredStore,
+        catalog: Catalog,
+        variants: ChunkVariants,
+        prefetch_layers: int = 2,
+        base_tier: str | None = None,
+    ):
         """`base_tier`: where base variants computed on use (cold or corrupt) are stored, as
         at ingest; a persistent tier keeps them across restarts. None: the first tier."""
         self.engine, self.store, self.catalog, self.variants = engine, store, catalog, variants
@@ -126,7 +137,9 @@ class ChunkLoader:
         loaded.used_keys.append(self.keys.key(ref.token_ids))
         return self.compute_base(ref.base())
 
-    def _open(self, ref: ChunkRef, loaded: LoadedChunks, codec: str | None = None) -> LazyChunkKV | None:
+    def _open(
+        self, ref: ChunkRef, loaded: LoadedChunks, codec: str | None = None
+    ) -> LazyChunkKV | None:
         key = self.keys.key(ref.token_ids, ref.context, codec)
         self.store.pin(key)  # before opening, so it cannot be evicted in between
         opened = self.store.open(key, self.keys.expectation(ref.token_ids, ref.context, codec))
@@ -134,9 +147,15 @@ class ChunkLoader:
             self.store.unpin(key)
             return None
         tier = opened.tier
-        source = LazyChunkKV(opened.reader, self.store.loader, self.engine.loaded.dtype, self.engine.device,
-                             prefetch=self.prefetch_layers, fallback=lambda: self.compute_base(ref.base()),
-                             on_corrupt=lambda reason: self.store.report_corrupt(key, tier, reason))
+        source = LazyChunkKV(
+            opened.reader,
+            self.store.loader,
+            self.engine.loaded.dtype,
+            self.engine.device,
+            prefetch=self.prefetch_layers,
+            fallback=lambda: self.compute_base(ref.base()),
+            on_corrupt=lambda reason: self.store.report_corrupt(key, tier, reason),
+        )
         loaded.opened.append(OpenedEntry(key, tier, source))
         loaded.used_keys.append(key)
         return source
@@ -144,7 +163,9 @@ class ChunkLoader:
     def compute_base(self, ref: ChunkRef) -> ChunkKV:
         """Encode the chunk alone after the system prefix, store it, and return it as stored."""
         entry = entry_from_chunk(self.engine.encode_chunk(ref.token_ids), self.keys.storage_dtype)
-        self.variants.put_entry(ref.chunk_id, self.keys.key(ref.token_ids), entry, VariantStats(), self.base_tier)
+        self.variants.put_entry(
+            ref.chunk_id, self.keys.key(ref.token_ids), entry, VariantStats(), self.base_tier
+        )
         return chunk_from_entry(entry, ref.token_ids, self.engine.loaded.dtype, self.engine.device)
 
     def release(self, loaded: LoadedChunks) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from app.catalog import Catalog, DeletedDocument
 from app.kvcache.chunk_tree import ChunkTreeIndex
-from app.kvcache.reconcile import ReconcileReport, Reconciler
+from app.kvcache.reconcile import Reconciler, ReconcileReport
 from app.store import TieredStore
 
 

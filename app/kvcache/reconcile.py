@@ -48,14 +48,25 @@ class Reconciler:
         """The start-up pass: statuses and tiers of variants, then the orphan sweep."""
         present = self.store.locations()  # store first: a row committed after it is seen below
         rows = self.catalog.variant_locations()
-        lost = [k for k, row in rows.items() if row.status == READY and k not in present and self._judges(row.tier)]
-        found = {k: present[k] for k, row in rows.items()
-                 if k in present and (row.status == MISSING or row.tier != present[k])}
+        lost = [
+            k
+            for k, row in rows.items()
+            if row.status == READY and k not in present and self._judges(row.tier)
+        ]
+        found = {
+            k: present[k]
+            for k, row in rows.items()
+            if k in present and (row.status == MISSING or row.tier != present[k])
+        }
         for key, row in rows.items():
             if key in present:
-                self.store.set_usage(key, access_count=row.access_count, savings=row.expected_savings)
+                self.store.set_usage(
+                    key, access_count=row.access_count, savings=row.expected_savings
+                )
         removed = self._sweep(present, rows.keys(), grace_s)
-        report = ReconcileReport(self.catalog.mark_missing(lost), self.catalog.mark_ready(found), removed)
+        report = ReconcileReport(
+            self.catalog.mark_missing(lost), self.catalog.mark_ready(found), removed
+        )
         log.info("catalog reconciled with the store: %s", report)
         return report
 
@@ -85,5 +96,7 @@ class Reconciler:
             if self.catalog.get_variant(key) is None:  # a row may have arrived since the listing
                 removed += bool(self.store.remove(key))
         if removed:
-            log.info("removed %d KV entries that no catalog row claimed for %.0f s", removed, grace_s)
+            log.info(
+                "removed %d KV entries that no catalog row claimed for %.0f s", removed, grace_s
+            )
         return removed

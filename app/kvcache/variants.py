@@ -54,8 +54,14 @@ class ChunkRef:
 class ChunkVariants:
     """Thread-safe (the catalog and the store are); one per engine and store."""
 
-    def __init__(self, engine: Engine, store: TieredStore, catalog: Catalog, keys: VariantKeys,
-                 tree: ChunkTreeIndex | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        store: TieredStore,
+        catalog: Catalog,
+        keys: VariantKeys,
+        tree: ChunkTreeIndex | None = None,
+    ):
         """`tree`: the prefix tree that hears of every variant stored and pruned here."""
         self.engine, self.store, self.catalog, self.keys = engine, store, catalog, keys
         self.tree = tree if tree is not None else ChunkTreeIndex(catalog, keys)
@@ -75,16 +81,26 @@ class ChunkVariants:
             if index is None:
                 refs.append(ChunkRef(chunk_id, tuple(token_ids)))
             else:
-                refs.append(ChunkRef(chunk_id, tuple(token_ids), rs[index].context, _measured(rs[index].stats)))
+                refs.append(
+                    ChunkRef(
+                        chunk_id, tuple(token_ids), rs[index].context, _measured(rs[index].stats)
+                    )
+                )
         start = self.policy.compute_from(mode, order, [ref.context for ref in refs])
         if start is not None:  # an inline build: computed exactly here, harvested after
-            refs[start:] = [ChunkRef(ref.chunk_id, ref.token_ids, compute=True) for ref in refs[start:]]
+            refs[start:] = [
+                ChunkRef(ref.chunk_id, ref.token_ids, compute=True) for ref in refs[start:]
+            ]
         return refs
 
     def _usable(self, chunk_id: ChunkId, num_tokens: int) -> list[VariantRecord]:
-        return [v for v in self.catalog.variants_of_chunk(chunk_id, self.engine.fingerprint)
-                if v.prefix_digest == self.engine.prompts.prefix_digest
-                and v.storage_dtype == self.keys.codec(v.context) and v.num_tokens == num_tokens]
+        return [
+            v
+            for v in self.catalog.variants_of_chunk(chunk_id, self.engine.fingerprint)
+            if v.prefix_digest == self.engine.prompts.prefix_digest
+            and v.storage_dtype == self.keys.codec(v.context)
+            and v.num_tokens == num_tokens
+        ]
 
     def record_savings(self, result: PrefillResult, inputs: Sequence[ChunkInput]) -> None:
         """Fold what each context variant of a finished request saved into its running mean
@@ -98,7 +114,9 @@ class ChunkVariants:
             if record is None:
                 continue
             saved = self.policy.saved(report.tokens, report.compute_share)
-            mean = self.policy.updated_savings(record.stats.expected_savings, record.access_count - 1, saved)
+            mean = self.policy.updated_savings(
+                record.stats.expected_savings, record.access_count - 1, saved
+            )
             self.catalog.update_variant_stats(key, VariantStats(expected_savings=mean))
             self.store.set_usage(key, savings=mean)
 
@@ -123,7 +141,9 @@ class ChunkVariants:
             stored += self._keep(draft.chunk_id, draft.kv, draft.stats)
         return stored
 
-    def _keep(self, chunk_id: ChunkId, kv: ChunkKV, stats: VariantStats, loaded: KVSource | None = None) -> bool:
+    def _keep(
+        self, chunk_id: ChunkId, kv: ChunkKV, stats: VariantStats, loaded: KVSource | None = None
+    ) -> bool:
         """Store exact rows of `kv.context` unless that adds nothing: a base variant's rows go
         to its exact copy (`VariantKeys.base_copy_codec`; none: the base is stored already),
         and rows of a context whose lossy copy the request `loaded` are not stored again in
@@ -131,7 +151,11 @@ class ChunkVariants:
         codec = self.keys.codec(kv.context) if kv.context else self.keys.base_copy_codec
         if codec is None:
             return False
-        if loaded is not None and tuple(loaded.context) == tuple(kv.context) and get_codec(codec).lossy:
+        if (
+            loaded is not None
+            and tuple(loaded.context) == tuple(kv.context)
+            and get_codec(codec).lossy
+        ):
             return False
         stored = self.put(chunk_id, kv, stats, codec=codec) is not None
         self._prune(chunk_id)
@@ -152,23 +176,43 @@ class ChunkVariants:
         for record in doomed:
             self.store.remove(record.store_key)
 
-    def put(self, chunk_id: ChunkId, kv: ChunkKV, stats: VariantStats | None = None,
-            tier: str | None = None, codec: str | None = None) -> VariantRecord | None:
+    def put(
+        self,
+        chunk_id: ChunkId,
+        kv: ChunkKV,
+        stats: VariantStats | None = None,
+        tier: str | None = None,
+        codec: str | None = None,
+    ) -> VariantRecord | None:
         """Store KV of chunk `chunk_id` computed under `kv.context` (ordered ids of the chunks
         before it) with its statistics; KV first, then the catalog row. None if no tier could
         take it (nothing is recorded then). `tier`: start there instead of the first tier (the
         service puts ingested base variants in a persistent tier so they survive a restart).
         `codec`: store it so (default `VariantKeys.codec(kv.context)`; a base variant's exact
         copy is stored in `base_copy_codec`)."""
-        if kv.fingerprint != self.engine.fingerprint or kv.prefix_digest != self.engine.prompts.prefix_digest:
+        if (
+            kv.fingerprint != self.engine.fingerprint
+            or kv.prefix_digest != self.engine.prompts.prefix_digest
+        ):
             raise InvalidRequest("this KV belongs to another model or system prefix")
         codec = codec or self.keys.codec(kv.context)
         entry = entry_from_chunk(kv, codec)
-        return self.put_entry(chunk_id, self.keys.key(kv.token_ids, kv.context, codec), entry,
-                              stats or VariantStats(), tier)
+        return self.put_entry(
+            chunk_id,
+            self.keys.key(kv.token_ids, kv.context, codec),
+            entry,
+            stats or VariantStats(),
+            tier,
+        )
 
-    def put_entry(self, chunk_id: ChunkId, key: str, entry: KVEntry, stats: VariantStats,
-                  tier: str | None = None) -> VariantRecord | None:
+    def put_entry(
+        self,
+        chunk_id: ChunkId,
+        key: str,
+        entry: KVEntry,
+        stats: VariantStats,
+        tier: str | None = None,
+    ) -> VariantRecord | None:
         """`put` of an entry already encoded for storage under `key`."""
         stored_in = self.store.put(key, entry, tier)
         if stored_in is None:
@@ -177,8 +221,18 @@ class ChunkVariants:
         if stats.expected_savings is not None:
             self.store.set_usage(key, savings=stats.expected_savings)
         meta = entry.meta
-        new = NewVariant(chunk_id, meta.context, meta.fingerprint, meta.prefix_digest, meta.dtype,
-                         key, stored_in, entry.num_bytes, meta.num_tokens, stats)
+        new = NewVariant(
+            chunk_id,
+            meta.context,
+            meta.fingerprint,
+            meta.prefix_digest,
+            meta.dtype,
+            key,
+            stored_in,
+            entry.num_bytes,
+            meta.num_tokens,
+            stats,
+        )
         try:
             record = self.catalog.put_variant(new)
         except CatalogError as exc:  # the chunk was deleted meanwhile: its KV is an orphan
@@ -190,8 +244,13 @@ class ChunkVariants:
 
 
 def _candidate(record: VariantRecord) -> Candidate:
-    return Candidate(record.context, _measured(record.stats), record.access_count,
-                     record.stats.expected_savings, record.num_bytes)
+    return Candidate(
+        record.context,
+        _measured(record.stats),
+        record.access_count,
+        record.stats.expected_savings,
+        record.num_bytes,
+    )
 
 
 def _measured(stats: VariantStats | None) -> VariantStats | None:

@@ -19,7 +19,9 @@ class TierStats(BaseModel):
     misses: int
     hit_rate: float | None
     available: bool = Field(description="reachable (false: down, skipped and retried later)")
-    writable: bool = Field(description="its last write worked (false: degraded, writes go to the next tier)")
+    writable: bool = Field(
+        description="its last write worked (false: degraded, writes go to the next tier)"
+    )
     state: Literal["up", "degraded", "down"]
     write_error: str | None = Field(default=None, description="why it cannot write now")
     put_failures: int = Field(description="writes it refused since start (no space, I/O errors)")
@@ -41,8 +43,15 @@ class EvictRequest(BaseModel):
     """Say what to evict: a tier, a chunk, and/or bytes to free by a policy."""
 
     # "at least one of" (the validator below), for the OpenAPI document
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
-        {"required": [name], "properties": {name: {"not": {"type": "null"}}}} for name in ("tier", "chunk_id", "bytes")]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "anyOf": [
+                {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+                for name in ("tier", "chunk_id", "bytes")
+            ]
+        },
+    )
 
     tier: str | None = None
     chunk_id: RowId | None = None

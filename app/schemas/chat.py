@@ -95,7 +95,9 @@ class ChatResponse(BaseModel):
     model: str
     choices: list[Choice]
     usage: ChatUsage
-    kvmosaic: dict[str, Any] | None = Field(default=None, description="the /ask report (chunks, timings)")
+    kvmosaic: dict[str, Any] | None = Field(
+        default=None, description="the /ask report (chunks, timings)"
+    )
 
 
 class ModelCard(BaseModel):

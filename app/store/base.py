@@ -21,9 +21,9 @@ from typing import ClassVar
 
 import torch
 
-from engine.errors import KvMosaicError
 from app.store.config import StoreConfig
 from app.store.entry import EntryMeta, KVEntry
+from engine.errors import KvMosaicError
 
 _KEY = re.compile(r"^[0-9a-f]{16,64}$")
 
@@ -71,7 +71,7 @@ class EntryReader(ABC):
     @abstractmethod
     def layer(self, index: int) -> torch.Tensor: ...
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a hook: does nothing unless overridden)
         """Release handles; further layer() calls are not allowed. Idempotent."""
 
     def __enter__(self) -> EntryReader:
@@ -152,7 +152,7 @@ class BaseTier(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
-    def check_writable(self) -> None:
+    def check_writable(self) -> None:  # noqa: B027 (a hook: does nothing unless overridden)
         """Raise OSError if the tier cannot take a write now (a full or read-only disk).
 
         The `TieredStore` asks this of a tier whose put failed, to learn when it can write

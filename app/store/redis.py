@@ -40,7 +40,9 @@ class _RedisReader(EntryReader):
 
     def layer(self, index: int) -> torch.Tensor:
         start, end = self._layout.offsets[index]
-        raw = _reply_bytes(self._tier._call(lambda c: c.getrange(self._tier.data_key(self._key), start, end - 1)))
+        raw = _reply_bytes(
+            self._tier._call(lambda c: c.getrange(self._tier.data_key(self._key), start, end - 1))
+        )
         if len(raw) != end - start:
             raise CorruptEntry(f"layer {index} vanished or was truncated in redis")
         return codec.decode_layer(self._layout, index, bytearray(raw))
@@ -50,21 +52,33 @@ class RedisTier(BaseTier):
     name = "redis"
     shared = True
 
-    def __init__(self, capacity_bytes: int, url: str, prefix: str = "kvmosaic:kv:", timeout_s: float = 2.0,
-                 check: bool = True):
+    def __init__(
+        self,
+        capacity_bytes: int,
+        url: str,
+        prefix: str = "kvmosaic:kv:",
+        timeout_s: float = 2.0,
+        check: bool = True,
+    ):
         """`check`: ping now and raise TierUnavailable if Redis is unreachable."""
         super().__init__(capacity_bytes)
         self.url, self.prefix = url, prefix
-        self._client = redis_lib.Redis.from_url(url, socket_timeout=timeout_s,
-                                                socket_connect_timeout=timeout_s)
+        self._client = redis_lib.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
         self._index_key = f"{prefix}index"
         if check:
             self.ping()
 
     @classmethod
     def from_config(cls, config: StoreConfig, check: bool = True) -> RedisTier:
-        return cls(config.redis_bytes, config.redis_url, config.redis_prefix, config.redis_timeout_s,
-                   check=check)
+        return cls(
+            config.redis_bytes,
+            config.redis_url,
+            config.redis_prefix,
+            config.redis_timeout_s,
+            check=check,
+        )
 
     def ping(self) -> None:
         self._call(lambda c: c.ping())

@@ -46,17 +46,29 @@ class TierReport:
 
     @property
     def state(self) -> str:
-        """"up", "degraded" (reachable, cannot write) or "down" (unreachable, skipped)."""
+        """ "up", "degraded" (reachable, cannot write) or "down" (unreachable, skipped)."""
         return "down" if not self.available else "degraded" if self.write_error else "up"
 
     def figures(self) -> TierFigures:
         """The flat figures /admin, /health and /metrics show for this tier."""
         c = self.counters
-        return {"entries": self.num_entries, "bytes": self.used_bytes, "capacity_bytes": self.capacity_bytes,
-                "hits": c.hits, "misses": c.misses, "available": self.available, "pinned": self.num_pinned,
-                "evictions": c.evictions, "demotions": c.demotions, "promotions": c.promotions,
-                "corrupt": c.corrupt, "state": self.state, "writable": self.available and not self.write_error,
-                "write_error": self.write_error, "put_failures": c.put_failures}
+        return {
+            "entries": self.num_entries,
+            "bytes": self.used_bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "hits": c.hits,
+            "misses": c.misses,
+            "available": self.available,
+            "pinned": self.num_pinned,
+            "evictions": c.evictions,
+            "demotions": c.demotions,
+            "promotions": c.promotions,
+            "corrupt": c.corrupt,
+            "state": self.state,
+            "writable": self.available and not self.write_error,
+            "write_error": self.write_error,
+            "put_failures": c.put_failures,
+        }
 
 
 class TierFigures(TypedDict):

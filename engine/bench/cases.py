@@ -32,16 +32,98 @@ KINDS = ("single", "twohop", "compare")
 TUNING_SEEDS = range(0, 1000)  # calibrate on these ...
 REPORT_SEEDS = range(1000, 2000)  # ... and report on these
 
-_ONSETS = ("br", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "qu", "r", "s", "t", "v", "w", "z",
-           "th", "st", "gr", "dr", "tr", "sk", "vel", "mor")
+_ONSETS = (
+    "br",
+    "c",
+    "d",
+    "f",
+    "g",
+    "h",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "qu",
+    "r",
+    "s",
+    "t",
+    "v",
+    "w",
+    "z",
+    "th",
+    "st",
+    "gr",
+    "dr",
+    "tr",
+    "sk",
+    "vel",
+    "mor",
+)
 _VOWELS = ("a", "e", "i", "o", "u", "ae", "ia", "ou", "y")
-_CODAS = ("n", "r", "l", "th", "rn", "nd", "sk", "mar", "dor", "wen", "ric", "mont", "stad", "holm", "wick")
-_GIVEN = ("Odalys", "Beren", "Maelis", "Torvald", "Isenne", "Caspian", "Liora", "Anselm", "Veyra", "Doran",
-          "Ysolde", "Hadrian", "Nerys", "Evander", "Sabine", "Aurelio", "Kestra", "Joran", "Milena", "Tobias")
-_TRADES = ("copper mills", "glass workshops", "salt pans", "wool markets", "clock makers", "rope walks",
-           "paper mills", "tanneries", "fishing fleets", "vineyards", "stone quarries", "dye works")
-_FESTIVALS = ("lantern festival", "harvest fair", "river regatta", "winter market", "kite festival",
-              "music week", "horse fair", "bell festival")
+_CODAS = (
+    "n",
+    "r",
+    "l",
+    "th",
+    "rn",
+    "nd",
+    "sk",
+    "mar",
+    "dor",
+    "wen",
+    "ric",
+    "mont",
+    "stad",
+    "holm",
+    "wick",
+)
+_GIVEN = (
+    "Odalys",
+    "Beren",
+    "Maelis",
+    "Torvald",
+    "Isenne",
+    "Caspian",
+    "Liora",
+    "Anselm",
+    "Veyra",
+    "Doran",
+    "Ysolde",
+    "Hadrian",
+    "Nerys",
+    "Evander",
+    "Sabine",
+    "Aurelio",
+    "Kestra",
+    "Joran",
+    "Milena",
+    "Tobias",
+)
+_TRADES = (
+    "copper mills",
+    "glass workshops",
+    "salt pans",
+    "wool markets",
+    "clock makers",
+    "rope walks",
+    "paper mills",
+    "tanneries",
+    "fishing fleets",
+    "vineyards",
+    "stone quarries",
+    "dye works",
+)
+_FESTIVALS = (
+    "lantern festival",
+    "harvest fair",
+    "river regatta",
+    "winter market",
+    "kite festival",
+    "music week",
+    "horse fair",
+    "bell festival",
+)
 _FILLER = (
     "Its old town keeps a covered market hall built of grey stone.",
     "A narrow bridge with seven arches links the two halves of the town.",
@@ -69,7 +151,9 @@ class Place:
     population: int
 
 
-def generate_cases(seed: int, n: int, chunks: int = 6, kinds: Sequence[str] = KINDS) -> list[dict[str, Any]]:
+def generate_cases(
+    seed: int, n: int, chunks: int = 6, kinds: Sequence[str] = KINDS
+) -> list[dict[str, Any]]:
     """`n` cases of seed `seed`, `chunks` passages each, kinds taken in turn; reproducible.
 
     Raises ValueError for fewer than 2 chunks or an unknown kind."""
@@ -78,13 +162,19 @@ def generate_cases(seed: int, n: int, chunks: int = 6, kinds: Sequence[str] = KI
     unknown = set(kinds) - set(KINDS)
     if unknown or not kinds:
         raise ValueError(f"unknown case kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
-    return [_case(random.Random(f"kvmosaic-cases-{seed}-{i}"), kinds[i % len(kinds)], chunks) for i in range(n)]
+    return [
+        _case(random.Random(f"kvmosaic-cases-{seed}-{i}"), kinds[i % len(kinds)], chunks)
+        for i in range(n)
+    ]
 
 
 def _case(rng: random.Random, kind: str, chunks: int) -> dict[str, Any]:
     names = _distinct_names(rng, 3 * chunks)
     years = rng.sample(range(1120, 1890), chunks)  # distinct: a comparison always has one answer
-    places = [_place(rng, names[i], names[chunks + i], names[2 * chunks + i], years[i]) for i in range(chunks)]
+    places = [
+        _place(rng, names[i], names[chunks + i], names[2 * chunks + i], years[i])
+        for i in range(chunks)
+    ]
     ctxs = [{"title": p.name, "text": _place_passage(rng, p)} for p in places]
     if kind == "single":
         question, answer = _single_question(rng, places[0])
@@ -94,7 +184,12 @@ def _case(rng: random.Random, kind: str, chunks: int) -> dict[str, Any]:
         question, answer = _compare(rng, places)
     order = list(range(len(ctxs)))
     rng.shuffle(order)  # the answer's passage lands anywhere in the retriever's order
-    return {"question": question, "answers": [answer], "ctxs": [ctxs[i] for i in order], "kind": kind}
+    return {
+        "question": question,
+        "answers": [answer],
+        "ctxs": [ctxs[i] for i in order],
+        "kind": kind,
+    }
 
 
 def _distinct_names(rng: random.Random, count: int) -> list[str]:
@@ -107,27 +202,41 @@ def _distinct_names(rng: random.Random, count: int) -> list[str]:
 
 
 def _place(rng: random.Random, name: str, province: str, river: str, year: int) -> Place:
-    founder = f"{rng.choice(_GIVEN)} {province[:3]}{rng.choice(('wright', 'ley', 'ford', 'mere', 'by'))}"
-    return Place(name=name, province=f"{province}ia", year=year, founder=founder,
-                 founder_birthplace="", river=f"the {river}", trade=rng.choice(_TRADES),
-                 festival=rng.choice(_FESTIVALS), population=rng.randint(3, 95) * 1000)
+    founder = (
+        f"{rng.choice(_GIVEN)} {province[:3]}{rng.choice(('wright', 'ley', 'ford', 'mere', 'by'))}"
+    )
+    return Place(
+        name=name,
+        province=f"{province}ia",
+        year=year,
+        founder=founder,
+        founder_birthplace="",
+        river=f"the {river}",
+        trade=rng.choice(_TRADES),
+        festival=rng.choice(_FESTIVALS),
+        population=rng.randint(3, 95) * 1000,
+    )
 
 
 def _place_passage(rng: random.Random, p: Place) -> str:
-    facts = [f"{p.name} is a town in the province of {p.province}.",
-             f"It was founded in {p.year} by {p.founder}.",
-             f"The river {p.river[4:]} flows through the town.",
-             f"{p.name} is known for its {p.trade} and its yearly {p.festival}.",
-             f"About {p.population:,} people live there today."]
+    facts = [
+        f"{p.name} is a town in the province of {p.province}.",
+        f"It was founded in {p.year} by {p.founder}.",
+        f"The river {p.river[4:]} flows through the town.",
+        f"{p.name} is known for its {p.trade} and its yearly {p.festival}.",
+        f"About {p.population:,} people live there today.",
+    ]
     return " ".join(facts + rng.sample(_FILLER, 2))
 
 
 def _single_question(rng: random.Random, p: Place) -> tuple[str, str]:
-    asks = [(f"In which year was {p.name} founded?", str(p.year)),
-            (f"Who founded the town of {p.name}?", p.founder),
-            (f"Which river flows through {p.name}?", p.river[4:]),
-            (f"In which province is {p.name}?", p.province),
-            (f"What is {p.name} known for, besides its {p.festival}?", p.trade)]
+    asks = [
+        (f"In which year was {p.name} founded?", str(p.year)),
+        (f"Who founded the town of {p.name}?", p.founder),
+        (f"Which river flows through {p.name}?", p.river[4:]),
+        (f"In which province is {p.name}?", p.province),
+        (f"What is {p.name} known for, besides its {p.festival}?", p.trade),
+    ]
     return rng.choice(asks)
 
 
@@ -135,11 +244,15 @@ def _twohop(rng: random.Random, places: list[Place], ctxs: list[dict[str, str]])
     """The founder of places[0] gets a passage of their own (replacing the last distractor)."""
     target, birthplace = places[0], places[1].name
     born = rng.randint(target.year - 60, target.year - 25)
-    ctxs[-1] = {"title": target.founder,
-                "text": (f"{target.founder} was born in {born} in the town of {birthplace}. "
-                         f"As a young merchant {target.founder.split()[0]} travelled widely "
-                         f"and later settled far from home. Letters written by {target.founder} "
-                         "describe long journeys by boat and by cart.")}
+    ctxs[-1] = {
+        "title": target.founder,
+        "text": (
+            f"{target.founder} was born in {born} in the town of {birthplace}. "
+            f"As a young merchant {target.founder.split()[0]} travelled widely "
+            f"and later settled far from home. Letters written by {target.founder} "
+            "describe long journeys by boat and by cart."
+        ),
+    }
     return f"In which town was the founder of {target.name} born?", birthplace
 
 
@@ -153,13 +266,17 @@ def _compare(rng: random.Random, places: list[Place]) -> tuple[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--seed", type=int, required=True, help="tune on 0-999, report on 1000-1999")
+    parser.add_argument(
+        "--seed", type=int, required=True, help="tune on 0-999, report on 1000-1999"
+    )
     parser.add_argument("--n", type=int, default=200)
     parser.add_argument("--chunks", type=int, default=6, help="passages per case")
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    cases = generate_cases(args.seed, args.n, args.chunks, tuple(k.strip() for k in args.kinds.split(",")))
+    cases = generate_cases(
+        args.seed, args.n, args.chunks, tuple(k.strip() for k in args.kinds.split(","))
+    )
     args.out.write_text(json.dumps(cases, indent=1))
     print(f"wrote {len(cases)} cases to {args.out}")
     return 0

@@ -88,8 +88,12 @@ class TeacherForced(NamedTuple):
     mean_kl: float
 
 
-def teacher_forced(engine: Engine, result: PrefillResult, reference_ids: Sequence[int],
-                   reference_logits: torch.Tensor | None = None) -> TeacherForced:
+def teacher_forced(
+    engine: Engine,
+    result: PrefillResult,
+    reference_ids: Sequence[int],
+    reference_logits: torch.Tensor | None = None,
+) -> TeacherForced:
     """Feed `reference_ids` (full's greedy answer) to the mode over its own prefill cache.
 
     Position i compares the mode's next-token distribution after answer tokens [0, i) with
@@ -109,12 +113,16 @@ def teacher_forced(engine: Engine, result: PrefillResult, reference_ids: Sequenc
     if reference_logits is None:
         return TeacherForced(len(ids), top1, float("nan"))
     if reference_logits.shape != logits.shape:
-        raise ValueError(f"reference_logits {tuple(reference_logits.shape)} do not match {tuple(logits.shape)}")
+        raise ValueError(
+            f"reference_logits {tuple(reference_logits.shape)} do not match {tuple(logits.shape)}"
+        )
     kls = [kl_divergence(ref, own) for ref, own in zip(reference_logits, logits)]
     return TeacherForced(len(ids), top1, sum(kls) / len(kls))
 
 
-def guarded_logits(result: PrefillResult, logits: torch.Tensor, reference_logits: torch.Tensor) -> torch.Tensor:
+def guarded_logits(
+    result: PrefillResult, logits: torch.Tensor, reference_logits: torch.Tensor
+) -> torch.Tensor:
     """The forced `logits` as the fidelity guard would leave them: from the first position
     where the result's answer check fires (engine.guard.AnswerCheck) on the mode's own
     logits, decoding goes on from the reference state, so those rows are the reference's
@@ -159,6 +167,8 @@ def _forced_logits(engine: Engine, result: PrefillResult, ids: Sequence[int]) ->
             cache.data[layer, 0, :, start:end] = k
             cache.data[layer, 1, :, start:end] = v
             q = stack.project_q(layer, x, cos, sin)
-            hidden = stack.attend_and_mlp(layer, hidden, q, cache.keys(layer, end), cache.values(layer, end), queries)
+            hidden = stack.attend_and_mlp(
+                layer, hidden, q, cache.keys(layer, end), cache.values(layer, end), queries
+            )
         rows.append(stack.logits(hidden).cpu())
     return torch.cat(rows)

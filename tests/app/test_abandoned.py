@@ -21,15 +21,24 @@ from app.main import create_app
 from tests.app.conftest import LOCAL_CLIENT, start_services
 
 MAX_TOKENS = 64
-ASK = {"question": "When was the lighthouse first lit?", "mode": "full", "max_tokens": MAX_TOKENS,
-       "seed": 1}
+ASK = {
+    "question": "When was the lighthouse first lit?",
+    "mode": "full",
+    "max_tokens": MAX_TOKENS,
+    "seed": 1,
+}
 BOUND_S = 120  # a bound against hanging when the fix is missing, never a measurement
 
 
 @pytest.fixture(scope="module")
 def served(tiny_loaded, embedder, tmp_path_factory):
-    services = start_services(tiny_loaded, embedder, tmp_path_factory.mktemp("abandon"), workers=1,
-                              max_tokens_limit=MAX_TOKENS)
+    services = start_services(
+        tiny_loaded,
+        embedder,
+        tmp_path_factory.mktemp("abandon"),
+        workers=1,
+        max_tokens_limit=MAX_TOKENS,
+    )
     app = create_app(services=services)
     with TestClient(app, client=LOCAL_CLIENT):  # the lifespan, once
         yield app, services
@@ -39,12 +48,24 @@ def served(tiny_loaded, embedder, tmp_path_factory):
 async def post_then_leave(app, path: str, body: dict, leave: threading.Event) -> int:
     """POST `body`; the client disconnects once `leave` is set. Returns the status the app sent."""
     raw = json.dumps(body).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
-             "query_string": b"",
-             "headers": [(b"host", b"testserver"), (b"content-type", b"application/json"),
-                         (b"content-length", str(len(raw)).encode())],
-             "client": LOCAL_CLIENT, "server": ("testserver", 80)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"testserver"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(raw)).encode()),
+        ],
+        "client": LOCAL_CLIENT,
+        "server": ("testserver", 80),
+    }
     messages = [{"type": "http.request", "body": raw, "more_body": False}]
     sent: list[dict] = []
 
@@ -62,8 +83,9 @@ async def post_then_leave(app, path: str, body: dict, leave: threading.Event) ->
 
 
 def abandoned(services, stage: str) -> float:
-    value = services.metrics.registry.get_sample_value("kvmosaic_abandoned_requests_total",
-                                                       {"stage": stage})
+    value = services.metrics.registry.get_sample_value(
+        "kvmosaic_abandoned_requests_total", {"stage": stage}
+    )
     return value or 0.0
 
 
@@ -90,8 +112,15 @@ def work(services) -> tuple[int, int]:
 @pytest.mark.parametrize("path", ["/ask", "/v1/chat/completions"])
 def test_a_queued_request_whose_client_left_is_dropped_before_its_prefill(served, path):
     app, services = served
-    body = ASK if path == "/ask" else {"messages": [{"role": "user", "content": ASK["question"]}],
-                                       "max_tokens": MAX_TOKENS, "mode": "full"}
+    body = (
+        ASK
+        if path == "/ask"
+        else {
+            "messages": [{"role": "user", "content": ASK["question"]}],
+            "max_tokens": MAX_TOKENS,
+            "mode": "full",
+        }
+    )
     gate = threading.Event()
     holder = services.queue.submit(gate.wait)  # the only worker is busy: the request waits
     before, dropped = work(services), abandoned(services, "queued")

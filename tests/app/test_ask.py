@@ -32,8 +32,11 @@ def ask(client, **body) -> dict:
 def ranked_chunks(services, question: str) -> list[tuple[int, float]]:
     """(chunk id, cosine) of every ingested chunk, best first: embedded and compared here,
     without the vector index. Embedding text as ingest writes it: title, newline, text."""
-    rows = [(c.id, f"{d.title}\n{c.text}") for d in services.catalog.list_documents()
-            for c in services.catalog.chunks_of_document(d.id)]
+    rows = [
+        (c.id, f"{d.title}\n{c.text}")
+        for d in services.catalog.list_documents()
+        for c in services.catalog.chunks_of_document(d.id)
+    ]
     embedder = services.retriever.embedder
     scores = embedder.encode([text for _, text in rows]) @ embedder.encode([question])[0]
     order = np.argsort(-scores, kind="stable")
@@ -48,13 +51,17 @@ def prompt_ids(services, chunk: dict) -> tuple[int, ...]:
 def engine_answer(services, question: str, chunks: list[dict], max_tokens: int):
     """The engine's own answer to the prompt of these chunks: full prefill, greedy decoding."""
     inputs = [ChunkInput(str(c["chunk_id"]), prompt_ids(services, c)) for c in chunks]
-    result = services.engine.prefill(inputs, question, mode="full", max_new_tokens=max_tokens, fidelity="fast")
+    result = services.engine.prefill(
+        inputs, question, mode="full", max_new_tokens=max_tokens, fidelity="fast"
+    )
     text = "".join(services.engine.generate(result, SamplingParams(max_new_tokens=max_tokens)))
     return text, result
 
 
 def prompt_len(services, question: str, chunks: list[dict]) -> int:
-    return services.engine.prompts.layout([prompt_ids(services, c) for c in chunks], question).total_len
+    return services.engine.prompts.layout(
+        [prompt_ids(services, c) for c in chunks], question
+    ).total_len
 
 
 def test_modes_come_from_the_engine_registry(client):
@@ -143,15 +150,19 @@ def test_full_recomputes_everything_and_reuse_modes_less_on_a_repeat(client):
 
 def test_modes_agree_on_the_prompt(client, services):
     """Every mode runs on the same token sequence: the one the engine lays out."""
-    bodies = [ask(client, question="Who dances?", mode=m, top_k=2, max_tokens=2)
-              for m in ("full", "cacheblend", "naive")]
+    bodies = [
+        ask(client, question="Who dances?", mode=m, top_k=2, max_tokens=2)
+        for m in ("full", "cacheblend", "naive")
+    ]
     expected = prompt_len(services, "Who dances?", bodies[0]["chunks"])
     assert [b["usage"]["prompt_tokens"] for b in bodies] == [expected] * 3
 
 
 @pytest.mark.parametrize("mode", ["cacheblend", "full"])
 def test_explain_adds_tokens_and_recomputed_offsets(client, mode):
-    body = ask(client, question="What did the lamp burn?", mode=mode, top_k=2, explain=True, max_tokens=2)
+    body = ask(
+        client, question="What did the lamp burn?", mode=mode, top_k=2, explain=True, max_tokens=2
+    )
     for chunk in body["chunks"]:
         assert len(chunk["token_texts"]) == chunk["tokens"]
         assert chunk["text"] in "".join(chunk["token_texts"])  # the chunk's own tokens, in order
@@ -197,14 +208,26 @@ def test_health_ready_and_metrics(client):
     assert metric(text, requests) == metric(before, requests) + 1
     assert metric(text, answers) == metric(before, answers) + 1
     guard = body["guard"]
-    outcome = ("skipped" if guard["skipped_blend"] else "rerun" if guard["escalated"] else
-               "repaired" if guard["repaired_at"] is not None else "exact" if guard["margin"] is None else "kept")
+    outcome = (
+        "skipped"
+        if guard["skipped_blend"]
+        else "rerun"
+        if guard["escalated"]
+        else "repaired"
+        if guard["repaired_at"] is not None
+        else "exact"
+        if guard["margin"] is None
+        else "kept"
+    )
     sample = f'kvmosaic_guard_outcomes_total{{fidelity="{guard["fidelity"]}",outcome="{outcome}"}}'
     assert metric(text, sample) == metric(before, sample) + 1
     assert 0 < metric(text, "kvmosaic_guard_repair_share") < 1  # the odds, with their prior
     assert 'kvmosaic_ttft_seconds_bucket{le="0.001",mode="cacheblend"}' in text
     assert 'kvmosaic_cache_lookups_total{result="hit",tier="cpu"}' in text
-    assert "kvmosaic_recompute_share_bucket" in text and 'kvmosaic_queue_requests{state="waiting"}' in text
+    assert (
+        "kvmosaic_recompute_share_bucket" in text
+        and 'kvmosaic_queue_requests{state="waiting"}' in text
+    )
 
 
 def test_web_page_and_assets_are_served(client):

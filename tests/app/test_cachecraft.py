@@ -19,8 +19,11 @@ def test_a_recurring_question_gets_exact_variants_built_and_reused(client, servi
     assert [c["chunk_id"] for c in third["chunks"]] == [c["chunk_id"] for c in first["chunks"]]
     for i, chunk in enumerate(third["chunks"]):
         assert chunk["strategy"] == "reuse" and chunk["cfo"] == 0.0
-        assert chunk["variant"] == ("base" if i == 0 else "after " + ",".join(
-            str(c["chunk_id"]) for c in third["chunks"][:i]))
+        assert chunk["variant"] == (
+            "base"
+            if i == 0
+            else "after " + ",".join(str(c["chunk_id"]) for c in third["chunks"][:i])
+        )
         assert chunk["recomputed"] == 0
 
 
@@ -32,4 +35,6 @@ def test_prefix_keeps_its_exact_kv_and_a_repeated_prompt_reuses_all_of_it(client
     # every chunk now has a variant computed after exactly the chunks before it: nothing recomputed
     assert [c["recomputed"] for c in body["chunks"]] == [0, 0, 0]
     assert body["chunks"][1]["variant"].startswith("after ")
-    assert services.chunk_cache.builder.built == built  # prefix never builds: it keeps what it computed
+    assert (
+        services.chunk_cache.builder.built == built
+    )  # prefix never builds: it keeps what it computed

@@ -17,8 +17,9 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 @pytest.fixture
 def degraded(tiny_loaded, embedder, tmp_path, request):
-    services = start_services(tiny_loaded, embedder, tmp_path, docs=[], store_tiers=request.param,
-                              redis_url=DEAD_REDIS)
+    services = start_services(
+        tiny_loaded, embedder, tmp_path, docs=[], store_tiers=request.param, redis_url=DEAD_REDIS
+    )
     yield services
     services.close()
 
@@ -48,8 +49,9 @@ def test_with_no_persistent_tier_left_the_ingest_says_where_kv_went(degraded):
 
 
 @pytest.mark.parametrize("degraded", [("cpu", "disk")], indirect=True)
-def test_a_full_disk_is_degraded_everywhere_and_its_kv_is_persisted_once_it_writes(degraded,
-                                                                                   monkeypatch):
+def test_a_full_disk_is_degraded_everywhere_and_its_kv_is_persisted_once_it_writes(
+    degraded, monkeypatch
+):
     """The fault injector makes every disk write fail with ENOSPC (issue #42: a 6 MiB tmpfs)."""
     store = degraded.chunk_cache.store
     store.retry_s = 0.0  # try the disk again at each chance, so the recovery shows at once
@@ -73,8 +75,11 @@ def test_a_full_disk_is_degraded_everywhere_and_its_kv_is_persisted_once_it_writ
 
         disk.full = False  # space freed: the daemon's periodic job copies the KV to disk
         assert degraded.chunk_cache.unpersisted.retry() == chunks
-        keys = [v.store_key for c in degraded.catalog.chunks_of_document(added["document"]["id"])
-                for v in degraded.catalog.variants_of_chunk(c.id)]
+        keys = [
+            v.store_key
+            for c in degraded.catalog.chunks_of_document(added["document"]["id"])
+            for v in degraded.catalog.variants_of_chunk(c.id)
+        ]
         assert len(keys) == chunks and all(disk.contains(key) for key in keys)
         assert client.get("/readyz").json()["degraded"] == []
         assert 'kvmosaic_store_tier_writable{tier="disk"} 1.0' in client.get("/metrics").text

@@ -47,12 +47,19 @@ def demo_services(smol_engine, embedder, tmp_path_factory):
     from app.settings import Settings
 
     defaults = Settings()
-    settings = make_settings(tmp_path_factory.mktemp("demo"), default_mode=defaults.default_mode,
-                             fidelity=defaults.fidelity, chunk_tokens=defaults.chunk_tokens,
-                             chunk_overlap=defaults.chunk_overlap, epic_tokens=defaults.epic_tokens,
-                             max_upload_bytes=defaults.max_upload_bytes, max_question_chars=defaults.max_question_chars,
-                             default_max_tokens=MAX_TOKENS, workers=1,
-                             ingest_lease_s=600)  # a busy CI box must not lose the lease mid-ingest
+    settings = make_settings(
+        tmp_path_factory.mktemp("demo"),
+        default_mode=defaults.default_mode,
+        fidelity=defaults.fidelity,
+        chunk_tokens=defaults.chunk_tokens,
+        chunk_overlap=defaults.chunk_overlap,
+        epic_tokens=defaults.epic_tokens,
+        max_upload_bytes=defaults.max_upload_bytes,
+        max_question_chars=defaults.max_question_chars,
+        default_max_tokens=MAX_TOKENS,
+        workers=1,
+        ingest_lease_s=600,
+    )  # a busy CI box must not lose the lease mid-ingest
     services = Services.start(settings, engine=smol_engine, embedder=embedder)
     for doc in load_sources([CORPUS]):
         services.ingestor.ingest(doc)

@@ -34,17 +34,37 @@ QUESTION = "When was the Hollin Point Lighthouse first lit?"
 @pytest.fixture(scope="module")
 def server(smol_checkpoint, test_data_dir, tmp_path_factory):
     data = tmp_path_factory.mktemp("e2e")
-    (data / "models").symlink_to(test_data_dir / "models")  # the converted model, shared by the tests
-    env = {**os.environ, "KVMOSAIC_DATA_DIR": str(data), "KVMOSAIC_STORE_TIERS": "cpu,disk",
-           "KVMOSAIC_DEFAULT_MAX_TOKENS": "8", "KVMOSAIC_ADMIN_TOKEN": "e2e", "HF_HUB_OFFLINE": "1",
-           "KVMOSAIC_WORKERS": "1"}
-    ingest = subprocess.run([*KVMOSAIC, "ingest", "--quiet", *(str(CORPUS / a) for a in ARTICLES)],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    (data / "models").symlink_to(
+        test_data_dir / "models"
+    )  # the converted model, shared by the tests
+    env = {
+        **os.environ,
+        "KVMOSAIC_DATA_DIR": str(data),
+        "KVMOSAIC_STORE_TIERS": "cpu,disk",
+        "KVMOSAIC_DEFAULT_MAX_TOKENS": "8",
+        "KVMOSAIC_ADMIN_TOKEN": "e2e",
+        "HF_HUB_OFFLINE": "1",
+        "KVMOSAIC_WORKERS": "1",
+    }
+    ingest = subprocess.run(
+        [*KVMOSAIC, "ingest", "--quiet", *(str(CORPUS / a) for a in ARTICLES)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert ingest.returncode == 0, ingest.stderr
     assert "ingested 3 new documents (3 chunks" in ingest.stdout
     port = free_port()
-    process = subprocess.Popen([*KVMOSAIC, "serve", "--port", str(port)], cwd=REPO, env=env, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [*KVMOSAIC, "serve", "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     lines = _reader(process)
     url = f"http://127.0.0.1:{port}/"
     try:
@@ -90,8 +110,9 @@ def test_ready_and_answers(server):
     assert body["answer"].strip() and body["chunks"][0]["document"] == "Hollin Point Lighthouse"
     assert all(c["cached"] for c in body["chunks"]) and body["usage"]["completion_tokens"] <= 8
 
-    with httpx.stream("POST", f"{url}/ask", json={"question": QUESTION, "top_k": 3, "stream": True},
-                      timeout=300) as response:
+    with httpx.stream(
+        "POST", f"{url}/ask", json={"question": QUESTION, "top_k": 3, "stream": True}, timeout=300
+    ) as response:
         frames = [line for line in response.iter_lines() if line.startswith(("event:", "data:"))]
     events = [f[6:].strip() for f in frames if f.startswith("event:")]
     data = [json.loads(f[5:]) for f in frames if f.startswith("data:")]
@@ -102,13 +123,22 @@ def test_ready_and_answers(server):
 def test_openai_client_and_cli_against_the_server(server):
     url, _, _ = server
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=300, max_retries=0)
-    stream = client.chat.completions.create(model="kvmosaic", stream=True, max_tokens=8,
-                                            messages=[{"role": "user", "content": "How long is the ferry crossing?"}])
+    stream = client.chat.completions.create(
+        model="kvmosaic",
+        stream=True,
+        max_tokens=8,
+        messages=[{"role": "user", "content": "How long is the ferry crossing?"}],
+    )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices).strip()
-    cli = subprocess.run([*KVMOSAIC, "ask", "--server", url, "--json", "What do bees dance for?"], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
+    cli = subprocess.run(
+        [*KVMOSAIC, "ask", "--server", url, "--json", "What do bees dance for?"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert cli.returncode == 0, cli.stderr
-    report = json.loads(cli.stdout[cli.stdout.index("{"):])
+    report = json.loads(cli.stdout[cli.stdout.index("{") :])
     assert report["chunks"][0]["document"] == "The honeybee waggle dance"
 
 

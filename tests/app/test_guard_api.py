@@ -24,15 +24,22 @@ def client(tiny_loaded, embedder, tmp_path_factory):
 
     from app.main import create_app
 
-    services = start_services(tiny_loaded, embedder, tmp_path_factory.mktemp("guard"), fidelity="balanced",
-                              guard_margin=1e9)
+    services = start_services(
+        tiny_loaded,
+        embedder,
+        tmp_path_factory.mktemp("guard"),
+        fidelity="balanced",
+        guard_margin=1e9,
+    )
     with TestClient(create_app(services=services), client=LOCAL_CLIENT) as client:
         yield client
     services.close()
 
 
 def ask(client, **fields) -> dict:
-    response = client.post("/ask", json={"question": QUESTION, "top_k": 3, "mode": "cacheblend", **fields})
+    response = client.post(
+        "/ask", json={"question": QUESTION, "top_k": 3, "mode": "cacheblend", **fields}
+    )
     assert response.status_code == 200, response.text
     return response.json()
 
@@ -82,19 +89,49 @@ def test_unknown_level_is_422(client):
 
 
 def test_chat_takes_the_level_as_an_extra(client):
-    response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": QUESTION}],
-                                                         "mode": "cacheblend", "fidelity": "exact", "max_tokens": 4})
+    response = client.post(
+        "/v1/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": QUESTION}],
+            "mode": "cacheblend",
+            "fidelity": "exact",
+            "max_tokens": 4,
+        },
+    )
     assert response.status_code == 200, response.text
     assert response.json()["kvmosaic"]["guard"]["fidelity"] == "exact"
 
 
 def test_cli_guard_line():
-    line = guard_line({"fidelity": "balanced", "margin": 0.31, "threshold": 1.0, "escalated": True, "spent_ms": 812.0})
+    line = guard_line(
+        {
+            "fidelity": "balanced",
+            "margin": 0.31,
+            "threshold": 1.0,
+            "escalated": True,
+            "spent_ms": 812.0,
+        }
+    )
     assert line == "fidelity balanced: first-token margin 0.31 nats; re-ran in full (812 ms)"
-    assert guard_line({"fidelity": "exact", "margin": None, "threshold": None,
-                       "escalated": False, "spent_ms": 0.0}).endswith("kept the mode's prefill")
-    assert guard_line({"fidelity": "balanced", "margin": None, "threshold": 1.0, "escalated": False,
-                       "spent_ms": 0.0, "skipped_blend": True}).endswith("computed exactly after the exact prefix")
+    assert guard_line(
+        {
+            "fidelity": "exact",
+            "margin": None,
+            "threshold": None,
+            "escalated": False,
+            "spent_ms": 0.0,
+        }
+    ).endswith("kept the mode's prefill")
+    assert guard_line(
+        {
+            "fidelity": "balanced",
+            "margin": None,
+            "threshold": 1.0,
+            "escalated": False,
+            "spent_ms": 0.0,
+            "skipped_blend": True,
+        }
+    ).endswith("computed exactly after the exact prefix")
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +141,14 @@ def repairing_client(tiny_loaded, embedder, tmp_path_factory):
 
     from app.main import create_app
 
-    services = start_services(tiny_loaded, embedder, tmp_path_factory.mktemp("repair"), fidelity="balanced",
-                              guard_margin=0.0, guard_answer_margin=1e9)
+    services = start_services(
+        tiny_loaded,
+        embedder,
+        tmp_path_factory.mktemp("repair"),
+        fidelity="balanced",
+        guard_margin=0.0,
+        guard_answer_margin=1e9,
+    )
     with TestClient(create_app(services=services), client=LOCAL_CLIENT) as client:
         yield client
     services.close()

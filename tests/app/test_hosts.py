@@ -7,9 +7,16 @@ import pytest
 from app.api.hosts import HostRule, host_name
 
 
-@pytest.mark.parametrize("header,name", [("localhost:8000", "localhost"), ("[::1]:8000", "::1"),
-                                         ("Example.COM.", "example.com"), ("", None),
-                                         ("[bad", None)])
+@pytest.mark.parametrize(
+    "header,name",
+    [
+        ("localhost:8000", "localhost"),
+        ("[::1]:8000", "::1"),
+        ("Example.COM.", "example.com"),
+        ("", None),
+        ("[bad", None),
+    ],
+)
 def test_host_name(header, name):
     assert host_name(header) == name
 
@@ -17,8 +24,14 @@ def test_host_name(header, name):
 def test_the_default_is_the_bound_name_and_loopback():
     rule = HostRule.create("kb.internal")
     assert not rule.any_host
-    for host in ("kb.internal:8000", "localhost", "127.0.0.1:1", "[::1]:8000", "127.5.6.7",
-                 "a.localhost"):
+    for host in (
+        "kb.internal:8000",
+        "localhost",
+        "127.0.0.1:1",
+        "[::1]:8000",
+        "127.5.6.7",
+        "a.localhost",
+    ):
         assert rule.allows(host) and rule.is_trusted(host), host
     for host in ("rebind.evil.test:8000", "kb.internal.evil.test", "", None, "10.0.0.1"):
         assert not rule.allows(host), host

@@ -14,8 +14,12 @@ from app.main import create_app
 from tests.app.conftest import ADMIN_TOKEN, LOCAL_CLIENT, start_services
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-ASK = {"question": "When was the Hollin Point Lighthouse first lit?", "top_k": 2, "max_tokens": 6,
-       "mode": "cacheblend"}
+ASK = {
+    "question": "When was the Hollin Point Lighthouse first lit?",
+    "top_k": 2,
+    "max_tokens": 6,
+    "mode": "cacheblend",
+}
 
 
 @pytest.fixture
@@ -58,13 +62,17 @@ def test_kv_recomputed_after_a_cache_clear_goes_to_disk_and_survives_a_restart(o
     for chunk in recomputed["chunks"]:
         (variant,) = services.catalog.variants_of_chunk(chunk["chunk_id"])
         assert variant.tier == "disk"
-    assert client.get("/admin/stats", headers=AUTH).json()["tiers"]["disk"]["entries"] >= len(recomputed["chunks"])
+    assert client.get("/admin/stats", headers=AUTH).json()["tiers"]["disk"]["entries"] >= len(
+        recomputed["chunks"]
+    )
     client.__exit__(None, None, None)
     services.close()
 
     _, restarted = open_client()
     again = ask(restarted)
-    assert all(c["cached"] and c["variant"] == "base" for c in again["chunks"])  # nothing recomputed
+    assert all(
+        c["cached"] and c["variant"] == "base" for c in again["chunks"]
+    )  # nothing recomputed
     assert again["answer"] == first["answer"]
 
 

@@ -20,21 +20,37 @@ from sqlalchemy import text
 
 from app.catalog import create_db_engine
 from app.catalog.migrate import current_revision
-from tests.app.replicas import REDIS_URL, Replica, fresh_database, redis_prefix, replica_env, save_tiny_checkpoint
+from tests.app.replicas import (
+    REDIS_URL,
+    Replica,
+    fresh_database,
+    redis_prefix,
+    replica_env,
+    save_tiny_checkpoint,
+)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
-LIGHTHOUSE = {"title": "Hollin Point Lighthouse", "text": "The Hollin Point Lighthouse was first lit on 3 November "
-              "1811. Its tower is 31 metres tall and its lamp burned whale oil."}
-FERRY = {"title": "The Guillemot ferry", "text": "The Guillemot ferry crosses to Skarra island in about forty "
-         "minutes, twice a day from April to October."}
+LIGHTHOUSE = {
+    "title": "Hollin Point Lighthouse",
+    "text": "The Hollin Point Lighthouse was first lit on 3 November "
+    "1811. Its tower is 31 metres tall and its lamp burned whale oil.",
+}
+FERRY = {
+    "title": "The Guillemot ferry",
+    "text": "The Guillemot ferry crosses to Skarra island in about forty "
+    "minutes, twice a day from April to October.",
+}
 A_LEASE_S = "900"  # longer than B's restart on a busy machine: A's ingest lives through it
 B_LEASE_S = "3"  # short: when B is killed mid-ingest, A reclaims it quickly
 
 
 def big_document(tag: str, sentences: int = 300) -> dict:
     """Many chunks, so that its KV phase lasts long enough to be caught mid-way."""
-    body = " ".join(f"Ledger {tag} entry {i} records {i * 7 % 97} barrels of {tag} salt." for i in range(sentences))
+    body = " ".join(
+        f"Ledger {tag} entry {i} records {i * 7 % 97} barrels of {tag} salt."
+        for i in range(sentences)
+    )
     return {"title": f"Salt ledger {tag}", "text": body}
 
 
@@ -45,8 +61,12 @@ def cluster(smol_tokenizer, tmp_path_factory):
             pytest.skip(f"needs PostgreSQL and Redis: {db_reason or redis_reason}")
         root = tmp_path_factory.mktemp("replicas")
         model = save_tiny_checkpoint(smol_tokenizer, root / "model")
-        a = Replica("a", replica_env(root / "a", url, prefix, model, KVMOSAIC_INGEST_LEASE_S=A_LEASE_S))
-        b = Replica("b", replica_env(root / "b", url, prefix, model, KVMOSAIC_INGEST_LEASE_S=B_LEASE_S))
+        a = Replica(
+            "a", replica_env(root / "a", url, prefix, model, KVMOSAIC_INGEST_LEASE_S=A_LEASE_S)
+        )
+        b = Replica(
+            "b", replica_env(root / "b", url, prefix, model, KVMOSAIC_INGEST_LEASE_S=B_LEASE_S)
+        )
         started = [r.start() for r in (a, b)]  # at the same moment, on an empty database
         try:
             yield {"a": a, "b": b, "url": url, "prefix": prefix, "root": root, "model": model}
@@ -75,8 +95,12 @@ def retrieved_documents(replica: Replica, question: str, top_k: int = 3) -> set[
 def wait_for_ingest_row(url: str, title: str, timeout: float = 300.0) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        rows = sql(url, "SELECT i.document_id FROM ingests i JOIN documents d ON d.id = i.document_id "
-                        "WHERE d.title = :t", t=title)
+        rows = sql(
+            url,
+            "SELECT i.document_id FROM ingests i JOIN documents d ON d.id = i.document_id "
+            "WHERE d.title = :t",
+            t=title,
+        )
         if rows:
             return rows[0][0]
         time.sleep(0.05)
@@ -98,7 +122,9 @@ def test_an_add_on_a_is_searchable_on_b_within_2_s(cluster):
     while b.ready()["index_rows"] < rows_before + chunks:
         assert time.monotonic() - added_at < 2.0, "B did not follow the catalog within 2 s"
         time.sleep(0.05)
-    assert LIGHTHOUSE["title"] in retrieved_documents(b, "When was the Hollin Point Lighthouse first lit?")
+    assert LIGHTHOUSE["title"] in retrieved_documents(
+        b, "When was the Hollin Point Lighthouse first lit?"
+    )
 
 
 def test_kv_computed_by_a_is_a_redis_hit_on_b(cluster):
@@ -118,7 +144,9 @@ def test_a_delete_on_a_is_never_retrieved_on_b(cluster):
     assert httpx.delete(f"{a.url}/documents/{doc_id}", timeout=60).status_code == 204
     deleted_at = time.monotonic()
     while time.monotonic() - deleted_at < 1.5:  # before and after B's follower removes it
-        assert LIGHTHOUSE["title"] not in retrieved_documents(b, "Hollin Point Lighthouse lamp", top_k=2)
+        assert LIGHTHOUSE["title"] not in retrieved_documents(
+            b, "Hollin Point Lighthouse lamp", top_k=2
+        )
     assert b.ready()["index_rows"] == 1  # the ferry's chunk only
 
 
@@ -136,9 +164,14 @@ def test_restarting_b_while_a_ingests_keeps_a_document(cluster):
     finally:
         a.process.send_signal(signal.SIGCONT)
     poster.join(timeout=600)
-    assert outcome["response"].status_code == 201, f"{outcome['response'].text}\n{a.log()}\n{b.log()}"
-    chunks = sql(url, "SELECT count(*) FROM chunks WHERE document_id = :d AND embedding_row IS NOT NULL",
-                 d=document_id)[0][0]
+    assert outcome["response"].status_code == 201, (
+        f"{outcome['response'].text}\n{a.log()}\n{b.log()}"
+    )
+    chunks = sql(
+        url,
+        "SELECT count(*) FROM chunks WHERE document_id = :d AND embedding_row IS NOT NULL",
+        d=document_id,
+    )[0][0]
     assert chunks == outcome["response"].json()["document"]["num_chunks"] > 20
     assert sql(url, "SELECT count(*) FROM ingests")[0][0] == 0
     question = "How many barrels of west salt does ledger entry 12 record?"
@@ -159,8 +192,15 @@ def test_a_replica_killed_mid_ingest_is_reclaimed_by_the_other_after_its_lease(c
     document_id = wait_for_ingest_row(url, doc["title"])
     b.process.send_signal(signal.SIGKILL)
     b.process.wait(timeout=30)
-    keys_written = {k for (k,) in sql(url, "SELECT v.store_key FROM variants v JOIN chunks c ON c.id = v.chunk_id "
-                                           "WHERE c.document_id = :d", d=document_id)}
+    keys_written = {
+        k
+        for (k,) in sql(
+            url,
+            "SELECT v.store_key FROM variants v JOIN chunks c ON c.id = v.chunk_id "
+            "WHERE c.document_id = :d",
+            d=document_id,
+        )
+    }
     deadline = time.monotonic() + 120
     while sql(url, "SELECT 1 FROM documents WHERE id = :d", d=document_id):
         assert doc["title"] not in retrieved_documents(a, question)

@@ -26,8 +26,14 @@ AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 @pytest.fixture(scope="module")
 def fuzz_app(tiny_loaded, embedder, tmp_path_factory):
-    services = start_services(tiny_loaded, embedder, tmp_path_factory.mktemp("fuzz"),
-                              default_max_tokens=2, max_tokens_limit=4, queue_size=64)
+    services = start_services(
+        tiny_loaded,
+        embedder,
+        tmp_path_factory.mktemp("fuzz"),
+        default_max_tokens=2,
+        max_tokens_limit=4,
+        queue_size=64,
+    )
     app = create_app(services=services)
     with TestClient(app):  # runs the lifespan once; cases then call the app in-process
         yield app
@@ -51,8 +57,14 @@ def run_operation(operation, mode) -> None:
     """MAX_EXAMPLES generated cases of one operation, each sent and validated by every check."""
 
     @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.generate],
+    )
     def run(case):
         case.call_and_validate(headers=AUTH)
 
@@ -61,8 +73,11 @@ def run_operation(operation, mode) -> None:
 
 # pytest-9 and schemathesis's own pytest plugin disagree on node ids, so the cases are
 # driven here with Hypothesis directly: one test per generation mode, every operation.
-@pytest.mark.parametrize("mode", [schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE],
-                         ids=lambda m: m.value)
+@pytest.mark.parametrize(
+    "mode",
+    [schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE],
+    ids=lambda m: m.value,
+)
 def test_api_conforms_to_its_schema(api_schema, mode):
     failures = []
     for operation in operations(api_schema):

@@ -34,9 +34,16 @@ from engine.config import (
 CONFIGURATION = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 # The engine's choice fields: EngineConfig checks its str against the tuple, Settings types the
 # field with the Literal the tuple comes from.
-ENGINE_CHOICES = {"dtype": DTYPES, "encode_dtype": ENCODE_DTYPES, "linear_kernel": LINEAR_KERNELS,
-                  "decode_attention": DECODE_ATTENTIONS, "deviation": DEVIATIONS,
-                  "selection": SELECTIONS, "craft_build": CRAFT_BUILDS, "fidelity": FIDELITIES}
+ENGINE_CHOICES = {
+    "dtype": DTYPES,
+    "encode_dtype": ENCODE_DTYPES,
+    "linear_kernel": LINEAR_KERNELS,
+    "decode_attention": DECODE_ATTENTIONS,
+    "deviation": DEVIATIONS,
+    "selection": SELECTIONS,
+    "craft_build": CRAFT_BUILDS,
+    "fidelity": FIDELITIES,
+}
 
 
 def test_every_setting_has_a_description():
@@ -49,8 +56,9 @@ def test_every_setting_has_a_description():
 
 
 def test_the_configuration_reference_is_current():
-    assert CONFIGURATION.read_text() == reference(), \
+    assert CONFIGURATION.read_text() == reference(), (
         "docs/configuration.md is stale: run `.venv/bin/kvmosaic settings > docs/configuration.md`"
+    )
     for name in Settings.model_fields:
         assert f"`KVMOSAIC_{name.upper()}`" in CONFIGURATION.read_text(), name
 
@@ -78,16 +86,22 @@ def test_environment_overrides(monkeypatch, tmp_path):
     assert s.catalog_config().resolved_url().endswith(f"{tmp_path}/catalog.db")
 
 
-@pytest.mark.parametrize("text,value", [("1024", 1024), ("4GiB", 4 << 30), ("500MB", 500_000_000),
-                                        (" 1.5 kib ", 1536)])
+@pytest.mark.parametrize(
+    "text,value", [("1024", 1024), ("4GiB", 4 << 30), ("500MB", 500_000_000), (" 1.5 kib ", 1536)]
+)
 def test_byte_sizes(text, value):
     assert parse_bytes(text) == value
 
 
-@pytest.mark.parametrize("name,value", [("KVMOSAIC_STORE_CPU_BYTES", "lots"),
-                                        ("KVMOSAIC_DEFAULT_TOP_K", "21"),
-                                        ("KVMOSAIC_RECOMPUTE_RATIO", "2"),
-                                        ("KVMOSAIC_WORKERS", "0")])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("KVMOSAIC_STORE_CPU_BYTES", "lots"),
+        ("KVMOSAIC_DEFAULT_TOP_K", "21"),
+        ("KVMOSAIC_RECOMPUTE_RATIO", "2"),
+        ("KVMOSAIC_WORKERS", "0"),
+    ],
+)
 def test_bad_values_are_refused(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValidationError):
@@ -152,14 +166,17 @@ def test_cross_field_checks_wait_for_the_engine_config(clean_environment):
             settings.engine_config()
 
 
-@pytest.mark.parametrize("name,value,allowed", [
-    ("KVMOSAIC_DEVIATION", "query", "'value' or 'key'"),
-    ("KVMOSAIC_SELECTION", "nearest", "'deviation' or 'question_weighted'"),
-    ("KVMOSAIC_CRAFT_BUILD", "later", "'background' or 'inline'"),
-    ("KVMOSAIC_STORE_CODEC", "fp8", "'ch4v3'"),
-    ("KVMOSAIC_STORE_TIERS", "cpu,ssd", "'redis'"),
-    ("KVMOSAIC_LOG_LEVEL", "loud", "'info'"),
-])
+@pytest.mark.parametrize(
+    "name,value,allowed",
+    [
+        ("KVMOSAIC_DEVIATION", "query", "'value' or 'key'"),
+        ("KVMOSAIC_SELECTION", "nearest", "'deviation' or 'question_weighted'"),
+        ("KVMOSAIC_CRAFT_BUILD", "later", "'background' or 'inline'"),
+        ("KVMOSAIC_STORE_CODEC", "fp8", "'ch4v3'"),
+        ("KVMOSAIC_STORE_TIERS", "cpu,ssd", "'redis'"),
+        ("KVMOSAIC_LOG_LEVEL", "loud", "'info'"),
+    ],
+)
 def test_a_bad_choice_fails_at_start_up_naming_the_variable_and_the_choices(
     clean_environment, monkeypatch, name, value, allowed
 ):

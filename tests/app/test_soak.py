@@ -23,8 +23,14 @@ SOAK_SECONDS = float(os.environ.get("KVMOSAIC_SOAK_SECONDS", "60"))
 # The tiny model's working set is a few MiB; what the bound catches is growth per request
 # (thousands of requests in a run), not allocator noise.
 RSS_GROWTH_MIB = 48
-QUESTIONS = ["When was the lighthouse first lit?", "What did the lamp burn?", "When was the tide mill built?",
-             "How do bees tell where flowers are?", "How long is the ferry crossing?", "How many passengers?"]
+QUESTIONS = [
+    "When was the lighthouse first lit?",
+    "What did the lamp burn?",
+    "When was the tide mill built?",
+    "How do bees tell where flowers are?",
+    "How long is the ferry crossing?",
+    "How many passengers?",
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +40,20 @@ def soak_url(tiny_loaded, embedder, tmp_path_factory):
     from app.main import create_app
 
     # cpu tier of ~3 entries: requests evict and promote on their own, besides the admin's evictions
-    services = start_services(tiny_loaded, embedder, tmp_path_factory.mktemp("soak"), store_cpu_bytes=16 << 10,
-                              workers=2, queue_size=16, trim_interval_s=2.0)
-    server = uvicorn.Server(uvicorn.Config(create_app(services=services), host="127.0.0.1", port=free_port(),
-                                          log_level="warning"))
+    services = start_services(
+        tiny_loaded,
+        embedder,
+        tmp_path_factory.mktemp("soak"),
+        store_cpu_bytes=16 << 10,
+        workers=2,
+        queue_size=16,
+        trim_interval_s=2.0,
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(services=services), host="127.0.0.1", port=free_port(), log_level="warning"
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -52,8 +68,17 @@ def soak_url(tiny_loaded, embedder, tmp_path_factory):
 
 def test_soak_no_errors_full_unchanged_rss_levels_off(soak_url):
     reference = reference_answers(soak_url, QUESTIONS, max_tokens=8)
-    result = run_soak(soak_url, QUESTIONS, reference, SOAK_SECONDS, clients=3, max_tokens=8,
-                      admin_token=ADMIN_TOKEN, admin_every_s=1.0, rss_every_s=0.5)
+    result = run_soak(
+        soak_url,
+        QUESTIONS,
+        reference,
+        SOAK_SECONDS,
+        clients=3,
+        max_tokens=8,
+        admin_token=ADMIN_TOKEN,
+        admin_every_s=1.0,
+        rss_every_s=0.5,
+    )
     summary = result.summary()
     print("soak:", summary)
     assert result.requests > 30 and result.admin_actions > 10, summary

@@ -44,7 +44,9 @@ def test_paired_difference_cancels_what_both_share():
 def test_cases_are_reproducible_distinct_across_seeds_and_answerable():
     cases = generate_cases(seed=1, n=9)
     assert cases == generate_cases(seed=1, n=9)
-    assert {c["question"] for c in cases}.isdisjoint(c["question"] for c in generate_cases(seed=2, n=9))
+    assert {c["question"] for c in cases}.isdisjoint(
+        c["question"] for c in generate_cases(seed=2, n=9)
+    )
     assert [c["kind"] for c in cases] == list(KINDS) * 3
     for case in cases:
         assert len(case["ctxs"]) == 6
@@ -54,7 +56,12 @@ def test_cases_are_reproducible_distinct_across_seeds_and_answerable():
 
 def test_a_comparison_names_the_place_with_the_earlier_stated_year():
     for case in generate_cases(seed=5, n=12, kinds=("compare",)):
-        names = case["question"].removeprefix("Which town was founded earlier, ").rstrip("?").split(" or ")
+        names = (
+            case["question"]
+            .removeprefix("Which town was founded earlier, ")
+            .rstrip("?")
+            .split(" or ")
+        )
         years = {}
         for ctx in case["ctxs"]:
             if ctx["title"] in names:
@@ -66,7 +73,11 @@ def test_twohop_states_the_bridge_in_the_founders_own_passage():
     for case in generate_cases(seed=4, n=6, kinds=("twohop",)):
         founder = next(c for c in case["ctxs"] if " was born in " in c["text"])
         assert case["answers"][0] in founder["text"]
-        place = case["question"].removeprefix("In which town was the founder of ").removesuffix(" born?")
+        place = (
+            case["question"]
+            .removeprefix("In which town was the founder of ")
+            .removesuffix(" born?")
+        )
         assert founder["title"] in next(c["text"] for c in case["ctxs"] if c["title"] == place)
 
 
@@ -76,6 +87,8 @@ def test_bad_generator_arguments_and_orders_are_refused():
     with pytest.raises(ValueError, match="unknown case kinds"):
         generate_cases(seed=0, n=1, kinds=("riddle",))
     orders = chunk_orders([1, 2, 3, 4], 3, seed=0)
-    assert orders[0] == [1, 2, 3, 4] and all(sorted(o) == [1, 2, 3, 4] and o != orders[0] for o in orders[1:])
+    assert orders[0] == [1, 2, 3, 4] and all(
+        sorted(o) == [1, 2, 3, 4] and o != orders[0] for o in orders[1:]
+    )
     with pytest.raises(InvalidRequest, match="at least one chunk order"):
         chunk_orders([1, 2], 0, seed=0)

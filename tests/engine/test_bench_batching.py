@@ -16,7 +16,9 @@ from tests.conftest import MUSIQUE_SLICE
 def test_measure_compares_batching_on_and_off(tiny_engine):
     off = Engine(replace(tiny_engine.config, batching=False), tiny_engine.loaded)
     prompts = builtin_prompts(tiny_engine, 3)
-    figures = measure(tiny_engine, off, prompts, concurrency=3, max_tokens=5, mode="naive", rounds=1)
+    figures = measure(
+        tiny_engine, off, prompts, concurrency=3, max_tokens=5, mode="naive", rounds=1
+    )
     assert figures["same_answers"] is True
     assert figures["on"]["decode_tokens"] == figures["off"]["decode_tokens"] == 3 * 4
     for key in ("decode_speedup", "decode_cpu_speedup", "ttft_p95_ratio"):
@@ -35,8 +37,9 @@ def test_dataset_prompts_take_each_record_s_question_and_first_passages(tiny_eng
     prompts = dataset_prompts(tiny_engine, records, 1, 2, chunks=3)
     assert [question for _, question in prompts] == [records[1]["question"], records[2]["question"]]
     for (chunks, _), record in zip(prompts, records[1:3]):
-        assert [c.token_ids for c in chunks] == [tiny_engine.chunk_ids(ctx["text"], ctx.get("title", ""))
-                                                 for ctx in record["ctxs"][:3]]
+        assert [c.token_ids for c in chunks] == [
+            tiny_engine.chunk_ids(ctx["text"], ctx.get("title", "")) for ctx in record["ctxs"][:3]
+        ]
         assert all(c.kv is not None for c in chunks)
     with pytest.raises(InvalidRequest, match="records"):
         dataset_prompts(tiny_engine, records, len(records) - 1, 2, chunks=3)

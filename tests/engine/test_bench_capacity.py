@@ -6,7 +6,13 @@ from collections import Counter
 
 import pytest
 
-from app.bench.capacity import CapacityOptions, format_capacity, oracle_hit_rate, run_capacity, zipf_trace
+from app.bench.capacity import (
+    CapacityOptions,
+    format_capacity,
+    oracle_hit_rate,
+    run_capacity,
+    zipf_trace,
+)
 
 
 def test_zipf_trace_is_seeded_and_skewed():
@@ -23,8 +29,14 @@ def test_oracle_keeps_the_densest_entries():
 
 
 def test_capped_tier_hits_less_and_an_uncapped_one_always(tmp_path):
-    options = CapacityOptions(fractions=(0.25, 1.0), policies=("lru", "lfu"), entries=40, accesses=400,
-                              min_tokens=8, max_tokens=32)
+    options = CapacityOptions(
+        fractions=(0.25, 1.0),
+        policies=("lru", "lfu"),
+        entries=40,
+        accesses=400,
+        min_tokens=8,
+        max_tokens=32,
+    )
     result = run_capacity(options, tmp_path, log=lambda *_: None)
     assert result.uncapped_hit_rate == 1.0
     cells = {(c.policy, c.fraction): c for c in result.cells}

@@ -25,12 +25,21 @@ def engine_with(tiny_engine, batching: bool = False, **overrides) -> Engine:
     """Another engine over the tiny model: balanced, the first-token check off unless overridden."""
     settings = dict(guard_margin=0.0, batching=batching, epic_tokens=4)
     settings.update(overrides)
-    return Engine(EngineConfig(data_dir=tiny_engine.config.data_dir, **settings), tiny_engine.loaded)
+    return Engine(
+        EngineConfig(data_dir=tiny_engine.config.data_dir, **settings), tiny_engine.loaded
+    )
 
 
-def answer(engine: Engine, chunks, mode: str = "cacheblend", fidelity: str | None = None,
-           params: SamplingParams = SamplingParams(max_new_tokens=TOKENS)):
-    result = engine.prefill(chunks, QUESTION, mode=mode, max_new_tokens=params.max_new_tokens, fidelity=fidelity)
+def answer(
+    engine: Engine,
+    chunks,
+    mode: str = "cacheblend",
+    fidelity: str | None = None,
+    params: SamplingParams = SamplingParams(max_new_tokens=TOKENS),
+):
+    result = engine.prefill(
+        chunks, QUESTION, mode=mode, max_new_tokens=params.max_new_tokens, fidelity=fidelity
+    )
     "".join(engine.generate(result, params))
     return result
 
@@ -64,7 +73,9 @@ def test_a_fired_check_goes_on_from_the_exact_state(tiny_engine, chunks, batchin
     n = full.layout.total_len
     assert torch.allclose(result.cache.data[:, :, :, :n], full.cache.data[:, :, :, :n], atol=1e-4)
     assert result.prefill_cache is not None
-    assert not torch.allclose(result.prefill_cache.data[:, :, :, :n], full.cache.data[:, :, :, :n], atol=1e-4)
+    assert not torch.allclose(
+        result.prefill_cache.data[:, :, :, :n], full.cache.data[:, :, :, :n], atol=1e-4
+    )
     # the repair reused the exact rows (system prefix, first chunk: its base variant is exact
     # there) and computed every later row, the first answer token's included, through every layer
     exact_rows = full.layout.chunk_spans[0][1]
@@ -73,7 +84,7 @@ def test_a_fired_check_goes_on_from_the_exact_state(tiny_engine, chunks, batchin
     assert bool((layers[exact_rows:] == tiny_engine.loaded.spec.num_layers).all())
     # and the tokens after the repair are the greedy ones of that exact state
     expected = forced_logits(tiny_engine, full, ids)[1:].argmax(-1).tolist()
-    assert ids[1:] == expected[:len(ids) - 1]
+    assert ids[1:] == expected[: len(ids) - 1]
 
 
 def test_a_silent_check_changes_nothing(tiny_engine, chunks):
@@ -83,20 +94,28 @@ def test_a_silent_check_changes_nothing(tiny_engine, chunks):
     assert watched.generated_ids == fast.generated_ids and watched.prefill_cache is None
 
 
-@pytest.mark.parametrize("mode,fidelity", [("cacheblend", "fast"), ("cacheblend", "exact"), ("full", None),
-                                           ("prefix", None)])
+@pytest.mark.parametrize(
+    "mode,fidelity",
+    [("cacheblend", "fast"), ("cacheblend", "exact"), ("full", None), ("prefix", None)],
+)
 def test_only_balanced_inexact_prefills_are_watched(tiny_engine, chunks, mode, fidelity):
-    result = answer(engine_with(tiny_engine, guard_answer_margin=1e9), chunks, mode=mode, fidelity=fidelity)
+    result = answer(
+        engine_with(tiny_engine, guard_answer_margin=1e9), chunks, mode=mode, fidelity=fidelity
+    )
     assert result.answer_check is None and result.guard.repaired_at is None
 
 
 def test_an_escalated_prefill_is_not_watched(tiny_engine, chunks):
     result = answer(engine_with(tiny_engine, guard_margin=1e9, guard_answer_margin=1e9), chunks)
-    assert result.guard.escalated and result.answer_check is None and result.guard.repaired_at is None
+    assert (
+        result.guard.escalated and result.answer_check is None and result.guard.repaired_at is None
+    )
 
 
 def test_a_zero_window_turns_the_check_off(tiny_engine, chunks):
-    result = answer(engine_with(tiny_engine, guard_answer_margin=1e9, guard_answer_tokens=1), chunks)
+    result = answer(
+        engine_with(tiny_engine, guard_answer_margin=1e9, guard_answer_tokens=1), chunks
+    )
     assert result.answer_check is None
 
 
@@ -131,12 +150,16 @@ def test_teacher_forcing_follows_the_guard(tiny_engine, chunks):
     ids = list(full.generated_ids)
     reference = forced_logits(tiny_engine, full, ids)
     result = answer(engine, chunks)
-    own = forced_logits(tiny_engine, result, ids)  # the mode's own state, though decoding was repaired
+    own = forced_logits(
+        tiny_engine, result, ids
+    )  # the mode's own state, though decoding was repaired
     assert not torch.allclose(own[1:], reference[1:], atol=1e-3)
     guarded = guarded_logits(result, own, reference)
     assert torch.equal(guarded[0], own[0]) and torch.equal(guarded[1:], reference[1:])
     score = teacher_forced(tiny_engine, result, ids, reference)
-    assert score.top1_share == pytest.approx(float((guarded.argmax(-1) == torch.tensor(ids)).double().mean()))
+    assert score.top1_share == pytest.approx(
+        float((guarded.argmax(-1) == torch.tensor(ids)).double().mean())
+    )
     fast = answer(tiny_engine, chunks, fidelity="fast")
     assert guarded_logits(fast, own, reference) is own  # an unwatched result keeps its own logits
 
@@ -149,7 +172,9 @@ def test_a_repaired_request_leaves_every_chunk_exact(tiny_engine, chunks):
     assert result.repaired
     assert exact_chunks(result, source_contexts(chunks), layers) == [True] * len(chunks)
     kept = harvest(tiny_engine, result, chunks)
-    assert [chunk_id for chunk_id, _ in kept] == [c.chunk_id for c in chunks[1:]]  # the first was exact already
+    assert [chunk_id for chunk_id, _ in kept] == [
+        c.chunk_id for c in chunks[1:]
+    ]  # the first was exact already
     full = tiny_engine.prefill(chunks, QUESTION, mode="full")
     for chunk_id, kv in kept:
         start, end = full.layout.chunk_spans[chunk_id]
@@ -162,15 +187,22 @@ def test_a_prefill_from_exact_variants_is_neither_rerun_nor_watched(tiny_engine,
     from engine.variants.harvest import chunk_rows
 
     full = tiny_engine.prefill(chunks, QUESTION, mode="full")
-    exact = [chunks[0]] + [dataclasses.replace(c, kv=chunk_rows(tiny_engine, full, i))
-                           for i, c in enumerate(chunks) if i > 0]
+    exact = [chunks[0]] + [
+        dataclasses.replace(c, kv=chunk_rows(tiny_engine, full, i))
+        for i, c in enumerate(chunks)
+        if i > 0
+    ]
     engine = engine_with(tiny_engine, guard_margin=1e9, guard_answer_margin=1e9)
     result = answer(engine, exact, mode="cachecraft")
-    assert not result.guard.escalated and result.guard.margin is None and result.answer_check is None
+    assert (
+        not result.guard.escalated and result.guard.margin is None and result.answer_check is None
+    )
     assert result.recompute_share == 0.0
     assert torch.allclose(result.logits, full.logits, atol=1e-3)
     one_blended = answer(engine, exact[:2] + chunks[2:], mode="cachecraft")
-    assert one_blended.guard.escalated  # a chunk from another context: the state is inexact, the guard acts
+    assert (
+        one_blended.guard.escalated
+    )  # a chunk from another context: the state is inexact, the guard acts
 
 
 def _exact_variants(tiny_engine, chunks):
@@ -179,26 +211,39 @@ def _exact_variants(tiny_engine, chunks):
     from engine.variants.harvest import chunk_rows
 
     full = tiny_engine.prefill(chunks, QUESTION, mode="full")
-    return full, [chunks[0]] + [dataclasses.replace(c, kv=chunk_rows(tiny_engine, full, i))
-                                for i, c in enumerate(chunks) if i > 0]
+    return full, [chunks[0]] + [
+        dataclasses.replace(c, kv=chunk_rows(tiny_engine, full, i))
+        for i, c in enumerate(chunks)
+        if i > 0
+    ]
 
 
-def test_a_short_tail_after_exact_chunks_is_computed_fully_and_the_state_is_exact(tiny_engine, chunks):
+def test_a_short_tail_after_exact_chunks_is_computed_fully_and_the_state_is_exact(
+    tiny_engine, chunks
+):
     from engine.variants.harvest import exact_chunks, source_contexts
 
     full, exact = _exact_variants(tiny_engine, chunks)
     mixed = exact[:-1] + chunks[-1:]  # the last chunk's base variant: not exact after the others
     spans = full.layout.chunk_spans
     share = (spans[-1][1] - spans[-1][0]) / (spans[-1][1] - spans[0][0])
-    engine = engine_with(tiny_engine, guard_margin=1e9, guard_answer_margin=1e9, craft_exact_tail=share)
+    engine = engine_with(
+        tiny_engine, guard_margin=1e9, guard_answer_margin=1e9, craft_exact_tail=share
+    )
     result = answer(engine, mixed, mode="cachecraft")
     assert [c.strategy for c in result.chunks] == ["reuse"] * (len(chunks) - 1) + ["tail"]
-    assert not result.guard.escalated and result.guard.margin is None and result.answer_check is None
+    assert (
+        not result.guard.escalated and result.guard.margin is None and result.answer_check is None
+    )
     assert not result.repaired
     assert torch.allclose(result.logits, full.logits, atol=1e-3)
-    assert exact_chunks(result, source_contexts(mixed), tiny_engine.loaded.spec.num_layers) == [True] * len(chunks)
+    assert exact_chunks(result, source_contexts(mixed), tiny_engine.loaded.spec.num_layers) == [
+        True
+    ] * len(chunks)
     # just over the limit, or at `fast`: the tail is blended, so the balanced guard acts
-    over = engine_with(tiny_engine, guard_margin=1e9, guard_answer_margin=1e9, craft_exact_tail=share * 0.99)
+    over = engine_with(
+        tiny_engine, guard_margin=1e9, guard_answer_margin=1e9, craft_exact_tail=share * 0.99
+    )
     assert answer(over, mixed, mode="cachecraft").guard.escalated
     fast = answer(engine, mixed, mode="cachecraft", fidelity="fast")
     assert fast.guard.margin is not None and fast.recompute_share < result.recompute_share
@@ -213,17 +258,30 @@ def test_no_exact_tail_without_a_leading_exact_chunk_or_when_off(tiny_engine, ch
     def start(inputs, fidelity="balanced", share=1.0):
         config = EngineConfig(data_dir=tiny_engine.config.data_dir, craft_exact_tail=share)
         layout = tiny_engine.prompts.layout([tuple(c.token_ids) for c in inputs], QUESTION)
-        return exact_tail_start(PlanRequest(layout, tuple(inputs), tiny_engine.prefix_kv, 0.15, config,
-                                            tiny_engine.loaded.spec.num_layers, fidelity))
+        return exact_tail_start(
+            PlanRequest(
+                layout,
+                tuple(inputs),
+                tiny_engine.prefix_kv,
+                0.15,
+                config,
+                tiny_engine.loaded.spec.num_layers,
+                fidelity,
+            )
+        )
 
     assert start(exact[:-1] + chunks[-1:]) == len(chunks) - 1
     assert start(exact) is None  # every chunk exact already: nothing to compute
-    assert start(exact[1:2] + chunks[:1]) is None  # a first chunk computed after another one: no lead
+    assert (
+        start(exact[1:2] + chunks[:1]) is None
+    )  # a first chunk computed after another one: no lead
     assert start(exact[:-1] + chunks[-1:], fidelity="fast") is None
     assert start(exact[:-1] + chunks[-1:], share=0.0) is None
 
 
-def test_a_lossy_copy_of_exact_variants_is_checked_and_re_run_not_taken_for_exact(tiny_engine, chunks):
+def test_a_lossy_copy_of_exact_variants_is_checked_and_re_run_not_taken_for_exact(
+    tiny_engine, chunks
+):
     """A context variant read back through a lossy store codec is close to exact, not exact:
     the guard must judge it (and here re-run it), and a harvest returns its exact rows."""
     import dataclasses
@@ -235,7 +293,9 @@ def test_a_lossy_copy_of_exact_variants_is_checked_and_re_run_not_taken_for_exac
     lossy = [dataclasses.replace(c, kv=roundtrip(c.kv, "int8")) for c in exact]
     assert all(c.kv.value_rounding is not None for c in lossy)
     layers = tiny_engine.loaded.spec.num_layers
-    engine = engine_with(tiny_engine, guard_margin=1e9, guard_answer_margin=1e9)  # escalate whenever asked
+    engine = engine_with(
+        tiny_engine, guard_margin=1e9, guard_answer_margin=1e9
+    )  # escalate whenever asked
     as_stored = answer(engine, exact, mode="cachecraft")
     assert as_stored.guard.margin is None and not as_stored.guard.escalated  # exact: never judged
     rounded = answer(engine, lossy, mode="cachecraft")

@@ -80,7 +80,9 @@ def test_auto_picks_onednn_for_float32_and_bfloat16_on_the_cpu_only(monkeypatch)
     import engine.linear
 
     monkeypatch.setattr(engine.linear, "mkl_is_at_home", lambda: False)
-    monkeypatch.setattr(engine.linear, "onednn_agrees", lambda dtype: True)  # the rule, whatever this CPU runs
+    monkeypatch.setattr(
+        engine.linear, "onednn_agrees", lambda dtype: True
+    )  # the rule, whatever this CPU runs
     cpu = torch.device("cpu")
     assert resolve_linear_kernel("auto", cpu, torch.float32) == "onednn"
     assert resolve_linear_kernel("auto", cpu, torch.bfloat16) == "onednn"
@@ -109,7 +111,9 @@ def test_a_bfloat16_copy_of_a_onednn_model_still_runs(smol_tokenizer):
         expected, got = loaded.model(x).logits, copy.model(x).logits.float()
     # oneDNN where it runs bfloat16 on this CPU, else torch's linears (fit_linear_kernel)
     kernel = "onednn" if onednn_agrees(torch.bfloat16) else "torch"
-    assert copy.model.lm_head.weight.dtype == torch.bfloat16 and linear_kernel_of(copy.model) == kernel
+    assert (
+        copy.model.lm_head.weight.dtype == torch.bfloat16 and linear_kernel_of(copy.model) == kernel
+    )
     # bfloat16 rounding, same model
     assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.7
 
@@ -119,8 +123,11 @@ def test_a_bfloat16_copy_of_a_onednn_model_still_runs(smol_tokenizer):
 def test_onednn_linear_takes_the_inputs_the_engine_gives_it(shape):
     """A layer may run no active rows (a blend's late layers) or a strided view of them."""
     linear = torch.nn.Linear(16, 8).requires_grad_(False)
-    x = {"no rows": torch.empty(0, 16), "strided rows": torch.randn(4, 32)[:, ::2],
-         "3-d transposed": torch.randn(2, 3, 16).transpose(0, 1)}[shape]
+    x = {
+        "no rows": torch.empty(0, 16),
+        "strided rows": torch.randn(4, 32)[:, ::2],
+        "3-d transposed": torch.randn(2, 3, 16).transpose(0, 1),
+    }[shape]
     with torch.inference_mode():
         got, expected = OneDnnLinear(linear)(x), linear(x)
     assert got.shape == expected.shape and torch.allclose(got, expected, atol=1e-5)
@@ -142,5 +149,7 @@ def test_a_copy_cast_to_a_dtype_onednn_cannot_run_goes_back_to_torch_linears(mon
     assert not any(isinstance(m, OneDnnLinear) for m in model.modules())
     assert model[0].weight is weight and model[1].bias is None  # the same tensors, no copy
     x = torch.randn(3, 8, dtype=torch.bfloat16)
-    expected = torch.nn.functional.linear(torch.nn.functional.linear(x, weight, model[0].bias), model[1].weight)
+    expected = torch.nn.functional.linear(
+        torch.nn.functional.linear(x, weight, model[0].bias), model[1].weight
+    )
     assert torch.equal(model(x), expected)

@@ -16,25 +16,48 @@ from engine.planners import planner_names
 
 router = APIRouter(tags=["ask"])
 
-STREAM_DOC = {200: {"content": {"text/event-stream": {}},
-                    "description": "with stream=true: `piece` events {text}, then one `report` (or `error`)"}}
+STREAM_DOC = {
+    200: {
+        "content": {"text/event-stream": {}},
+        "description": "with stream=true: `piece` events {text}, then one `report` (or `error`)",
+    }
+}
 
 
 @router.get("/modes", response_model=ModesResponse)
 def modes(services: ServicesDep) -> ModesResponse:
     s = services.settings
-    return ModesResponse(modes=planner_names(), default=s.default_mode, top_k=s.default_top_k,
-                         max_tokens=s.default_max_tokens, fidelities=list(FIDELITIES), fidelity=s.fidelity)
+    return ModesResponse(
+        modes=planner_names(),
+        default=s.default_mode,
+        top_k=s.default_top_k,
+        max_tokens=s.default_max_tokens,
+        fidelities=list(FIDELITIES),
+        fidelity=s.fidelity,
+    )
 
 
-@router.post("/ask", response_model=AskResponse, responses={**STREAM_DOC, **documented(400, 422, 503)})
+@router.post(
+    "/ask", response_model=AskResponse, responses={**STREAM_DOC, **documented(400, 422, 503)}
+)
 async def ask(body: AskRequest, services: ServicesDep, request: Request):
     """Retrieve, prefill by mode reusing chunk KV, decode; report per chunk and per stage."""
-    query = services.rag.query(body.question, body.top_k, body.mode, body.ratio, body.max_tokens,
-                               body.temperature, body.top_p, body.seed, body.fidelity)
+    query = services.rag.query(
+        body.question,
+        body.top_k,
+        body.mode,
+        body.ratio,
+        body.max_tokens,
+        body.temperature,
+        body.top_p,
+        body.seed,
+        body.fidelity,
+    )
     tokenizer = services.engine.loaded.tokenizer if body.explain else None
     if not body.stream:
-        answer = await answer_while_connected(request, services.queue, services.rag, query, services.metrics)
+        answer = await answer_while_connected(
+            request, services.queue, services.rag, query, services.metrics
+        )
         return ask_response(answer, tokenizer)
     stream = AnswerStream.start(services, query)
 

@@ -30,8 +30,12 @@ from app.schemas.chat import (
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
-STREAM_DOC = {200: {"content": {"text/event-stream": {}},
-                    "description": "with stream=true: `chat.completion.chunk` frames, then `data: [DONE]`"}}
+STREAM_DOC = {
+    200: {
+        "content": {"text/event-stream": {}},
+        "description": "with stream=true: `chat.completion.chunk` frames, then `data: [DONE]`",
+    }
+}
 
 
 @router.get("/models", response_model=ModelList)
@@ -39,20 +43,49 @@ def models(services: ServicesDep) -> ModelList:
     return ModelList(data=[ModelCard(id=services.model_name, created=int(services.started_at))])
 
 
-@router.post("/chat/completions", response_model=ChatResponse, responses={**STREAM_DOC, **documented(400, 422, 503)})
+@router.post(
+    "/chat/completions",
+    response_model=ChatResponse,
+    responses={**STREAM_DOC, **documented(400, 422, 503)},
+)
 async def chat_completions(body: ChatRequest, services: ServicesDep, request: Request):
-    query = services.rag.query(body.question(), body.top_k, body.mode, body.ratio,
-                               body.max_completion_tokens or body.max_tokens,
-                               body.temperature or 0.0, body.top_p or 1.0, body.seed, body.fidelity)
-    head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": services.model_name}
+    query = services.rag.query(
+        body.question(),
+        body.top_k,
+        body.mode,
+        body.ratio,
+        body.max_completion_tokens or body.max_tokens,
+        body.temperature or 0.0,
+        body.top_p or 1.0,
+        body.seed,
+        body.fidelity,
+    )
+    head = {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        "created": int(time.time()),
+        "model": services.model_name,
+    }
     if not body.stream:
-        answer = await answer_while_connected(request, services.queue, services.rag, query, services.metrics)
-        return ChatResponse(**head, choices=[Choice(message=AssistantMessage(content=answer.text),
-                                                    finish_reason=finish_reason(answer.finish_reason))],
-                            usage=chat_usage(answer), kvmosaic=ask_response(answer).model_dump(mode="json"))
+        answer = await answer_while_connected(
+            request, services.queue, services.rag, query, services.metrics
+        )
+        return ChatResponse(
+            **head,
+            choices=[
+                Choice(
+                    message=AssistantMessage(content=answer.text),
+                    finish_reason=finish_reason(answer.finish_reason),
+                )
+            ],
+            usage=chat_usage(answer),
+            kvmosaic=ask_response(answer).model_dump(mode="json"),
+        )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return StreamingResponse(chunk_frames(AnswerStream.start(services, query), head, include_usage),
-                             media_type="text/event-stream", headers=SSE_HEADERS)
+    return StreamingResponse(
+        chunk_frames(AnswerStream.start(services, query), head, include_usage),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
+    )
 
 
 async def chunk_frames(stream: AnswerStream, head: dict, include_usage: bool):
@@ -80,4 +113,6 @@ def finish_reason(reason: str) -> str:
 
 def chat_usage(answer) -> ChatUsage:
     prompt, completion = answer.result.layout.total_len, len(answer.result.generated_ids)
-    return ChatUsage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    return ChatUsage(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+    )

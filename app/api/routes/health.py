@@ -18,31 +18,53 @@ def healthz() -> Health:
     return Health(status="ok")
 
 
-@router.get("/readyz", response_model=Readiness,
-            responses={503: {"model": Readiness, "description": "not ready (see `checks`)"}})
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "not ready (see `checks`)"}},
+)
 def readyz(services: ServicesDep) -> JSONResponse:
     """Ready when the catalog answers, the index is loaded and the work queue has room.
 
     A store tier that is down (Redis unreachable) or cannot write (a full disk) is listed
     under `degraded`, with the write error under `write_errors`, but does not make the
     replica unready: it serves from its other tiers and recomputes the rest."""
-    checks = {"catalog": _catalog_ok(services), "index": services.retriever is not None,
-              "queue": services.queue.can_submit(), "kv_reuse": services.engine.reuse_available}
+    checks = {
+        "catalog": _catalog_ok(services),
+        "index": services.retriever is not None,
+        "queue": services.queue.can_submit(),
+        "kv_reuse": services.engine.reuse_available,
+    }
     ready = checks["catalog"] and checks["index"] and checks["queue"]
     stats = services.chunk_cache.tier_stats()
     tiers = {name: s["state"] for name, s in stats.items()}
-    body = {"ready": ready, "checks": checks, "index_rows": len(services.retriever),
-            "index_cursor": services.retriever.cursor, "tiers": tiers,
-            "degraded": [name for name, state in tiers.items() if state != "up"],
-            "write_errors": {name: s["write_error"] for name, s in stats.items() if s["write_error"]},
-            "queue": {"running": services.queue.running, "waiting": services.queue.waiting,
-                      "capacity": services.queue.capacity}}
+    body = {
+        "ready": ready,
+        "checks": checks,
+        "index_rows": len(services.retriever),
+        "index_cursor": services.retriever.cursor,
+        "tiers": tiers,
+        "degraded": [name for name, state in tiers.items() if state != "up"],
+        "write_errors": {name: s["write_error"] for name, s in stats.items() if s["write_error"]},
+        "queue": {
+            "running": services.queue.running,
+            "waiting": services.queue.waiting,
+            "capacity": services.queue.capacity,
+        },
+    }
     return JSONResponse(body, status_code=200 if ready else 503)
 
 
-@router.get("/metrics", response_class=PlainTextResponse,
-            responses={200: {"description": "Prometheus text exposition format",
-                             "content": {"text/plain": {"schema": {"type": "string"}}}}})
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={
+        200: {
+            "description": "Prometheus text exposition format",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    },
+)
 def metrics(services: ServicesDep) -> Response:
     return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

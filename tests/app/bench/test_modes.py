@@ -9,7 +9,9 @@ from engine.errors import InvalidRequest
 
 
 def test_settings_attach_to_the_mode_before_them():
-    specs = parse_modes("full, cacheblend:selection=deviation,check_layers=1, cachecraft:ratio=0.3,cacheblend")
+    specs = parse_modes(
+        "full, cacheblend:selection=deviation,check_layers=1, cachecraft:ratio=0.3,cacheblend"
+    )
     assert [s.mode for s in specs] == ["full", "cacheblend", "cachecraft", "cacheblend"]
     assert specs[1].overrides() == {"selection": "deviation", "check_layers": "1"}
     assert specs[1].name == "cacheblend:selection=deviation,check_layers=1"
@@ -19,7 +21,11 @@ def test_settings_attach_to_the_mode_before_them():
 
 def test_a_list_setting_in_a_spec_takes_semicolons():
     (spec,) = parse_modes("cacheblend:check_layers=1;2;6,check_multipliers=4;2;1,ratio=0.2")
-    assert spec.overrides() == {"check_layers": "1;2;6", "check_multipliers": "4;2;1", "recompute_ratio": "0.2"}
+    assert spec.overrides() == {
+        "check_layers": "1;2;6",
+        "check_multipliers": "4;2;1",
+        "recompute_ratio": "0.2",
+    }
     from app.settings import Settings
 
     engine = Settings(**spec.overrides()).engine_config()
@@ -33,15 +39,18 @@ def test_preset_keeps_its_name():
     assert spec.overrides() == {"selection": "deviation", "check_layers": "1", "fidelity": "fast"}
 
 
-@pytest.mark.parametrize("text, message", [
-    ("fastest", "unknown mode"),
-    ("cacheblend:selektion=deviation", "not a setting"),
-    ("cacheblend:selection", "expected key=value"),
-    ("check_layers=1,full", "before any mode"),
-    ("full,full", "named twice"),
-    ("full:linear_kernel=torch", "fixed when the model loads"),
-    ("cachecraft:dtype=bfloat16", "fixed when the model loads"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("fastest", "unknown mode"),
+        ("cacheblend:selektion=deviation", "not a setting"),
+        ("cacheblend:selection", "expected key=value"),
+        ("check_layers=1,full", "before any mode"),
+        ("full,full", "named twice"),
+        ("full:linear_kernel=torch", "fixed when the model loads"),
+        ("cachecraft:dtype=bfloat16", "fixed when the model loads"),
+    ],
+)
 def test_malformed_specs_are_refused(text, message):
     with pytest.raises(InvalidRequest, match=message):
         parse_modes(text)
@@ -63,4 +72,8 @@ def test_quick_is_a_smaller_run_and_explicit_flags_win(tmp_path):
     assert [s.name for s in quick.modes] == ["full", "cacheblend", "cachecraft"]
     assert quick.concurrency == default.concurrency == (1, 4)
     mine = _workload_options(tmp_path, "--quick", "--requests", "20", "--modes", "full,prefix")
-    assert mine.requests == 20 and [s.name for s in mine.modes] == ["full", "prefix"] and mine.records == 3
+    assert (
+        mine.requests == 20
+        and [s.name for s in mine.modes] == ["full", "prefix"]
+        and mine.records == 3
+    )

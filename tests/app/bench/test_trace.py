@@ -46,7 +46,10 @@ def test_stats_classify_each_request_against_earlier_ones():
 def test_trace_file_round_trip_and_errors(tmp_path):
     path = tmp_path / "trace.jsonl"
     write_trace(path, [TraceRequest("Who built it?", 4), TraceRequest("When?")])
-    assert [(r.question, r.top_k) for r in read_trace(path)] == [("Who built it?", 4), ("When?", None)]
+    assert [(r.question, r.top_k) for r in read_trace(path)] == [
+        ("Who built it?", 4),
+        ("When?", None),
+    ]
     path.write_text('{"question": "ok"}\n{"question": "bad", "top_k": 0}\n')
     with pytest.raises(InvalidRequest, match=":2: top_k"):
         read_trace(path)

@@ -27,8 +27,14 @@ def _pg_admin_connection():
     errors = []
     for user in PG_USERS:
         try:
-            return psycopg.connect(host=PG_HOST, port=PG_PORT, dbname=PG_DATABASE, user=user,
-                                   connect_timeout=3, autocommit=True), user
+            return psycopg.connect(
+                host=PG_HOST,
+                port=PG_PORT,
+                dbname=PG_DATABASE,
+                user=user,
+                connect_timeout=3,
+                autocommit=True,
+            ), user
         except psycopg.Error as exc:
             errors.append(f"{user}: {str(exc).strip().splitlines()[0]}")
     return None, "; ".join(errors)
@@ -44,8 +50,10 @@ def postgres_url():
     with connection:
         connection.execute(f'CREATE SCHEMA "{schema}"')
         try:
-            yield (f"postgresql+psycopg://{user}@{PG_HOST}:{PG_PORT}/{PG_DATABASE}"
-                   f"?options=-csearch_path%3D{schema}")
+            yield (
+                f"postgresql+psycopg://{user}@{PG_HOST}:{PG_PORT}/{PG_DATABASE}"
+                f"?options=-csearch_path%3D{schema}"
+            )
         finally:
             connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from app.catalog import ADD, REMOVE, RECLAIMING, RUNNING, LeaseLost, NewChunk
+from app.catalog import ADD, RECLAIMING, REMOVE, RUNNING, LeaseLost, NewChunk
 from app.catalog.models import utcnow
 
 
@@ -18,8 +18,15 @@ def _chunks(n: int, dim: int = 4) -> list[NewChunk]:
 
 
 def _begin(catalog, owner="a", lease_s=30.0, n=2, name="doc"):
-    return catalog.begin_ingest(f"{name}.txt", name.title(), name.ljust(64, "0"), _chunks(n), owner, lease_s,
-                                embedder="emb-4")
+    return catalog.begin_ingest(
+        f"{name}.txt",
+        name.title(),
+        name.ljust(64, "0"),
+        _chunks(n),
+        owner,
+        lease_s,
+        embedder="emb-4",
+    )
 
 
 def test_ingest_is_invisible_until_finished(catalog):
@@ -33,7 +40,12 @@ def test_ingest_is_invisible_until_finished(catalog):
     changes = catalog.changes_since(0)
     assert [(c.chunk_id, c.op) for c in changes] == [(i, ADD) for i in ids]
     first = changes[0].chunk
-    assert first.embedder == "emb-4" and np.frombuffer(first.embedding, "<f4").tolist() == [1, 0, 0, 0]
+    assert first.embedder == "emb-4" and np.frombuffer(first.embedding, "<f4").tolist() == [
+        1,
+        0,
+        0,
+        0,
+    ]
     assert first.embedding_text == "Doc\ntext 0"
     assert catalog.last_change_seq() == changes[-1].seq
 
@@ -46,8 +58,9 @@ def test_delete_logs_removals_and_follow_from_a_cursor(catalog):
     catalog.finish_ingest(two.document.id, "a")
     catalog.delete_document(one.document.id)
     later = catalog.changes_since(cursor)
-    assert [(c.chunk_id, c.op) for c in later] == \
-        [(c.id, ADD) for c in two.chunks] + [(c.id, REMOVE) for c in one.chunks]
+    assert [(c.chunk_id, c.op) for c in later] == [(c.id, ADD) for c in two.chunks] + [
+        (c.id, REMOVE) for c in one.chunks
+    ]
     assert all(c.chunk is None for c in later if c.op == REMOVE)
     assert [c.chunk_id for c in catalog.iter_indexed_chunks(page=1)] == [c.id for c in two.chunks]
 
@@ -107,7 +120,7 @@ def test_finish_and_claim_race_has_one_winner(catalog):
         outcome: dict[str, object] = {}
         barrier = threading.Barrier(2)
 
-        def finish():
+        def finish(barrier, doc, outcome):
             barrier.wait()
             try:
                 catalog.finish_ingest(doc, "a")
@@ -115,11 +128,14 @@ def test_finish_and_claim_race_has_one_winner(catalog):
             except LeaseLost:
                 outcome["finish"] = False
 
-        def claim():
+        def claim(barrier, doc, later, outcome):
             barrier.wait()
             outcome["claim"] = catalog.claim_ingest(doc, "b", 30.0, now=later)
 
-        threads = [threading.Thread(target=finish), threading.Thread(target=claim)]
+        threads = [
+            threading.Thread(target=finish, args=(barrier, doc, outcome)),
+            threading.Thread(target=claim, args=(barrier, doc, later, outcome)),
+        ]
         for t in threads:
             t.start()
         for t in threads:

@@ -22,8 +22,15 @@ def _restartable(tiny_engine, catalog, disk_dir):
 
 def test_reconcile_after_crash(tiny_engine, catalog, tmp_path):
     ids = [tiny_engine.chunk_ids(text, title) for title, text in PASSAGES]
-    added = catalog.add_document("p", "", "0" * 64, [NewChunk(t, len(i), hashlib.sha256(repr(i).encode()).hexdigest())
-                                                     for (_, t), i in zip(PASSAGES, ids)])
+    added = catalog.add_document(
+        "p",
+        "",
+        "0" * 64,
+        [
+            NewChunk(t, len(i), hashlib.sha256(repr(i).encode()).hexdigest())
+            for (_, t), i in zip(PASSAGES, ids)
+        ],
+    )
     refs = [ChunkRef(c.id, i) for c, i in zip(added.chunks, ids)]
     start = _restartable(tiny_engine, catalog, tmp_path / "kv")
     cache = start()
@@ -57,7 +64,9 @@ def test_reconcile_after_crash(tiny_engine, catalog, tmp_path):
         assert report.marked_missing == 2
         assert catalog.get_variant(keys[0]).status == MISSING
         assert catalog.get_variant(orphan_in_stale_row).status == MISSING
-    assert restarted.maintenance.reconcile() == type(report)(0, 0, 0)  # a second pass has nothing to do
+    assert restarted.maintenance.reconcile() == type(report)(
+        0, 0, 0
+    )  # a second pass has nothing to do
 
     # A missing variant comes back when it is computed again.
     with restarted.loader.load([refs[0]]) as loaded:
@@ -75,7 +84,9 @@ def test_orphans_wait_out_the_grace_period(tiny_engine, catalog, tmp_path):
     added = catalog.add_document("p", "", "1" * 64, [NewChunk("t", len(i), "2" * 64) for i in ids])
     keys = [cache.keys.key(i) for i in ids]
     for key, token_ids in zip(keys, ids):
-        cache.store.put(key, entry_from_chunk(tiny_engine.encode_chunk(token_ids), "float16"), tier="disk")
+        cache.store.put(
+            key, entry_from_chunk(tiny_engine.encode_chunk(token_ids), "float16"), tier="disk"
+        )
     assert cache.maintenance.reconcile(orphan_grace_s=3600).orphans_removed == 0
     assert cache.maintenance.sweep_orphans(3600) == 0 and all(cache.store.contains(k) for k in keys)
     # the peer finishes chunk 0: its row arrives; chunk 1's writer died

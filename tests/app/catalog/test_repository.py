@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -21,24 +21,44 @@ from app.catalog import (
 
 
 def _chunks(n: int, first_row: int | None = 0) -> list[NewChunk]:
-    return [NewChunk(f"text {i}", 10 + i, f"{i:064x}", None if first_row is None else first_row + i)
-            for i in range(n)]
+    return [
+        NewChunk(f"text {i}", 10 + i, f"{i:064x}", None if first_row is None else first_row + i)
+        for i in range(n)
+    ]
 
 
-def _variant(chunk_id: int, key: str, context=(), tier="disk", num_bytes=1000, **stats) -> NewVariant:
-    return NewVariant(chunk_id, tuple(context), "fp0", "pd0", "float16", key, tier, num_bytes, 10,
-                      VariantStats(**stats))
+def _variant(
+    chunk_id: int, key: str, context=(), tier="disk", num_bytes=1000, **stats
+) -> NewVariant:
+    return NewVariant(
+        chunk_id,
+        tuple(context),
+        "fp0",
+        "pd0",
+        "float16",
+        key,
+        tier,
+        num_bytes,
+        10,
+        VariantStats(**stats),
+    )
 
 
 def test_ready_bytes_by_kind_and_codec(catalog):
     chunk = catalog.add_document("a.txt", "", "a" * 64, _chunks(1)).chunks[0]
     catalog.put_variant(_variant(chunk.id, "b" * 32, num_bytes=100))
-    catalog.put_variant(dataclasses.replace(_variant(chunk.id, "c" * 32, num_bytes=400), storage_dtype="float32"))
+    catalog.put_variant(
+        dataclasses.replace(_variant(chunk.id, "c" * 32, num_bytes=400), storage_dtype="float32")
+    )
     catalog.put_variant(_variant(chunk.id, "d" * 32, context=(7,), num_bytes=30))
     catalog.put_variant(_variant(chunk.id, "e" * 32, context=(8,), num_bytes=20))
     catalog.put_variant(_variant(chunk.id, "f" * 32, context=(9,), num_bytes=1000))
     catalog.mark_missing(["f" * 32])  # not in the store: not counted
-    assert catalog.ready_bytes_by_kind() == {"base:float16": 100, "base:float32": 400, "context:float16": 50}
+    assert catalog.ready_bytes_by_kind() == {
+        "base:float16": 100,
+        "base:float32": 400,
+        "context:float16": 50,
+    }
 
 
 def test_add_get_list_document(catalog):
@@ -75,22 +95,41 @@ def test_chunks_by_embedding_rows_and_assignment(catalog):
     assert catalog.max_embedding_row() == 7
     with pytest.raises(CatalogError):
         catalog.set_embedding_rows({ids[0]: 5})
-    assert [c.id if c else None for c in catalog.get_chunks([ids[2], 12345, ids[0]])] == [ids[2], None, ids[0]]
+    assert [c.id if c else None for c in catalog.get_chunks([ids[2], 12345, ids[0]])] == [
+        ids[2],
+        None,
+        ids[0],
+    ]
 
 
 def test_variants_put_refresh_access_and_stats(catalog):
     chunk = catalog.add_document("a.txt", "", "a" * 64, _chunks(2)).chunks[0]
     base = catalog.put_variant(_variant(chunk.id, "k" * 32))
-    other = catalog.put_variant(_variant(chunk.id, "m" * 32, context=(9, 4), tier="cpu", num_bytes=50,
-                                         a=0.1, b=0.2, cci=0.6, inter_scores={9: 0.3, 4: 0.1},
-                                         token_scores=[0.5] * 10, expected_savings=8.5))
+    other = catalog.put_variant(
+        _variant(
+            chunk.id,
+            "m" * 32,
+            context=(9, 4),
+            tier="cpu",
+            num_bytes=50,
+            a=0.1,
+            b=0.2,
+            cci=0.6,
+            inter_scores={9: 0.3, 4: 0.1},
+            token_scores=[0.5] * 10,
+            expected_savings=8.5,
+        )
+    )
     assert base.context == () and base.status == READY and base.access_count == 0
-    assert other.context == (9, 4)  # chunk ids come back as ints, from the signature and from JSON keys
+    assert other.context == (
+        9,
+        4,
+    )  # chunk ids come back as ints, from the signature and from JSON keys
     assert other.stats.inter_scores == {9: 0.3, 4: 0.1} and other.stats.token_scores == [0.5] * 10
     assert [v.store_key for v in catalog.variants_of_chunk(chunk.id)] == ["k" * 32, "m" * 32]
     assert catalog.variants_of_chunk(chunk.id, model_fingerprint="other") == []
 
-    when = datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    when = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
     assert catalog.record_access(["k" * 32, "k" * 32, "nope"], when=when) == 1
     assert catalog.record_access(["k" * 32]) == 1
     assert catalog.get_variant("k" * 32).access_count == 2
@@ -105,7 +144,12 @@ def test_variants_put_refresh_access_and_stats(catalog):
 
     # Refreshing by store key: back to ready, access count kept, new tier.
     again = catalog.put_variant(_variant(chunk.id, "k" * 32, tier="cpu"))
-    assert again.id == base.id and again.status == READY and again.access_count == 2 and again.tier == "cpu"
+    assert (
+        again.id == base.id
+        and again.status == READY
+        and again.access_count == 2
+        and again.tier == "cpu"
+    )
     assert catalog.set_variant_tier("k" * 32, "disk") and not catalog.set_variant_tier("zz", "disk")
     assert catalog.update_variant_stats("k" * 32, VariantStats(cci=0.7))
     assert catalog.get_variant("k" * 32).stats.cci == 0.7
@@ -158,6 +202,10 @@ def test_concurrent_writers_do_not_lose_accesses(catalog):
 def test_context_signature_round_trip():
     assert context_signature([]) == "" and parse_context_signature("") == ()
     assert context_signature([12, 7, 3]) == "12,7,3"
-    assert parse_context_signature(context_signature([12, 7, 3])) == (12, 7, 3)  # ids come back as ints
+    assert parse_context_signature(context_signature([12, 7, 3])) == (
+        12,
+        7,
+        3,
+    )  # ids come back as ints
     with pytest.raises(ValueError):  # a chunk id is an int; text that is not one has no signature
         context_signature(["a,b"])

@@ -26,7 +26,10 @@ def catalog(tmp_path):
 @pytest.fixture
 def refs(tiny_engine, catalog) -> list[ChunkRef]:
     ids = [tiny_engine.chunk_ids(text, title) for title, text in PASSAGES]
-    new = [NewChunk(text, len(i), hashlib.sha256(repr(i).encode()).hexdigest()) for (_, text), i in zip(PASSAGES, ids)]
+    new = [
+        NewChunk(text, len(i), hashlib.sha256(repr(i).encode()).hexdigest())
+        for (_, text), i in zip(PASSAGES, ids)
+    ]
     added = catalog.add_document("passages", "Passages", "0" * 64, new)
     return [ChunkRef(c.id, i) for c, i in zip(added.chunks, ids)]
 
@@ -35,8 +38,13 @@ def make_cache(engine, catalog, tmp_path, **config) -> ChunkKVCache:
     settings = dict(tiers=("cpu", "disk"), disk_dir=tmp_path / "kv", disk_fsync=False)
     settings.update(config)
     store_config = StoreConfig(**settings)
-    return ChunkKVCache.open(engine, create_store(store_config), catalog, storage_dtype=store_config.codec,
-                             variant_dtype=store_config.context_variant_codec)
+    return ChunkKVCache.open(
+        engine,
+        create_store(store_config),
+        catalog,
+        storage_dtype=store_config.codec,
+        variant_dtype=store_config.context_variant_codec,
+    )
 
 
 def prefill_logits(engine, cache, refs, mode="cacheblend"):
@@ -81,7 +89,9 @@ def _damage(cache: ChunkKVCache, ref: ChunkRef, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["flip_last_layer", "truncate", "missing", "wrong_fingerprint"])
-def test_damaged_entry_is_recomputed_with_the_same_answer(tiny_engine, catalog, refs, tmp_path, kind):
+def test_damaged_entry_is_recomputed_with_the_same_answer(
+    tiny_engine, catalog, refs, tmp_path, kind
+):
     cache = make_cache(tiny_engine, catalog, tmp_path, tiers=("disk",))
     reference, _ = prefill_logits(tiny_engine, cache, refs)
     _damage(cache, refs[1], kind)
@@ -94,7 +104,9 @@ def test_damaged_entry_is_recomputed_with_the_same_answer(tiny_engine, catalog, 
         assert counters.corrupt == 1
     assert loaded.load_stats().fell_back == (kind == "flip_last_layer")
     # The entry was written again and is good now.
-    fresh = cache.store.get(cache.keys.key(refs[1].token_ids), cache.keys.expectation(refs[1].token_ids))
+    fresh = cache.store.get(
+        cache.keys.key(refs[1].token_ids), cache.keys.expectation(refs[1].token_ids)
+    )
     assert fresh is not None and fresh.meta.fingerprint == tiny_engine.fingerprint
     assert catalog.get_variant(cache.keys.key(refs[1].token_ids)).status == READY
     again, loaded = prefill_logits(tiny_engine, cache, refs)
@@ -108,8 +120,14 @@ def test_put_variant_and_load_it_by_context(tiny_engine, catalog, refs, tmp_path
     base = tiny_engine.encode_chunk(target.token_ids)
     base.kv = base.kv * 1.5  # stands for KV recomputed in a new context
     base.context = before
-    stats = VariantStats(a=0.1, b=0.3, cci=0.58, inter_scores={before[0]: 0.2}, token_scores=[0.1] * base.num_tokens,
-                         expected_savings=12.0)
+    stats = VariantStats(
+        a=0.1,
+        b=0.3,
+        cci=0.58,
+        inter_scores={before[0]: 0.2},
+        token_scores=[0.1] * base.num_tokens,
+        expected_savings=12.0,
+    )
     record = cache.variants.put(target.chunk_id, base, stats)
     assert record.context == before and record.stats.cci == 0.58
     assert cache.store.usage(record.store_key).savings == 12.0
@@ -130,7 +148,11 @@ def test_evictions_and_drops_reach_the_catalog(tiny_engine, catalog, refs, tmp_p
     with cache.loader.load(refs[:3]):
         pass
     statuses = [catalog.variants_of_chunk(r.chunk_id, status=None)[0] for r in refs[:3]]
-    assert [(v.status, v.tier) for v in statuses] == [(MISSING, "disk"), (READY, "disk"), (READY, "cpu")]
+    assert [(v.status, v.tier) for v in statuses] == [
+        (MISSING, "disk"),
+        (READY, "disk"),
+        (READY, "cpu"),
+    ]
     deleted = cache.maintenance.forget_document(catalog.get_chunk(refs[0].chunk_id).document_id)
     assert len(deleted.store_keys) == 3 and cache.store.locations() == {}
     cache.store.close()

@@ -19,8 +19,13 @@ TIER_NAMES = [
     "cpu",
     "disk",
     pytest.param("redis", marks=pytest.mark.redis),
-    pytest.param("gpu", marks=[pytest.mark.gpu,
-                               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]),
+    pytest.param(
+        "gpu",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+        ],
+    ),
 ]
 
 
@@ -45,10 +50,23 @@ def redis_prefix():
 @pytest.fixture
 def store_config(tmp_path, request):
     """A StoreConfig with a private disk dir and (when the test uses Redis) a private prefix."""
-    prefix = request.getfixturevalue("redis_prefix") if request.node.get_closest_marker("redis") else "unused:"
-    return StoreConfig(tiers=("cpu", "disk"), disk_dir=tmp_path / "kv", redis_url=REDIS_URL, redis_prefix=prefix,
-                       cpu_bytes=1 << 30, disk_bytes=1 << 30, redis_bytes=1 << 30, gpu_bytes=1 << 30,
-                       disk_fsync=False, load_threads=2)
+    prefix = (
+        request.getfixturevalue("redis_prefix")
+        if request.node.get_closest_marker("redis")
+        else "unused:"
+    )
+    return StoreConfig(
+        tiers=("cpu", "disk"),
+        disk_dir=tmp_path / "kv",
+        redis_url=REDIS_URL,
+        redis_prefix=prefix,
+        cpu_bytes=1 << 30,
+        disk_bytes=1 << 30,
+        redis_bytes=1 << 30,
+        gpu_bytes=1 << 30,
+        disk_fsync=False,
+        load_threads=2,
+    )
 
 
 @pytest.fixture(params=TIER_NAMES)

@@ -14,9 +14,16 @@ def key_of(name: str) -> str:
     return hashlib.sha256(name.encode()).hexdigest()[:32]
 
 
-def make_entry(seed: int = 0, layers: int = 3, heads: int = 2, tokens: int = 5, dim: int = 4,
-               dtype: str = "float16", fingerprint: str = "fp-test",
-               context: tuple[str, ...] = ()) -> KVEntry:
+def make_entry(
+    seed: int = 0,
+    layers: int = 3,
+    heads: int = 2,
+    tokens: int = 5,
+    dim: int = 4,
+    dtype: str = "float16",
+    fingerprint: str = "fp-test",
+    context: tuple[str, ...] = (),
+) -> KVEntry:
     """An entry whose values are determined by `seed` (so a torn read is detectable)."""
     generator = torch.Generator().manual_seed(seed)
     # kv: [layers, 2, kv_heads, tokens, head_dim]

@@ -72,7 +72,9 @@ def test_concurrent_put_get_evict(tmp_path, policy):
     cpu, disk = CpuTier(2 * SIZE), DiskTier(3 * SIZE, tmp_path / "kv", fsync=False)
     store = TieredStore([cpu, disk], create_policy(policy), load_threads=2)
     stop, errors = threading.Event(), []
-    threads = [threading.Thread(target=_worker, args=(store, seed, stop, errors)) for seed in range(4)]
+    threads = [
+        threading.Thread(target=_worker, args=(store, seed, stop, errors)) for seed in range(4)
+    ]
     for thread in threads:
         thread.start()
     time.sleep(DURATION_S)

@@ -13,9 +13,19 @@ from app.store.codecs import CODECS
 from app.store.lazy import hidden_share
 
 
-@pytest.mark.parametrize("bad", [dict(tiers=()), dict(tiers=("cpu", "cpu")), dict(tiers=("tape",)),
-                                 dict(cpu_bytes=-1), dict(codec="int3"), dict(eviction="fifo"),
-                                 dict(load_threads=0), dict(prefetch_layers=0)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(tiers=()),
+        dict(tiers=("cpu", "cpu")),
+        dict(tiers=("tape",)),
+        dict(cpu_bytes=-1),
+        dict(codec="int3"),
+        dict(eviction="fifo"),
+        dict(load_threads=0),
+        dict(prefetch_layers=0),
+    ],
+)
 def test_config_rejects_bad_settings(bad):
     with pytest.raises(ValueError):
         StoreConfig(**bad)
@@ -48,8 +58,12 @@ def test_bench_throughput_smoke(tmp_path):
     rows = run_throughput(
         StoreBenchOptions(tiers=("cpu", "disk"), repeats=1, fsync=False), tmp_path
     )
-    assert [(r.tier, r.entry) for r in rows] == [("cpu", "chunk-512"), ("disk", "chunk-512"),
-                                                 ("cpu", "10MiB"), ("disk", "10MiB")]
+    assert [(r.tier, r.entry) for r in rows] == [
+        ("cpu", "chunk-512"),
+        ("disk", "chunk-512"),
+        ("cpu", "10MiB"),
+        ("disk", "10MiB"),
+    ]
     assert rows[0].megabytes == pytest.approx(30 * 2 * 3 * 512 * 64 * 2 / 1e6)
     assert all(r.put_ratio > 0 and r.get_ratio > 0 for r in rows)
     assert not list(tmp_path.glob("kv/*/*.kvs"))  # the bench cleans up after itself

@@ -21,7 +21,9 @@ def test_a_restart_with_a_smaller_capacity_removes_the_oldest_files(tmp_path, ca
 
     assert again.used_bytes() == 2 * size <= again.capacity_bytes
     assert sorted(again.keys()) == sorted(key for key, _ in entries[3:])  # the newest two stay
-    assert sorted(p.name for p in tmp_path.glob("*/*.kvs")) == sorted(f"{key}.kvs" for key, _ in entries[3:])
+    assert sorted(p.name for p in tmp_path.glob("*/*.kvs")) == sorted(
+        f"{key}.kvs" for key, _ in entries[3:]
+    )
     assert "removed the 3 oldest entries" in caplog.text
 
 

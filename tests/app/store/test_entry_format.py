@@ -25,14 +25,14 @@ def test_entry_is_plain_safetensors():
 
 
 def _damaged(kind: str, data: bytes) -> bytes:
-    layout = codec.parse_header(data[:8 + codec.header_length(data)], len(data))
+    layout = codec.parse_header(data[: 8 + codec.header_length(data)], len(data))
     if kind == "flip_data":
         start, end = layout.offsets[1]
         at = (start + end) // 2
-        return data[:at] + bytes([data[at] ^ 0x10]) + data[at + 1:]
+        return data[:at] + bytes([data[at] ^ 0x10]) + data[at + 1 :]
     if kind == "flip_header":
         at = data.index(b"fp-test")
-        return data[:at] + b"fp-tesu" + data[at + 7:]
+        return data[:at] + b"fp-tesu" + data[at + 7 :]
     if kind == "truncate":
         return data[:-7]
     if kind == "extend":

@@ -81,8 +81,13 @@ def test_corrupt_layer_switches_to_the_fallback(executor):
     entry = make_entry(3, layers=4)
     recomputed = ChunkKV(tuple(range(5)), entry.kv.float() + 1, 7, "fp-test", "prefix-test")
     reasons = []
-    source = LazyChunkKV(SlowReader(entry, bad_layer=2), executor, torch.float32,
-                         fallback=lambda: recomputed, on_corrupt=reasons.append)
+    source = LazyChunkKV(
+        SlowReader(entry, bad_layer=2),
+        executor,
+        torch.float32,
+        fallback=lambda: recomputed,
+        on_corrupt=reasons.append,
+    )
     assert torch.equal(source.layer(1), entry.kv[1].float())
     assert torch.equal(source.layer(2), recomputed.kv[2])  # never the bad bytes
     assert torch.equal(source.layer(3), recomputed.kv[3])  # and the fallback from then on

@@ -113,10 +113,12 @@ def test_quantized_payloads_are_unchanged():
     wrote: int8 / int4 as before k4v3 existed, k4v3 / h4v3 as when they were added (h4v3's
     faster clip search picks the same ranges)."""
     kv = _kv(17, shape=(2, 2, 3, 100, 64))
-    digests = {"int8": "04cdf82deb3704e5b93f6c148c8c01d61d4d08e5ed497b6af72a1182aed0611f",
-               "int4": "5caf49c90c5e11471756f63fb2a3d35a8ccf6329444b9e9ad36fd3eff37e2c57",
-               "k4v3": "704a415f60f23b34eb4b7ad921643736e696243a73f589856baac83ad661f0fd",
-               "h4v3": "fc9b10c1c1091b81407ff16db8324bb298f6c319e39dadc0ac9aba8fe41f3bb9"}
+    digests = {
+        "int8": "04cdf82deb3704e5b93f6c148c8c01d61d4d08e5ed497b6af72a1182aed0611f",
+        "int4": "5caf49c90c5e11471756f63fb2a3d35a8ccf6329444b9e9ad36fd3eff37e2c57",
+        "k4v3": "704a415f60f23b34eb4b7ad921643736e696243a73f589856baac83ad661f0fd",
+        "h4v3": "fc9b10c1c1091b81407ff16db8324bb298f6c319e39dadc0ac9aba8fe41f3bb9",
+    }
     for name, digest in digests.items():
         payload = get_codec(name).encode(kv)
         assert hashlib.sha256(payload.numpy().tobytes()).hexdigest() == digest, name
@@ -134,7 +136,7 @@ def test_quantization_error_is_within_half_a_step(name, tokens):
     keys, values = kv[:, 0], kv[:, 1]
     group = codec.key_group
     # keys: per (head, dim) channel over groups of key_group tokens
-    groups = [keys[:, :, g:g + group] for g in range(0, tokens, group)]
+    groups = [keys[:, :, g : g + group] for g in range(0, tokens, group)]
     key_range = torch.cat(
         [(g.amax(2, keepdim=True) - g.amin(2, keepdim=True)).expand_as(g) for g in groups], 2
     )
@@ -228,7 +230,7 @@ def test_quantized_entry_serializes_checksummed_and_decodes_layer_by_layer(tmp_p
     # one flipped byte inside layer 1: its checksum refuses it, layer 0 still decodes
     path = tier.path(key)
     data = bytearray(path.read_bytes())
-    layout = entry_codec.parse_header(bytes(data[:8 + entry_codec.header_length(data)]), len(data))
+    layout = entry_codec.parse_header(bytes(data[: 8 + entry_codec.header_length(data)]), len(data))
     data[layout.offsets[1][0] + 3] ^= 0x40
     path.write_bytes(bytes(data))
     with tier.open(key) as reader:

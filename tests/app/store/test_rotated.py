@@ -25,7 +25,7 @@ def _round_trip(name: str, kv: torch.Tensor) -> torch.Tensor:
 def test_hadamard_is_orthonormal_and_its_own_inverse(n):
     h = hadamard(n)
     assert torch.allclose(h @ h, torch.eye(n), atol=1e-6) and torch.equal(h, h.T)
-    assert bool(((h.abs() - n ** -0.5).abs() < 1e-7).all())
+    assert bool(((h.abs() - n**-0.5).abs() < 1e-7).all())
 
 
 @pytest.mark.parametrize("n", [0, 3, 48, 96])
@@ -174,7 +174,7 @@ def test_a_centred_payload_decodes_by_its_documented_layout():
     k_bytes = [flat_k[i] | flat_k[i + 1] << 4 for i in range(0, len(flat_k), 2)]
     v_bytes = []
     for i in range(0, len(flat_v), 8):
-        word = sum(code << 3 * j for j, code in enumerate(flat_v[i:i + 8]))
+        word = sum(code << 3 * j for j, code in enumerate(flat_v[i : i + 8]))
         v_bytes += [word & 0xFF, word >> 8 & 0xFF, word >> 16]
     payload = torch.tensor(
         as_bytes(k_scale)

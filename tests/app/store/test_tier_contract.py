@@ -35,7 +35,9 @@ def test_put_replaces_and_accounts(tier):
     tier.put(A, bigger)
     tier.put(B, make_entry(3))
     assert same_entry(tier.get(A), bigger)
-    assert tier.used_bytes() == bigger.num_bytes + make_entry(3).num_bytes == sum(tier.keys().values())
+    assert (
+        tier.used_bytes() == bigger.num_bytes + make_entry(3).num_bytes == sum(tier.keys().values())
+    )
     assert tier.remove(A) is True
     assert tier.used_bytes() == make_entry(3).num_bytes
 

@@ -14,7 +14,10 @@ SIZE = make_entry(0).num_bytes  # every entry below has this size
 
 
 def two_tiers(tmp_path, policy="lru", cpu_entries=3, disk_entries=10) -> TieredStore:
-    tiers = [CpuTier(cpu_entries * SIZE), DiskTier(disk_entries * SIZE, tmp_path / "kv", fsync=False)]
+    tiers = [
+        CpuTier(cpu_entries * SIZE),
+        DiskTier(disk_entries * SIZE, tmp_path / "kv", fsync=False),
+    ]
     return TieredStore(tiers, create_policy(policy))
 
 
@@ -177,14 +180,19 @@ def test_listener_hears_moves_and_drops(tmp_path):
     store.put(key_of("a"), make_entry(0))
     store.put(key_of("b"), make_entry(1))
     store.put(key_of("c"), make_entry(2))
-    assert events == [("moved", key_of("a"), "disk"), ("dropped", key_of("a")), ("moved", key_of("b"), "disk")]
+    assert events == [
+        ("moved", key_of("a"), "disk"),
+        ("dropped", key_of("a")),
+        ("moved", key_of("b"), "disk"),
+    ]
     store.close()
 
 
 def test_unreachable_redis_is_skipped(tmp_path, caplog):
     redis_tier = RedisTier(10 * SIZE, "redis://127.0.0.1:1/0", timeout_s=0.2, check=False)
-    store = TieredStore([CpuTier(SIZE), redis_tier, DiskTier(10 * SIZE, tmp_path / "kv", fsync=False)],
-                        retry_s=60)
+    store = TieredStore(
+        [CpuTier(SIZE), redis_tier, DiskTier(10 * SIZE, tmp_path / "kv", fsync=False)], retry_s=60
+    )
     assert "redis" not in store.live_names() and "unavailable" in caplog.text
     store.put(key_of("a"), make_entry(0))
     store.put(key_of("b"), make_entry(1))  # a is demoted past redis, to disk
@@ -200,8 +208,13 @@ def test_unreachable_redis_is_skipped(tmp_path, caplog):
 def test_redis_sits_between_cpu_and_disk(tmp_path, redis_prefix):
     from tests.app.store.conftest import REDIS_URL
 
-    store = TieredStore([CpuTier(SIZE), RedisTier(SIZE, REDIS_URL, redis_prefix),
-                         DiskTier(10 * SIZE, tmp_path / "kv", fsync=False)])
+    store = TieredStore(
+        [
+            CpuTier(SIZE),
+            RedisTier(SIZE, REDIS_URL, redis_prefix),
+            DiskTier(10 * SIZE, tmp_path / "kv", fsync=False),
+        ]
+    )
     for i, name in enumerate("abc"):
         store.put(key_of(name), make_entry(i))
     assert [store.where(key_of(n)) for n in "abc"] == ["disk", "redis", "cpu"]
