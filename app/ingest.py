@@ -23,19 +23,19 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
 from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
+from app.catalog import AddedDocument, Catalog, ChunkRecord, DocumentRecord, NewChunk
 from app.replica import LeaseKeeper, reclaim_expired
 from app.retrieve import chunk_token_ids
-from app.catalog import AddedDocument, Catalog, ChunkRecord, DocumentRecord, NewChunk
-from engine.errors import InvalidRequest
 from app.store.entry import token_ids_hash
+from engine.errors import InvalidRequest
 from retrieval import Chunker, Retriever, SourceDocument, TextChunk
 
 if TYPE_CHECKING:
@@ -69,8 +69,16 @@ def content_hash(text: str) -> str:
 
 
 class Ingestor:
-    def __init__(self, engine: Engine, chunker: Chunker, retriever: Retriever, catalog: Catalog,
-                 chunk_cache: ServiceChunkCache, leases: LeaseKeeper, kv: str = "eager"):
+    def __init__(
+        self,
+        engine: Engine,
+        chunker: Chunker,
+        retriever: Retriever,
+        catalog: Catalog,
+        chunk_cache: ServiceChunkCache,
+        leases: LeaseKeeper,
+        kv: str = "eager",
+    ):
         """`kv`: what `ingest` does with base KV when the caller names nothing (`KV_MODES`)."""
         self.kv = _check_kv(kv)
         self.engine = engine
@@ -81,8 +89,9 @@ class Ingestor:
         self.leases = leases
         self._lock = threading.Lock()
 
-    def ingest(self, doc: SourceDocument, on_progress: OnProgress | None = None,
-               kv: str | None = None) -> IngestResult:
+    def ingest(
+        self, doc: SourceDocument, on_progress: OnProgress | None = None, kv: str | None = None
+    ) -> IngestResult:
         """Add one document (or find it already there); `kv` "eager" or "lazy" (None: the
         ingestor's default); `on_progress(chunks, tokens)` reports stored base KV."""
         kv = _check_kv(kv or self.kv)
@@ -99,10 +108,14 @@ class Ingestor:
             vectors = self.retriever.embed([f"{doc.title}\n{p.text}" for p in pieces])
             added = self._begin(doc, digest, pieces, ids, vectors)
             try:
-                kv_tiers = self._compute_kv(added.chunks, ids, on_progress) if kv == "eager" else Counter()
+                kv_tiers = (
+                    self._compute_kv(added.chunks, ids, on_progress) if kv == "eager" else Counter()
+                )
                 chunk_ids = [c.id for c in added.chunks]
                 with self.leases.committing(added.document.id):
-                    self.catalog.finish_ingest(added.document.id, self.leases.owner)  # the commit point
+                    self.catalog.finish_ingest(
+                        added.document.id, self.leases.owner
+                    )  # the commit point
                 self.retriever.add(chunk_ids, vectors)
                 self.retriever.save()
             except BaseException:
@@ -110,12 +123,24 @@ class Ingestor:
                 raise
             finally:
                 self.leases.release(added.document.id)
-        memory_only = sum(n for tier, n in kv_tiers.items() if tier != "none" and self.chunk_cache.is_memory_only(tier))
-        return IngestResult(added.document, True, sum(len(t) for t in ids), time.perf_counter() - started,
-                            dict(kv_tiers), kv, memory_only)
+        memory_only = sum(
+            n
+            for tier, n in kv_tiers.items()
+            if tier != "none" and self.chunk_cache.is_memory_only(tier)
+        )
+        return IngestResult(
+            added.document,
+            True,
+            sum(len(t) for t in ids),
+            time.perf_counter() - started,
+            dict(kv_tiers),
+            kv,
+            memory_only,
+        )
 
     def delete(self, document_id: int) -> bool:
-        """Remove a document's index rows, catalog rows and KV; False if there is no such document."""
+        """Remove a document's index rows, catalog rows and KV; False if there is no such
+        document."""
         with self._lock:
             chunks = self.catalog.chunks_of_document(document_id)
             with self.retriever.updating():  # no follower re-adds a chunk between the two steps
@@ -127,31 +152,54 @@ class Ingestor:
 
     def reclaim_expired(self) -> int:
         """Delete documents whose ingest lease expired (a crashed owner, here or on a peer)."""
-        return reclaim_expired(self.catalog, self.chunk_cache.forget_document, self.leases.owner,
-                               self.leases.lease_s)
+        return reclaim_expired(
+            self.catalog, self.chunk_cache.forget_document, self.leases.owner, self.leases.lease_s
+        )
 
-    def _begin(self, doc: SourceDocument, digest: str, pieces: Sequence[TextChunk], ids: Sequence[Sequence[int]],
-               vectors: npt.NDArray[np.float32]) -> AddedDocument:
+    def _begin(
+        self,
+        doc: SourceDocument,
+        digest: str,
+        pieces: Sequence[TextChunk],
+        ids: Sequence[Sequence[int]],
+        vectors: npt.NDArray[np.float32],
+    ) -> AddedDocument:
         """Catalog rows of the document (not retrievable yet) under a lease this replica holds."""
-        chunks = [NewChunk(p.text, len(t), token_ids_hash(t), embedding=v.astype("<f4").tobytes())
-                  for p, t, v in zip(pieces, ids, vectors)]
-        added = self.catalog.begin_ingest(doc.source, doc.title, digest, chunks, self.leases.owner,
-                                          self.leases.lease_s, embedder=self.retriever.embedder.name)
+        chunks = [
+            NewChunk(p.text, len(t), token_ids_hash(t), embedding=v.astype("<f4").tobytes())
+            for p, t, v in zip(pieces, ids, vectors)
+        ]
+        added = self.catalog.begin_ingest(
+            doc.source,
+            doc.title,
+            digest,
+            chunks,
+            self.leases.owner,
+            self.leases.lease_s,
+            embedder=self.retriever.embedder.name,
+        )
         self.leases.hold(added.document.id)
         return added
 
-    def _compute_kv(self, chunks: Sequence[ChunkRecord], ids: Sequence[Sequence[int]],
-                    on_progress: OnProgress | None) -> Counter[str]:
+    def _compute_kv(
+        self,
+        chunks: Sequence[ChunkRecord],
+        ids: Sequence[Sequence[int]],
+        on_progress: OnProgress | None,
+    ) -> Counter[str]:
         """Base KV of every chunk into the store, packed; how many chunks each tier took."""
-        stored = self.chunk_cache.put_bases([(chunk.id, token_ids) for chunk, token_ids in zip(chunks, ids)],
-                                            on_progress)
+        stored = self.chunk_cache.put_bases(
+            [(chunk.id, token_ids) for chunk, token_ids in zip(chunks, ids)], on_progress
+        )
         return Counter(tier or "none" for tier in stored)
 
     def _undo(self, document_id: int, chunk_ids: list[int]) -> None:
         try:
             self.retriever.remove(chunk_ids)
             self.chunk_cache.forget_document(document_id)
-        except Exception:  # the original error matters more; the unrenewed lease expires and is reclaimed
+        except (
+            Exception
+        ):  # the original error matters more; the unrenewed lease expires and is reclaimed
             log.exception("could not undo the failed ingest of document %d", document_id)
 
 

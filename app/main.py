@@ -1,4 +1,5 @@
-"""The FastAPI app factory. Heavy things (model, embedder, catalog, store) load once, in the lifespan.
+"""The FastAPI app factory. Heavy things (model, embedder, catalog, store) load once, in the
+lifespan.
 
     uvicorn --factory app.main:create_app        # settings from KVMOSAIC_* variables
 
@@ -17,19 +18,27 @@ from starlette.concurrency import run_in_threadpool
 from app.api.deps import host_rule
 from app.api.errors import install_error_handlers
 from app.api.hosts import TrustedHostMiddleware
+from app.api.openapi import install_openapi
 from app.api.routes import ROUTERS
 from app.api.routes.web import WEB_DIR
-from app.api.openapi import install_openapi
-from app.middleware import AllowedMethodsMiddleware, ErrorMiddleware, MetricsMiddleware, SecurityHeadersMiddleware
+from app.middleware import (
+    AllowedMethodsMiddleware,
+    ErrorMiddleware,
+    MetricsMiddleware,
+    SecurityHeadersMiddleware,
+)
 from app.services import Services
 from app.settings import Settings
 
-DESCRIPTION = ("RAG answers that reuse each retrieved chunk's KV cache wherever it lands in the prompt "
-               "(CacheBlend / Cache-Craft). See `GET /modes` for the recompute modes.")
+DESCRIPTION = (
+    "RAG answers that reuse each retrieved chunk's KV cache wherever it lands in the prompt "
+    "(CacheBlend / Cache-Craft). See `GET /modes` for the recompute modes."
+)
 
 
-def create_app(settings: Settings | None = None, services: Services | None = None,
-               announce: str | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, services: Services | None = None, announce: str | None = None
+) -> FastAPI:
     """`announce`: a URL to print once the server is ready (the `serve` command's)."""
     settings = settings or (services.settings if services else Settings())
 

@@ -98,18 +98,25 @@ class AllowedMethodsMiddleware:
         methods = methods_at(routes, scope)
         allow = {"Allow": ", ".join(sorted(methods | {"OPTIONS"}))}
         if scope["method"] == "OPTIONS":
-            await send({"type": "http.response.start", "status": 204,
-                        "headers": [(b"allow", allow["Allow"].encode())]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 204,
+                    "headers": [(b"allow", allow["Allow"].encode())],
+                }
+            )
             return await send({"type": "http.response.body", "body": b""})
-        await error_response(405, f"{scope['method']} is not allowed here; allowed: {allow['Allow']}",
-                             headers=allow)(scope, receive, send)
+        await error_response(
+            405, f"{scope['method']} is not allowed here; allowed: {allow['Allow']}", headers=allow
+        )(scope, receive, send)
 
 
 PROBED_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
 
 def _match(routes, scope) -> Match:
-    """FULL if a route takes the request, PARTIAL if one is at its path with other methods, else NONE."""
+    """FULL if a route takes the request, PARTIAL if one is at its path with other methods, else
+    NONE."""
     best = Match.NONE
     for route in routes:
         match, _ = route.matches(scope)
@@ -125,13 +132,20 @@ def methods_at(routes, scope) -> set[str]:
     routers included in routers count)."""
     return {m for m in PROBED_METHODS if _match(routes, {**scope, "method": m}) is Match.FULL}
 
+
 # The web demo loads its script and styles from /static and talks to this server only; the
 # admin token it keeps in sessionStorage is what an injected script or a framing page would
 # be after. /docs and /redoc (Swagger UI, ReDoc from a CDN with inline scripts) get no CSP.
-DEMO_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-            "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
-SECURITY_HEADERS = ((b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
-                    (b"referrer-policy", b"no-referrer"))
+DEMO_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors "
+    "'none'"
+)
+SECURITY_HEADERS = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+)
 
 
 class SecurityHeadersMiddleware:

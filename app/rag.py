@@ -1,4 +1,5 @@
-"""The request path of one question: retrieve → order → plan → load → run layers → decode → store variants.
+"""The request path of one question: retrieve → order → plan → load → run layers → decode → store
+variants.
 
 `RagService.ask` is the whole sequence in one function; everything it calls lives in
 `retrieval/` (search), the catalog (chunk rows), the chunk cache (KV from the store, new
@@ -16,8 +17,8 @@ from dataclasses import dataclass, field
 
 from app.catalog import Catalog
 from app.kvcache.chunk_cache import ServiceChunkCache
-from app.queue import raise_if_abandoned
 from app.kvcache.order import OrderedChunks
+from app.queue import raise_if_abandoned
 from app.retrieve import Retrieved, retrieve_chunks
 from app.settings import Settings
 from engine.config import FIDELITIES
@@ -83,8 +84,15 @@ class StageClock:
 class RagService:
     """Answers questions; thread-safe (each call has its own prefill result and pins)."""
 
-    def __init__(self, engine: Engine, retriever: Retriever, catalog: Catalog, chunk_cache: ServiceChunkCache,
-                 settings: Settings, observe: Callable[[Answer], None] | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        retriever: Retriever,
+        catalog: Catalog,
+        chunk_cache: ServiceChunkCache,
+        settings: Settings,
+        observe: Callable[[Answer], None] | None = None,
+    ):
         self.engine = engine
         self.retriever = retriever
         self.catalog = catalog
@@ -92,40 +100,68 @@ class RagService:
         self.settings = settings
         self.observe = observe  # called with each Answer (metrics, running stats)
 
-    def ask(self, query: Query, on_piece: OnPiece | None = None,
-            cancel: threading.Event | None = None) -> Answer:
+    def ask(
+        self, query: Query, on_piece: OnPiece | None = None, cancel: threading.Event | None = None
+    ) -> Answer:
         """Answer one question; pieces go to `on_piece` as they are decoded.
 
         `cancel` set (the client went away): Abandoned before the prefill, or the answer so
         far with finish reason `cancelled` once decoding has begun."""
         clock = StageClock()
         with clock("retrieve"):
-            retrieved = retrieve_chunks(self.retriever, self.catalog, self.engine, query.question, query.top_k)
-        raise_if_abandoned(cancel, "prefill")  # a client gone while it waited or retrieved: no prefill
-        with clock("load"):  # order: the prompt's chunk order; plan: each chunk's variant; load: pin its KV
+            retrieved = retrieve_chunks(
+                self.retriever, self.catalog, self.engine, query.question, query.top_k
+            )
+        raise_if_abandoned(
+            cancel, "prefill"
+        )  # a client gone while it waited or retrieved: no prefill
+        with clock(
+            "load"
+        ):  # order: the prompt's chunk order; plan: each chunk's variant; load: pin its KV
             ordered = self.chunk_cache.order(retrieved, query.mode, query.order)
             loaded = self.chunk_cache.load(ordered.retrieved, query.mode)
         try:
             with clock("prefill"):  # run layers: reuse cached rows, recompute the selected ones
-                result = self.engine.prefill(loaded.inputs, query.question, mode=query.mode, ratio=query.ratio,
-                                             max_new_tokens=query.sampling.max_new_tokens, fidelity=query.fidelity)
+                result = self.engine.prefill(
+                    loaded.inputs,
+                    query.question,
+                    mode=query.mode,
+                    ratio=query.ratio,
+                    max_new_tokens=query.sampling.max_new_tokens,
+                    fidelity=query.fidelity,
+                )
         finally:
             loaded.release()  # the chunks' KV now lives in the request's cache: unpin it
         with clock("decode"):
             text, finish = self.decode(result, query.sampling, on_piece, cancel)
         with clock("store"):  # the KV this context produced becomes new variants
             self.chunk_cache.store_variants(loaded, result)
-        answer = Answer(text, finish, ordered.retrieved, result, loaded.variant_labels, clock.finish(), ordered,
-                        self.chunk_cache.served(loaded, result))
+        answer = Answer(
+            text,
+            finish,
+            ordered.retrieved,
+            result,
+            loaded.variant_labels,
+            clock.finish(),
+            ordered,
+            self.chunk_cache.served(loaded, result),
+        )
         if self.observe is not None:
             self.observe(answer)
         return answer
 
-    def decode(self, result: PrefillResult, sampling: SamplingParams, on_piece: OnPiece | None,
-               cancel: threading.Event | None) -> tuple[str, str]:
+    def decode(
+        self,
+        result: PrefillResult,
+        sampling: SamplingParams,
+        on_piece: OnPiece | None,
+        cancel: threading.Event | None,
+    ) -> tuple[str, str]:
         """Stream the answer; returns (text, finish reason: stop, length or cancelled)."""
         pieces = []
-        with closing(self.engine.generate(result, sampling)) as stream:  # closing early cancels decoding
+        with closing(
+            self.engine.generate(result, sampling)
+        ) as stream:  # closing early cancels decoding
             for piece in stream:
                 pieces.append(piece)
                 if on_piece is not None:
@@ -135,20 +171,33 @@ class RagService:
         hit_budget = len(result.generated_ids) >= sampling.max_new_tokens
         return "".join(pieces), "length" if hit_budget else "stop"
 
-    def query(self, question: str, top_k: int | None = None, mode: str | None = None,
-              ratio: float | None = None, max_tokens: int | None = None, temperature: float = 0.0,
-              top_p: float = 1.0, seed: int | None = None, fidelity: str | None = None,
-              order: str | None = None) -> Query:
+    def query(
+        self,
+        question: str,
+        top_k: int | None = None,
+        mode: str | None = None,
+        ratio: float | None = None,
+        max_tokens: int | None = None,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        fidelity: str | None = None,
+        order: str | None = None,
+    ) -> Query:
         """Validate a question against the settings; raises InvalidRequest with a clear message."""
         s = self.settings
         question = question.strip()
         if not question:
             raise InvalidRequest("the question is empty")
         if len(question) > s.max_question_chars:
-            raise InvalidRequest(f"the question has {len(question)} characters; the limit is {s.max_question_chars}")
+            raise InvalidRequest(
+                f"the question has {len(question)} characters; the limit is {s.max_question_chars}"
+            )
         mode = mode or s.default_mode
         if mode not in planner_names():
-            raise InvalidRequest(f"unknown mode {mode!r}; known modes: {', '.join(planner_names())}")
+            raise InvalidRequest(
+                f"unknown mode {mode!r}; known modes: {', '.join(planner_names())}"
+            )
         max_tokens = max_tokens or s.default_max_tokens
         if max_tokens > s.max_tokens_limit:
             raise InvalidRequest(f"max_tokens is {max_tokens}; the limit is {s.max_tokens_limit}")
@@ -158,5 +207,7 @@ class RagService:
         order = order or s.chunk_order
         if order not in CHUNK_ORDERS:
             raise InvalidRequest(f"unknown chunk order {order!r}; known: {', '.join(CHUNK_ORDERS)}")
-        sampling = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        sampling = SamplingParams(
+            max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed
+        )
         return Query(question, top_k or s.default_top_k, mode, ratio, sampling, fidelity, order)

@@ -55,31 +55,65 @@ class Engine:
         self.loaded = loaded
         spec = loaded.spec
         # resolved on a passing thread: its probe computes, and this thread keeps no OpenMP pool
-        self.stack = DecoderStack(loaded, in_own_thread(partial(
-            resolve_decode_attention, config.decode_attention, loaded.device, loaded.dtype, spec.num_heads,
-            spec.num_kv_heads, spec.head_dim)))
+        self.stack = DecoderStack(
+            loaded,
+            in_own_thread(
+                partial(
+                    resolve_decode_attention,
+                    config.decode_attention,
+                    loaded.device,
+                    loaded.dtype,
+                    spec.num_heads,
+                    spec.num_kv_heads,
+                    spec.head_dim,
+                )
+            ),
+        )
         self.runner = LayerRunner(self.stack)
         self.prompts = PromptBuilder(loaded.tokenizer, config.system_prompt, config.instruction)
-        self.scheduler = DecodeScheduler(self.stack, config.max_batch, config.max_batch_tokens, config.prefill_slots,
-                                         config.batch_invariant, config.num_threads) if config.batching else None
+        self.scheduler = (
+            DecodeScheduler(
+                self.stack,
+                config.max_batch,
+                config.max_batch_tokens,
+                config.prefill_slots,
+                config.batch_invariant,
+                config.num_threads,
+            )
+            if config.batching
+            else None
+        )
         # requests' prefills and repairs in flight, and how often blends needed a full prefill
         self.busy = BusyGate()
         self.prefix_kv = self.compute(lambda: self._encode(self.prompts.prefix_ids, start=0))
         self._encoder: ChunkEncoder | None = None  # built on first use: it may hold a model copy
         self._encoder_lock = threading.Lock()
-        self.selfcheck = self.compute(lambda: rope_shift_selfcheck(self.stack)) if config.selfcheck else None
+        self.selfcheck = (
+            self.compute(lambda: rope_shift_selfcheck(self.stack)) if config.selfcheck else None
+        )
         if self.selfcheck is not None:
             (log.info if self.selfcheck.ok else log.error)(self.selfcheck.message)
-        self.tokenization = tokenization_selfcheck(self.prompts)  # reports only (engine/selfcheck.py)
+        self.tokenization = tokenization_selfcheck(
+            self.prompts
+        )  # reports only (engine/selfcheck.py)
         (log.info if self.tokenization.ok else log.warning)(self.tokenization.message)
 
     @classmethod
-    def load(cls, config: EngineConfig) -> "Engine":
+    def load(cls, config: EngineConfig) -> Engine:
         # Loaded on a passing thread with the engine's thread count, so that the caller's thread
         # keeps no OpenMP pool of its own (see `compute`); the engine's own compute runs on the
         # scheduler's thread, which pins that count itself (engine/threads.py).
-        loaded = in_own_thread(partial(load_model, config.data_dir, config.model_path, config.device, config.dtype,
-                                       config.linear_kernel), threads=config.num_threads or DEFAULT_THREADS)
+        loaded = in_own_thread(
+            partial(
+                load_model,
+                config.data_dir,
+                config.model_path,
+                config.device,
+                config.dtype,
+                config.linear_kernel,
+            ),
+            threads=config.num_threads or DEFAULT_THREADS,
+        )
         engine = cls(config, loaded)
         log.info("engine: %s", engine.summary)
         if engine.dtype_hint:
@@ -95,17 +129,29 @@ class Engine:
     @property
     def summary(self) -> str:
         """What computes: dtype, device, kernels and threads, for the start-up line."""
-        return (f"{str(self.loaded.dtype).removeprefix('torch.')} on {self.loaded.device}, linear kernel "
-                f"{linear_kernel_of(self.loaded.model)}, decode attention {self.stack.decode_attention}, "
-                f"{self.config.num_threads or DEFAULT_THREADS} threads")
+        return (
+            f"{str(self.loaded.dtype).removeprefix('torch.')} on {self.loaded.device}, linear "
+            "kernel "
+            f"{linear_kernel_of(self.loaded.model)}, decode attention "
+            f"{self.stack.decode_attention}, "
+            f"{self.config.num_threads or DEFAULT_THREADS} threads"
+        )
 
     @property
     def dtype_hint(self) -> str | None:
         """A float32 engine on a CPU with AMX-BF16 could run bfloat16 (README: bfloat16 on AMX)."""
-        if self.loaded.device.type == "cpu" and self.loaded.dtype == torch.float32 and cpu_has_amx_bf16():
-            return ("this CPU has AMX-BF16: KVMOSAIC_DTYPE=bfloat16 serves about twice the requests per second, "
-                    "with answers that match full prefill's less often; with it, KVMOSAIC_BATCH_INVARIANT=true "
-                    "costs nothing measurable (README: bfloat16 on AMX)")
+        if (
+            self.loaded.device.type == "cpu"
+            and self.loaded.dtype == torch.float32
+            and cpu_has_amx_bf16()
+        ):
+            return (
+                "this CPU has AMX-BF16: KVMOSAIC_DTYPE=bfloat16 serves about twice the requests "
+                "per second, "
+                "with answers that match full prefill's less often; with it, "
+                "KVMOSAIC_BATCH_INVARIANT=true "
+                "costs nothing measurable (README: bfloat16 on AMX)"
+            )
         return None
 
     @property
@@ -135,7 +181,9 @@ class Engine:
             raise PromptTooLong("the chunk does not fit in the model's context")
         return self.compute(lambda: self._encode(tuple(token_ids), start=self.prompts.prefix_len))
 
-    def encode_chunks(self, chunks: Sequence[Sequence[int]], batch_tokens: int = DEFAULT_BATCH_TOKENS) -> list[ChunkKV]:
+    def encode_chunks(
+        self, chunks: Sequence[Sequence[int]], batch_tokens: int = DEFAULT_BATCH_TOKENS
+    ) -> list[ChunkKV]:
         """Base variants of many chunks, packed up to `batch_tokens` rows per pass (one matrix
         product per projection for all of them; attention per chunk): the same KV as
         `encode_chunk` of each, to float rounding, several times fewer passes."""
@@ -144,11 +192,19 @@ class Engine:
                 raise InvalidRequest("cannot encode an empty chunk")
             if self.prompts.prefix_len + len(token_ids) > self.loaded.spec.max_positions:
                 raise PromptTooLong("the chunk does not fit in the model's context")
-        encoded = [kv if kv.kv.dtype == self.loaded.dtype else dataclasses.replace(kv, kv=kv.kv.to(self.loaded.dtype))
-                   for kv in self.compute(lambda: self.encoder.encode([tuple(c) for c in chunks], batch_tokens))]
-        for kv in encoded:  # metered as if each chunk ran alone after the cached prefix, as encode_chunk does
+        encoded = [
+            kv
+            if kv.kv.dtype == self.loaded.dtype
+            else dataclasses.replace(kv, kv=kv.kv.to(self.loaded.dtype))
+            for kv in self.compute(
+                lambda: self.encoder.encode([tuple(c) for c in chunks], batch_tokens)
+            )
+        ]
+        for kv in (
+            encoded
+        ):  # metered as if each chunk ran alone after the cached prefix, as encode_chunk does
             rows = torch.zeros(self.prompts.prefix_len + kv.num_tokens, dtype=torch.long)
-            rows[self.prompts.prefix_len:] = self.loaded.spec.num_layers
+            rows[self.prompts.prefix_len :] = self.loaded.spec.num_layers
             self.runner.meter.add(rows)
         return encoded
 
@@ -167,24 +223,40 @@ class Engine:
             log.info("base KV is computed in %s by a copy of the model", loaded.dtype)
             stack = DecoderStack(loaded)
             with torch.inference_mode():  # the copy's own prefix: its chunks attend to it
-                prefix_kv = self._encode(self.prompts.prefix_ids, start=0, runner=LayerRunner(stack))
+                prefix_kv = self._encode(
+                    self.prompts.prefix_ids, start=0, runner=LayerRunner(stack)
+                )
         return ChunkEncoder(stack, prefix_kv, self.loaded.fingerprint, self.prompts.prefix_digest)
 
-    def _encode(self, token_ids: tuple[int, ...], start: int, runner: LayerRunner | None = None) -> ChunkKV:
+    def _encode(
+        self, token_ids: tuple[int, ...], start: int, runner: LayerRunner | None = None
+    ) -> ChunkKV:
         """Run prefix[:start] + token_ids with the prefix cached; keep rows [start, end)."""
         ids = torch.tensor(self.prompts.prefix_ids[:start] + token_ids, device=self.device)
         total = ids.numel()
         spans = [CachedSpan(0, self.prefix_kv)] if start else []
         plan = Plan(spans, torch.arange(start, total), pinned=torch.ones(total, dtype=torch.bool))
         out = (runner or self.runner).run(ids, plan, capacity=total, want_logits=False)
-        return ChunkKV(token_ids=token_ids, kv=out.cache.rows(start, total), base_position=start,
-                       fingerprint=self.fingerprint, prefix_digest=self.prompts.prefix_digest)
+        return ChunkKV(
+            token_ids=token_ids,
+            kv=out.cache.rows(start, total),
+            base_position=start,
+            fingerprint=self.fingerprint,
+            prefix_digest=self.prompts.prefix_digest,
+        )
 
     # -- requests ------------------------------------------------------------------------------
 
-    def prefill(self, chunks: Sequence[ChunkInput], question: str, mode: str = "cacheblend",
-                ratio: float | None = None, max_new_tokens: int = 64, fidelity: str | None = None,
-                config: EngineConfig | None = None) -> PrefillResult:
+    def prefill(
+        self,
+        chunks: Sequence[ChunkInput],
+        question: str,
+        mode: str = "cacheblend",
+        ratio: float | None = None,
+        max_new_tokens: int = 64,
+        fidelity: str | None = None,
+        config: EngineConfig | None = None,
+    ) -> PrefillResult:
         """Prefill [prefix][chunks...][question] by `mode`; TTFT ends at the first logits.
 
         `fidelity` ("fast", "balanced", "exact"; None: the config's) is the fidelity guard's
@@ -195,17 +267,32 @@ class Engine:
         modes fall back to `full` and the result says why.
         """
         started = time.perf_counter()
-        request, planner, fallback = self._plan_request(chunks, question, mode, ratio, max_new_tokens, fidelity,
-                                                        self.config if config is None else config)
+        request, planner, fallback = self._plan_request(
+            chunks,
+            question,
+            mode,
+            ratio,
+            max_new_tokens,
+            fidelity,
+            self.config if config is None else config,
+        )
         capacity = request.layout.total_len + max_new_tokens
         with self.busy.in_flight():
             kept = self.compute(partial(self._prefill_steps, request, planner, capacity))
         return self._prefill_result(request, planner, kept, fallback, time.perf_counter() - started)
 
-    def _plan_request(self, chunks: Sequence[ChunkInput], question: str, mode: str, ratio: float | None,
-                      max_new_tokens: int, fidelity: str | None,
-                      config: EngineConfig) -> tuple[PlanRequest, BasePlanner, str | None]:
-        """The validated request, its mode's planner and why it fell back to `full` (None: it did not)."""
+    def _plan_request(
+        self,
+        chunks: Sequence[ChunkInput],
+        question: str,
+        mode: str,
+        ratio: float | None,
+        max_new_tokens: int,
+        fidelity: str | None,
+        config: EngineConfig,
+    ) -> tuple[PlanRequest, BasePlanner, str | None]:
+        """The validated request, its mode's planner and why it fell back to `full` (None: it did
+        not)."""
         fidelity = check_fidelity(fidelity, config)
         ratio = default_ratio(fidelity, config) if ratio is None else float(ratio)
         if not 0.0 <= ratio <= 1.0:
@@ -217,8 +304,15 @@ class Engine:
         layout = self.prompts.layout([tuple(c.token_ids) for c in chunks], question)
         self._check_fits(layout.total_len, max_new_tokens)
         self._check_sources(chunks)
-        request = PlanRequest(layout, tuple(chunks), self.prefix_kv, ratio, config,
-                              self.loaded.spec.num_layers, fidelity)
+        request = PlanRequest(
+            layout,
+            tuple(chunks),
+            self.prefix_kv,
+            ratio,
+            config,
+            self.loaded.spec.num_layers,
+            fidelity,
+        )
         return request, planner, fallback
 
     def _prefill_steps(self, request: PlanRequest, planner: BasePlanner, capacity: int) -> Guarded:
@@ -229,45 +323,75 @@ class Engine:
         exact = all(request.exact_chunks(out.layers_computed))
         verdict = judge(request.fidelity, request.config, first, out, exact)
         if not verdict.rerun:
-            return Guarded(plan, out, first.name, dataclasses.replace(verdict.report, skipped_blend=skipped))
+            return Guarded(
+                plan, out, first.name, dataclasses.replace(verdict.report, skipped_blend=skipped)
+            )
         started = time.perf_counter()
         plan, out = self._rerun_exact(request, out, capacity)
-        report = dataclasses.replace(verdict.report, escalated=True, spent_s=time.perf_counter() - started)
+        report = dataclasses.replace(
+            verdict.report, escalated=True, spent_s=time.perf_counter() - started
+        )
         return Guarded(plan, out, reference_planner(request.config).name, report)
 
-    def _first_attempt(self, request: PlanRequest, planner: BasePlanner) -> tuple[BasePlanner, bool]:
+    def _first_attempt(
+        self, request: PlanRequest, planner: BasePlanner
+    ) -> tuple[BasePlanner, bool]:
         """The first attempt's planner and whether it skipped the mode's blend: the reference
         for `exact`; the exact-reuse plan for a balanced blend that the busy engine would only
         have to repair anyway (engine/busy.py); else the mode's own."""
         config = request.config
         if request.fidelity == "exact":
             return reference_planner(config), False
-        blends = (request.fidelity == "balanced" and planner.reuses_cache
-                  and not (planner.exact or planner.exact_reuse)
-                  and not all(request.exact_chunks(None)))  # every chunk from a variant of this context: no blend
+        blends = (
+            request.fidelity == "balanced"
+            and planner.reuses_cache
+            and not (planner.exact or planner.exact_reuse)
+            and not all(request.exact_chunks(None))
+        )  # every chunk from a variant of this context: no blend
         if blends and self.busy.skip_blend(config.guard_busy_repair_share, self._decoding()):
             return exact_reuse_planner(config), True
         return planner, False
 
-    def _prefill_result(self, request: PlanRequest, planner: BasePlanner, kept: Guarded, fallback: str | None,
-                        ttft: float) -> PrefillResult:
+    def _prefill_result(
+        self,
+        request: PlanRequest,
+        planner: BasePlanner,
+        kept: Guarded,
+        fallback: str | None,
+        ttft: float,
+    ) -> PrefillResult:
         """The result of a prefill: its state, reports and the guard's watch while decoding
         (with the rows a repair may keep); a judged blend's outcome feeds the busy gate."""
         out = kept.out
         if out.logits is None:  # `_run` always asks the runner for them
             raise RuntimeError("a prefill ran without its first logits")
         layout, num_layers = request.layout, self.loaded.spec.num_layers
-        reports = chunk_reports(request.chunks, layout, out, num_layers, kept.planner_name, kept.plan.decisions)
-        result = PrefillResult(planner.name, layout, out.cache, out.logits, ttft, reports, fallback,
-                               layers_computed=out.layers_computed, guard=kept.report)
+        reports = chunk_reports(
+            request.chunks, layout, out, num_layers, kept.planner_name, kept.plan.decisions
+        )
+        result = PrefillResult(
+            planner.name,
+            layout,
+            out.cache,
+            out.logits,
+            ttft,
+            reports,
+            fallback,
+            layers_computed=out.layers_computed,
+            guard=kept.report,
+        )
         result.answer_check = answer_check(kept.report, request.config)
         if result.answer_check is not None:
-            result.exact_rows = _exact_leading_rows(layout, request.exact_chunks(out.layers_computed))
+            result.exact_rows = _exact_leading_rows(
+                layout, request.exact_chunks(out.layers_computed)
+            )
         elif _judged_blend(kept):
             self.busy.odds.record(kept.report.escalated)
         return result
 
-    def _run(self, request: PlanRequest, capacity: int, planner: BasePlanner) -> tuple[Plan, RunOutput]:
+    def _run(
+        self, request: PlanRequest, capacity: int, planner: BasePlanner
+    ) -> tuple[Plan, RunOutput]:
         """Plan the request with `planner` and run its layers (synchronised: timings are real)."""
         plan = planner.plan(request)
         out = self.runner.run(request.layout.token_tensor(self.device), plan, capacity=capacity)
@@ -277,24 +401,35 @@ class Engine:
     def _decoding(self) -> int:
         """Requests decoding in the batch or waiting to join it (0 without batching, where each
         decodes on its own thread)."""
-        return 0 if self.scheduler is None else self.scheduler.num_active + self.scheduler.num_waiting
+        return (
+            0 if self.scheduler is None else self.scheduler.num_active + self.scheduler.num_waiting
+        )
 
-    def _rerun_exact(self, request: PlanRequest, blended: RunOutput, capacity: int) -> tuple[Plan, RunOutput]:
+    def _rerun_exact(
+        self, request: PlanRequest, blended: RunOutput, capacity: int
+    ) -> tuple[Plan, RunOutput]:
         """The guard's re-run inside TTFT: the reference's result, computed after the exact
         leading rows of the blended run (see `_exact_rerun`)."""
-        exact_rows = _exact_leading_rows(request.layout, request.exact_chunks(blended.layers_computed))
+        exact_rows = _exact_leading_rows(
+            request.layout, request.exact_chunks(blended.layers_computed)
+        )
         return self._exact_rerun(request.layout, blended.cache, exact_rows, capacity)
 
-    def _repair(self, layout: PromptLayout, cache: KVCache, exact_rows: int, answer_ids: Sequence[int]) -> RunOutput:
+    def _repair(
+        self, layout: PromptLayout, cache: KVCache, exact_rows: int, answer_ids: Sequence[int]
+    ) -> RunOutput:
         """The guard's repair while decoding: the exact state of the prompt followed by
         `answer_ids` in a new cache of the same capacity, and the next token's logits
         (see `_exact_rerun`)."""
         layout = dataclasses.replace(layout, question_ids=layout.question_ids + tuple(answer_ids))
         with self.busy.in_flight():
-            return self.compute(lambda: self._exact_rerun(layout, cache, exact_rows, cache.capacity)[1])
+            return self.compute(
+                lambda: self._exact_rerun(layout, cache, exact_rows, cache.capacity)[1]
+            )
 
-    def _exact_rerun(self, layout: PromptLayout, cache: KVCache, exact_rows: int,
-                     capacity: int) -> tuple[Plan, RunOutput]:
+    def _exact_rerun(
+        self, layout: PromptLayout, cache: KVCache, exact_rows: int, capacity: int
+    ) -> tuple[Plan, RunOutput]:
         """Prefill `layout` as the reference would, into a new cache of `capacity` rows.
 
         Rows [0, exact_rows) of the blended `cache` (the system prefix and the leading chunks
@@ -302,11 +437,18 @@ class Engine:
         them is computed through every layer, so the result is what `full` computes, to float
         tolerance. `cache` is not modified; the caller holds the prefill turn."""
         total = layout.total_len
-        exact = ChunkKV(token_ids=tuple(layout.token_tensor().tolist()[:exact_rows]),
-                        kv=cache.data[:, :, :, :exact_rows], base_position=0,
-                        fingerprint=self.fingerprint, prefix_digest=self.prompts.prefix_digest)
-        plan = Plan([CachedSpan(0, exact)] if exact_rows else [], torch.arange(exact_rows, total),
-                    pinned=torch.ones(total, dtype=torch.bool))
+        exact = ChunkKV(
+            token_ids=tuple(layout.token_tensor().tolist()[:exact_rows]),
+            kv=cache.data[:, :, :, :exact_rows],
+            base_position=0,
+            fingerprint=self.fingerprint,
+            prefix_digest=self.prompts.prefix_digest,
+        )
+        plan = Plan(
+            [CachedSpan(0, exact)] if exact_rows else [],
+            torch.arange(exact_rows, total),
+            pinned=torch.ones(total, dtype=torch.bool),
+        )
         out = self.runner.run(layout.token_tensor(self.device), plan, capacity=capacity)
         _synchronize(self.device)
         return plan, out
@@ -323,20 +465,35 @@ class Engine:
         result.claim_for_decode()
         params = params or SamplingParams()
         generator = new_generator(params.seed, result.logits.device)  # one for the whole answer
-        ids: TokenIds = self._decode_ids(result.cache, result.logits, params, result.answer_check, generator)
+        ids: TokenIds = self._decode_ids(
+            result.cache, result.logits, params, result.answer_check, generator
+        )
         if result.answer_check is not None:
             ids = self._repairing_ids(result, params, ids, generator)
         return TextStream(self.loaded.tokenizer, ids, collected=result.generated_ids)
 
-    def _decode_ids(self, cache: KVCache, logits: torch.Tensor, params: SamplingParams, check: AnswerCheck | None,
-                    generator: torch.Generator | None) -> TokenIds:
+    def _decode_ids(
+        self,
+        cache: KVCache,
+        logits: torch.Tensor,
+        params: SamplingParams,
+        check: AnswerCheck | None,
+        generator: torch.Generator | None,
+    ) -> TokenIds:
         eos = self.loaded.eos_token_ids
         if self.scheduler is None:
             return generate_ids(self.stack, cache, logits, params, eos, check, generator)
-        return self.scheduler.submit(cache, logits, params, eos, check, generator)  # batched with the others
+        return self.scheduler.submit(
+            cache, logits, params, eos, check, generator
+        )  # batched with the others
 
-    def _repairing_ids(self, result: PrefillResult, params: SamplingParams, first: TokenIds,
-                       generator: torch.Generator | None) -> Generator[int, None, None]:
+    def _repairing_ids(
+        self,
+        result: PrefillResult,
+        params: SamplingParams,
+        first: TokenIds,
+        generator: torch.Generator | None,
+    ) -> Generator[int, None, None]:
         """`first`'s ids, then, if its check fired, the rest of the answer from the exact state
         (closing this generator closes whichever stream is under way: cancellation holds)."""
         check, exact_rows = result.answer_check, result.exact_rows
@@ -346,16 +503,26 @@ class Engine:
             for token in first:
                 answered.append(token)
                 yield token
-        self.busy.odds.record(check.fired_at is not None)  # reached only when the blended decode ended
+        self.busy.odds.record(
+            check.fired_at is not None
+        )  # reached only when the blended decode ended
         if check.fired_at is None:
             return
         started = time.perf_counter()
         out = self._repair(result.layout, result.cache, exact_rows, answered)
         if out.logits is None:
             raise RuntimeError("a repair ran without logits")
-        result.prefill_cache, result.cache, result.repair_layers = result.cache, out.cache, out.layers_computed
-        result.guard = dataclasses.replace(result.guard, repaired_at=check.fired_at, repair_margin=check.margin,
-                                           repair_s=time.perf_counter() - started)
+        result.prefill_cache, result.cache, result.repair_layers = (
+            result.cache,
+            out.cache,
+            out.layers_computed,
+        )
+        result.guard = dataclasses.replace(
+            result.guard,
+            repaired_at=check.fired_at,
+            repair_margin=check.margin,
+            repair_s=time.perf_counter() - started,
+        )
         rest = dataclasses.replace(params, max_new_tokens=params.max_new_tokens - len(answered))
         with closing(self._decode_ids(out.cache, out.logits, rest, None, generator)) as tail:
             yield from tail
@@ -392,8 +559,10 @@ class Engine:
     def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
         limit = self.loaded.spec.max_positions
         if prompt_len + max_new_tokens > limit:
-            raise PromptTooLong(f"prompt of {prompt_len} tokens plus {max_new_tokens} new tokens "
-                                f"exceeds the model's context of {limit}")
+            raise PromptTooLong(
+                f"prompt of {prompt_len} tokens plus {max_new_tokens} new tokens "
+                f"exceeds the model's context of {limit}"
+            )
 
     def _check_sources(self, chunks: Sequence[ChunkInput]) -> None:
         for chunk in chunks:
@@ -401,10 +570,14 @@ class Engine:
             if kv is None:
                 continue
             if kv.fingerprint != self.fingerprint or kv.prefix_digest != self.prompts.prefix_digest:
-                raise InvalidRequest(f"cached KV of chunk {chunk.chunk_id} belongs to another model or prefix")
+                raise InvalidRequest(
+                    f"cached KV of chunk {chunk.chunk_id} belongs to another model or prefix"
+                )
             if kv.num_tokens != len(chunk.token_ids):
-                raise InvalidRequest(f"cached KV of chunk {chunk.chunk_id} has {kv.num_tokens} rows "
-                                     f"for {len(chunk.token_ids)} tokens")
+                raise InvalidRequest(
+                    f"cached KV of chunk {chunk.chunk_id} has {kv.num_tokens} rows "
+                    f"for {len(chunk.token_ids)} tokens"
+                )
 
 
 def _judged_blend(kept: Guarded) -> bool:
@@ -417,7 +590,9 @@ def _judged_blend(kept: Guarded) -> bool:
 def _exact_leading_rows(layout: PromptLayout, exact_chunks: Sequence[bool]) -> int:
     """Rows of the prompt that are exact before the first inexact chunk (the system prefix,
     which reuse modes always take from its exact cache, and the exact leading chunks)."""
-    leading = next((i for i, is_exact in enumerate(exact_chunks) if not is_exact), len(exact_chunks))
+    leading = next(
+        (i for i, is_exact in enumerate(exact_chunks) if not is_exact), len(exact_chunks)
+    )
     return layout.chunk_spans[leading - 1][1] if leading else layout.prefix_len
 
 

@@ -35,8 +35,8 @@ from engine.config import FIDELITIES, EngineConfig
 from engine.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from engine.planners.base import BasePlanner
     from engine.plan import Plan
+    from engine.planners.base import BasePlanner
     from engine.runner import RunOutput
 
 
@@ -68,19 +68,26 @@ class GuardReport:
     def estimate(self) -> str:
         """The guard's estimate against the floor, in one line for the request's report: where
         the first token's margin was measured, whether it reached the threshold calibrated so
-        that a kept answer stays inside full prefill's own reorder floor (docs/benchmarks/fidelity.md)."""
+        that a kept answer stays inside full prefill's own reorder floor
+        (docs/benchmarks/fidelity.md)."""
         if self.skipped_blend:
             return "not judged: the engine was busy, so the context was computed exactly"
         if self.margin is None:
-            return "exact state: nothing to judge" if self.fidelity != "exact" else "exact: full prefill"
+            return (
+                "exact state: nothing to judge"
+                if self.fidelity != "exact"
+                else "exact: full prefill"
+            )
         if self.fidelity == "fast" or self.threshold is None:
             return f"first-token margin {self.margin:.2f} nats, not judged (fast)"
         side = "inside" if self.margin >= self.threshold else "may leave"
         verdict = "re-ran in full" if self.escalated else "kept"
         if self.repaired_at is not None:
             verdict = f"kept, then repaired at answer token {self.repaired_at}"
-        return (f"first-token margin {self.margin:.2f} nats against threshold {self.threshold:.2f}: "
-                f"{side} full prefill's reorder floor; {verdict}")
+        return (
+            f"first-token margin {self.margin:.2f} nats against threshold {self.threshold:.2f}: "
+            f"{side} full prefill's reorder floor; {verdict}"
+        )
 
     @property
     def outcome(self) -> str:
@@ -142,7 +149,9 @@ class Verdict(NamedTuple):
     rerun: bool
 
 
-def judge(fidelity: str, config: EngineConfig, planner: BasePlanner, out: RunOutput, exact_state: bool) -> Verdict:
+def judge(
+    fidelity: str, config: EngineConfig, planner: BasePlanner, out: RunOutput, exact_state: bool
+) -> Verdict:
     """The verdict on `out`, the first attempt of `planner` at level `fidelity`.
 
     An exact plan (the reference, a fallback), an exact state (`exact_state`: every chunk from
@@ -195,4 +204,11 @@ def answer_check(report: GuardReport, config: EngineConfig) -> AnswerCheck | Non
 def first_repair(margins: list[float], check: AnswerCheck) -> int | None:
     """Where `check` would fire along an answer whose per-step margins are `margins` (steps 0..),
     without firing it (teacher-forced figures follow the guard with this)."""
-    return next((step for step, m in enumerate(margins) if 1 <= step < check.window and m < check.threshold), None)
+    return next(
+        (
+            step
+            for step, m in enumerate(margins)
+            if 1 <= step < check.window and m < check.threshold
+        ),
+        None,
+    )

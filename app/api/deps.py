@@ -1,4 +1,5 @@
-"""FastAPI dependencies: the services built in the lifespan, the settings, the admin and write guards."""
+"""FastAPI dependencies: the services built in the lifespan, the settings, the admin and write
+guards."""
 
 from __future__ import annotations
 
@@ -27,14 +28,20 @@ def get_settings(services: ServicesDep) -> Settings:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def require_admin(settings: SettingsDep, authorization: Annotated[str | None, Header()] = None) -> None:
+def require_admin(
+    settings: SettingsDep, authorization: Annotated[str | None, Header()] = None
+) -> None:
     """Bearer token from settings; with no token configured admin is closed (403), never open."""
     if settings.admin_token is None or not settings.admin_token.get_secret_value():
-        raise HTTPException(403, "admin endpoints are disabled: set KVMOSAIC_ADMIN_TOKEN to enable them")
+        raise HTTPException(
+            403, "admin endpoints are disabled: set KVMOSAIC_ADMIN_TOKEN to enable them"
+        )
     scheme, _, given = (authorization or "").partition(" ")
     expected = settings.admin_token.get_secret_value().encode()
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
-        raise HTTPException(401, "missing or wrong admin bearer token", headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            401, "missing or wrong admin bearer token", headers={"WWW-Authenticate": "Bearer"}
+        )
 
 
 AdminDep = Depends(require_admin)

@@ -16,33 +16,56 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.abandon import ClientGone
-from app.queue import QueueFull
 from app.catalog import LeaseLost
+from app.queue import QueueFull
 from app.schemas.errors import ErrorBody
 from engine.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
-          415: "invalid_request_error", 422: "invalid_request_error", 503: "server_busy"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    503: "server_busy",
+}
 
 
 # What each refusal means, for the OpenAPI document (`documented`).
-_DESCRIPTIONS = {400: "the body is not valid JSON", 401: "missing or wrong bearer token",
-                 403: "not allowed (no token configured, or a cross-site write)", 404: "no such resource",
-                 411: "a file upload without Content-Length", 413: "the document is larger than the limit",
-                 415: "unsupported content type", 422: "a field is invalid (the message says which)",
-                 503: "the work queue is full; retry after `Retry-After` seconds"}
+_DESCRIPTIONS = {
+    400: "the body is not valid JSON",
+    401: "missing or wrong bearer token",
+    403: "not allowed (no token configured, or a cross-site write)",
+    404: "no such resource",
+    411: "a file upload without Content-Length",
+    413: "the document is larger than the limit",
+    415: "unsupported content type",
+    422: "a field is invalid (the message says which)",
+    503: "the work queue is full; retry after `Retry-After` seconds",
+}
 
 
 def documented(*statuses: int) -> dict:
     """OpenAPI `responses` for these error statuses, all with the one `ErrorBody` shape."""
-    return {status: {"model": ErrorBody, "description": _DESCRIPTIONS[status]} for status in statuses}
+    return {
+        status: {"model": ErrorBody, "description": _DESCRIPTIONS[status]} for status in statuses
+    }
 
 
-def error_response(status: int, message: str, details=None, headers=None, param=None) -> JSONResponse:
-    body = {"type": _TYPES.get(status, "api_error"), "message": message, "param": param, "code": None}
+def error_response(
+    status: int, message: str, details=None, headers=None, param=None
+) -> JSONResponse:
+    body = {
+        "type": _TYPES.get(status, "api_error"),
+        "message": message,
+        "param": param,
+        "code": None,
+    }
     if details is not None:
         body["details"] = details
     return JSONResponse({"error": body}, status_code=status, headers=headers)
@@ -51,9 +74,23 @@ def error_response(status: int, message: str, details=None, headers=None, param=
 def error_body(exc: BaseException) -> dict:
     """The error body for an exception raised inside a stream (after the 200 was sent)."""
     if isinstance(exc, InvalidRequest):
-        return {"error": {"type": "invalid_request_error", "message": str(exc), "param": None, "code": None}}
+        return {
+            "error": {
+                "type": "invalid_request_error",
+                "message": str(exc),
+                "param": None,
+                "code": None,
+            }
+        }
     log.error("error while streaming an answer", exc_info=exc)
-    return {"error": {"type": "api_error", "message": "internal server error", "param": None, "code": None}}
+    return {
+        "error": {
+            "type": "api_error",
+            "message": "internal server error",
+            "param": None,
+            "code": None,
+        }
+    }
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -69,7 +106,9 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
         return error_response(400, "the request body is not valid JSON")
-    details = [{"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")} for e in errors]
+    details = [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")} for e in errors
+    ]
     first = details[0] if details else {"loc": [], "msg": "invalid request"}
     where = ".".join(str(p) for p in first["loc"] if p != "body")
     message = f"{where}: {first['msg']}" if where else str(first["msg"])
@@ -87,16 +126,19 @@ async def _invalid_request(request: Request, exc: InvalidRequest) -> JSONRespons
 async def _lease_lost(request: Request, exc: LeaseLost) -> JSONResponse:
     """This replica stalled past its ingest lease and a peer (or a delete) took the document
     away: nothing was added; the same request again starts afresh."""
-    return error_response(503, f"the ingest was interrupted and undone, send it again: {exc}",
-                          headers={"Retry-After": "1"})
+    return error_response(
+        503,
+        f"the ingest was interrupted and undone, send it again: {exc}",
+        headers={"Retry-After": "1"},
+    )
 
 
 async def _client_gone(request: Request, exc: ClientGone) -> JSONResponse:
-    """Nobody will read it: 499 ("client closed request", nginx's code) is for the request log and metrics."""
+    """Nobody will read it: 499 ("client closed request", nginx's code) is for the request log and
+    metrics."""
     return error_response(499, str(exc))
 
 
 async def _queue_full(request: Request, exc: QueueFull) -> JSONResponse:
     request.app.state.services.metrics.rejected.inc()
     return error_response(503, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
-

@@ -20,8 +20,8 @@ from pydantic import BaseModel
 
 from app.schemas.documents import DocumentIn
 from app.settings import Settings
-from engine.planners import planner_names
 from app.store.config import KNOWN_POLICIES
+from engine.planners import planner_names
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 HAND_READ_BODIES: tuple[type[BaseModel], ...] = (DocumentIn,)
@@ -30,16 +30,22 @@ HAND_READ_BODIES: tuple[type[BaseModel], ...] = (DocumentIn,)
 def _tier_names(app: FastAPI, settings: Settings) -> list[str]:
     """The store's tiers once the services run (gpu is skipped without CUDA), else the setting."""
     services = getattr(app.state, "services", None)
-    return list(services.chunk_cache.store.names) if services is not None else list(settings.store_tiers)
+    return (
+        list(services.chunk_cache.store.names)
+        if services is not None
+        else list(settings.store_tiers)
+    )
 
 
 def install_openapi(app: FastAPI, settings: Settings) -> None:
-    """Make `app.openapi()` (and `/openapi.json`) include the hand-read body schemas and `settings`' limits."""
+    """Make `app.openapi()` (and `/openapi.json`) include the hand-read body schemas and `settings`'
+    limits."""
 
     def openapi() -> dict:
         if app.openapi_schema is None:
-            document = get_openapi(title=app.title, version=app.version, description=app.description,
-                                   routes=app.routes)
+            document = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
             schemas = document.setdefault("components", {}).setdefault("schemas", {})
             for model in HAND_READ_BODIES:
                 schema = model.model_json_schema(ref_template=REF_TEMPLATE)
@@ -54,7 +60,8 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
     app.openapi = openapi
 
 
-# Some non-whitespace, no NUL: what the service checks after stripping (`RagService.query`, uploads).
+# Some non-whitespace, no NUL: what the service checks after stripping (`RagService.query`,
+# uploads).
 NOT_BLANK = "\\S"
 TEXT_WITHOUT_NUL = "^[^\\x00]*[^\\s\\x00][^\\x00]*$"
 
@@ -71,17 +78,31 @@ def add_limits(schemas: dict, settings: Settings, tiers: list[str]) -> None:
         for field in ("max_tokens", "max_completion_tokens"):
             if field in properties:
                 _narrow(properties[field], maximum=budget)
-    schemas["AskRequest"]["properties"]["question"].update(maxLength=settings.max_question_chars, pattern=NOT_BLANK)
+    schemas["AskRequest"]["properties"]["question"].update(
+        maxLength=settings.max_question_chars, pattern=NOT_BLANK
+    )
     # The question is the last user message: require one with text the service accepts.
     schemas["ChatRequest"]["properties"]["messages"]["contains"] = {
-        "type": "object", "required": ["role", "content"],
-        "properties": {"role": {"const": "user"},
-                       "content": {"type": "string", "pattern": NOT_BLANK, "maxLength": settings.max_question_chars}}}
+        "type": "object",
+        "required": ["role", "content"],
+        "properties": {
+            "role": {"const": "user"},
+            "content": {
+                "type": "string",
+                "pattern": NOT_BLANK,
+                "maxLength": settings.max_question_chars,
+            },
+        },
+    }
     # The limit is in UTF-8 bytes: a character takes at least one, so longer text never fits
     # (text of multi-byte characters reaches the limit sooner; the description says so).
     text = schemas["DocumentIn"]["properties"]["text"]
-    text.update(maxLength=settings.max_upload_bytes, pattern=TEXT_WITHOUT_NUL,
-                description=f"UTF-8 text or markdown, at most {settings.max_upload_bytes} bytes (413 beyond)")
+    text.update(
+        maxLength=settings.max_upload_bytes,
+        pattern=TEXT_WITHOUT_NUL,
+        description=f"UTF-8 text or markdown, at most {settings.max_upload_bytes} bytes "
+        "(413 beyond)",
+    )
 
 
 def add_upload_limits(document: dict, settings: Settings) -> None:

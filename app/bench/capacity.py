@@ -11,7 +11,8 @@ single tier drops its victim). Each (policy, capacity) cell starts from an empty
 
 Reported per cell: the trace's hit rate, and its share of the hit rate of the same trace on
 an uncapped tier (measured too; every lookup hits there, since ingest stored everything):
-the issue's target is >= 80% of the uncapped hits at 25% capacity. The best any policy could do knowing the
+the issue's target is >= 80% of the uncapped hits at 25% capacity. The best any policy could do
+knowing the
 ranks, keeping the hottest entries that fit, is printed as `oracle`.
 """
 
@@ -78,12 +79,16 @@ def zipf_trace(options: CapacityOptions) -> list[int]:
     order = list(range(options.entries))
     rng.shuffle(order)  # order[r]: the entry of rank r + 1
     weights = [1.0 / (r + 1) ** options.zipf_s for r in range(options.entries)]
-    return [order[r] for r in rng.choices(range(options.entries), weights=weights, k=options.accesses)]
+    return [
+        order[r] for r in rng.choices(range(options.entries), weights=weights, k=options.accesses)
+    ]
 
 
 def _entry(options: CapacityOptions, index: int, tokens: int) -> KVEntry:
     generator = torch.Generator().manual_seed(index)
-    kv = torch.randn(options.layers, 2, 3, tokens, 64, generator=generator)  # [layers, 2, heads, tokens, dim]
+    kv = torch.randn(
+        options.layers, 2, 3, tokens, 64, generator=generator
+    )  # [layers, 2, heads, tokens, dim]
     meta = EntryMeta("bench", "bench", f"{index:064x}", 0, options.codec, tuple(kv.shape))
     return KVEntry(meta, get_codec(options.codec).encode(kv))
 
@@ -108,23 +113,49 @@ def run_capacity(options: CapacityOptions, work_dir: Path, log=print) -> Capacit
     sizes = [e.num_bytes for e in entries]
     trace = zipf_trace(options)
     result = CapacityResult(sum(sizes), len(entries))
-    uncapped = _run_cell(options, work_dir / "uncapped", options.policies[0], result.corpus_bytes, keys, entries, trace)
+    uncapped = _run_cell(
+        options,
+        work_dir / "uncapped",
+        options.policies[0],
+        result.corpus_bytes,
+        keys,
+        entries,
+        trace,
+    )
     result.uncapped_hit_rate = uncapped / max(len(trace), 1)
     for policy in options.policies:
         for fraction in options.fractions:
             capacity = int(fraction * result.corpus_bytes)
-            hits = _run_cell(options, work_dir / f"{policy}-{fraction}", policy, capacity, keys, entries, trace)
-            cell = CapacityCell(policy, fraction, capacity, hits, len(trace), oracle_hit_rate(trace, sizes, capacity))
+            hits = _run_cell(
+                options, work_dir / f"{policy}-{fraction}", policy, capacity, keys, entries, trace
+            )
+            cell = CapacityCell(
+                policy,
+                fraction,
+                capacity,
+                hits,
+                len(trace),
+                oracle_hit_rate(trace, sizes, capacity),
+            )
             result.cells.append(cell)
-            log(f"  {policy:<6} {fraction:>5.0%}: hit rate {cell.hit_rate:.3f} (oracle {cell.oracle_hit_rate:.3f})")
+            log(
+                f"  {policy:<6} {fraction:>5.0%}: hit rate {cell.hit_rate:.3f} (oracle "
+                f"{cell.oracle_hit_rate:.3f})"
+            )
     return result
 
 
 def _run_cell(options, directory: Path, policy: str, capacity: int, keys, entries, trace) -> int:
-    config = StoreConfig(tiers=(options.tier,), disk_dir=directory, disk_fsync=False, codec=options.codec,
-                         eviction=policy, redis_url=options.redis_url,
-                         redis_prefix=f"kvmosaic-capacity-{random.getrandbits(32):08x}:",
-                         **{f"{options.tier}_bytes": capacity})
+    config = StoreConfig(
+        tiers=(options.tier,),
+        disk_dir=directory,
+        disk_fsync=False,
+        codec=options.codec,
+        eviction=policy,
+        redis_url=options.redis_url,
+        redis_prefix=f"kvmosaic-capacity-{random.getrandbits(32):08x}:",
+        **{f"{options.tier}_bytes": capacity},
+    )
     store = create_store(config)
     try:
         for key, entry in zip(keys, entries):  # ingest: everything, the cap evicting as it goes
@@ -142,11 +173,18 @@ def _run_cell(options, directory: Path, policy: str, capacity: int, keys, entrie
 
 
 def format_capacity(result: CapacityResult, options: CapacityOptions) -> str:
-    lines = [f"capacity: {result.entries} entries ({options.codec}, {options.min_tokens}-{options.max_tokens} tokens, "
-             f"{result.corpus_bytes / 1e6:.1f} MB), Zipf s={options.zipf_s} trace of {options.accesses} lookups, "
-             f"tier {options.tier} capped; uncapped hit rate {result.uncapped_hit_rate:.3f}",
-             f"{'policy':<7} {'capacity':>9} {'hit rate':>9} {'of uncapped':>12} {'oracle':>7}"]
+    lines = [
+        f"capacity: {result.entries} entries ({options.codec}, "
+        f"{options.min_tokens}-{options.max_tokens} tokens, "
+        f"{result.corpus_bytes / 1e6:.1f} MB), Zipf s={options.zipf_s} trace of {options.accesses} "
+        "lookups, "
+        f"tier {options.tier} capped; uncapped hit rate {result.uncapped_hit_rate:.3f}",
+        f"{'policy':<7} {'capacity':>9} {'hit rate':>9} {'of uncapped':>12} {'oracle':>7}",
+    ]
     for c in result.cells:
-        lines.append(f"{c.policy:<7} {c.fraction:>8.0%} {c.hit_rate:>9.3f} {c.hit_rate / max(result.uncapped_hit_rate, 1e-9):>11.1%} "
-                     f"{c.oracle_hit_rate:>7.3f}")
+        lines.append(
+            f"{c.policy:<7} {c.fraction:>8.0%} {c.hit_rate:>9.3f} "
+            f"{c.hit_rate / max(result.uncapped_hit_rate, 1e-9):>11.1%} "
+            f"{c.oracle_hit_rate:>7.3f}"
+        )
     return "\n".join(lines)

@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
+from app.store.entry import entry_from_chunk, roundtrip
+from app.store.quant import get_codec
 from engine.bench.fidelity import REFERENCE, DatasetSlice, base_variant_chunks
 from engine.bench.metrics import forced_logits, kl_divergence, same_top1, teacher_forced
 from engine.decode import SamplingParams
 from engine.engine import Engine
 from engine.result import PrefillResult
-from app.store.entry import entry_from_chunk, roundtrip
-from app.store.quant import get_codec
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,9 @@ def run_codec_fidelity(engine: Engine, options: CodecOptions, progress: bool = T
     tokens = 0
     records = options.records()
     answer_length = options.max_new_tokens
-    for offset, record in enumerate(tqdm(records, desc="codecs", unit="record", file=sys.stderr, disable=not progress)):
+    for offset, record in enumerate(
+        tqdm(records, desc="codecs", unit="record", file=sys.stderr, disable=not progress)
+    ):
         base = base_variant_chunks(engine, record, options.chunks, options.start + offset)
         question = record["question"]
         reference = engine.prefill(base, question, mode=REFERENCE, max_new_tokens=answer_length)
@@ -128,8 +130,14 @@ def run_codec_fidelity(engine: Engine, options: CodecOptions, progress: bool = T
             stored[codec] += sum(entry_from_chunk(c.kv, codec).num_bytes for c in base)
             inputs = [dataclasses.replace(c, kv=roundtrip(c.kv, codec)) for c in base]
             for mode in modes:
-                result = engine.prefill(inputs, question, mode=mode, ratio=options.ratio, max_new_tokens=answer_length,
-                                        fidelity=options.fidelity)
+                result = engine.prefill(
+                    inputs,
+                    question,
+                    mode=mode,
+                    ratio=options.ratio,
+                    max_new_tokens=answer_length,
+                    fidelity=options.fidelity,
+                )
                 row = rows[codec, mode]
                 row.kl.append(kl_divergence(full, result.logits))
                 row.top1.append(same_top1(full, result.logits))
@@ -138,14 +146,23 @@ def run_codec_fidelity(engine: Engine, options: CodecOptions, progress: bool = T
                 row.answer_kl.append(forced.mean_kl)
                 row.escalated.append(result.guard is not None and result.guard.escalated)
         if progress:  # running figures, so a run cut short still says something
-            tqdm.write(f"after {offset + 1} records: " + "; ".join(
-                f"{r.mode}/{r.codec} KL {r.mean_kl:.4f} top1 {r.top1_agreement:.2f} "
-                f"ans top1 {r.answer_top1_agreement:.3f} guard {r.escalated_share:.2f}" for r in rows.values()),
-                file=sys.stderr)
-    return CodecReport(options.codecs, {c: b / max(tokens, 1) for c, b in stored.items()}, list(rows.values()))
+            tqdm.write(
+                f"after {offset + 1} records: "
+                + "; ".join(
+                    f"{r.mode}/{r.codec} KL {r.mean_kl:.4f} top1 {r.top1_agreement:.2f} "
+                    f"ans top1 {r.answer_top1_agreement:.3f} guard {r.escalated_share:.2f}"
+                    for r in rows.values()
+                ),
+                file=sys.stderr,
+            )
+    return CodecReport(
+        options.codecs, {c: b / max(tokens, 1) for c, b in stored.items()}, list(rows.values())
+    )
 
 
-def _full_answer(engine: Engine, reference: PrefillResult, length: int) -> tuple[list[int], torch.Tensor]:
+def _full_answer(
+    engine: Engine, reference: PrefillResult, length: int
+) -> tuple[list[int], torch.Tensor]:
     """full's greedy answer (ids) and its logits predicting each of them [len(ids), vocab]."""
     for _ in engine.generate(reference, SamplingParams(max_new_tokens=length)):
         pass  # the ids collect in reference.generated_ids
@@ -160,30 +177,53 @@ def format_codec_table(report: CodecReport) -> str:
     guard re-ran in full (those match full: a codec that trips the guard more looks closer to
     full here and pays in TTFT)."""
     base = report.codecs[0]
-    header = (f"{'mode':<11} {'codec':<9} {'B/token':>8} {'vs ' + base:>11} {'KL':>8} {'dKL':>8} {'s.e.':>7} "
-              f"{'top1':>6} {'dtop1':>7} {'ans top1':>8} {'dans':>7} {'ans KL':>7} {'dansKL':>8} {'guard':>6}")
+    header = (
+        f"{'mode':<11} {'codec':<9} {'B/token':>8} {'vs ' + base:>11} {'KL':>8} {'dKL':>8} "
+        f"{'s.e.':>7} "
+        f"{'top1':>6} {'dtop1':>7} {'ans top1':>8} {'dans':>7} {'ans KL':>7} {'dansKL':>8} "
+        f"{'guard':>6}"
+    )
     lines = [header, "-" * len(header)]
     for mode in dict.fromkeys(r.mode for r in report.rows):
         reference = report.row(base, mode)
         for codec in report.codecs:
             row, size = report.row(codec, mode), report.bytes_per_token[codec]
             change, error = paired_kl_change(row, reference)
-            lines.append(f"{mode:<11} {codec:<9} {size:>8.0f} {size / report.bytes_per_token[base]:>10.3f}x "
-                         f"{row.mean_kl:>8.4f} {change:>+8.4f} {error:>7.4f} "
-                         f"{row.top1_agreement:>6.3f} {row.top1_agreement - reference.top1_agreement:>+7.3f} "
-                         f"{row.answer_top1_agreement:>8.3f} "
-                         f"{row.answer_top1_agreement - reference.answer_top1_agreement:>+7.3f} "
-                         f"{row.mean_answer_kl:>7.4f} {row.mean_answer_kl - reference.mean_answer_kl:>+8.4f} "
-                         f"{row.escalated_share:>6.2f}")
+            lines.append(
+                f"{mode:<11} {codec:<9} {size:>8.0f} {size / report.bytes_per_token[base]:>10.3f}x "
+                f"{row.mean_kl:>8.4f} {change:>+8.4f} {error:>7.4f} "
+                f"{row.top1_agreement:>6.3f} "
+                f"{row.top1_agreement - reference.top1_agreement:>+7.3f} "
+                f"{row.answer_top1_agreement:>8.3f} "
+                f"{row.answer_top1_agreement - reference.answer_top1_agreement:>+7.3f} "
+                f"{row.mean_answer_kl:>7.4f} "
+                f"{row.mean_answer_kl - reference.mean_answer_kl:>+8.4f} "
+                f"{row.escalated_share:>6.2f}"
+            )
     return "\n".join(lines)
 
 
 def codec_json(report: CodecReport) -> dict:
     base = report.codecs[0]
-    return {"codecs": list(report.codecs), "bytes_per_token": report.bytes_per_token,
-            "rows": [{"codec": r.codec, "mode": r.mode, "mean_kl": r.mean_kl, "top1_agreement": r.top1_agreement,
-                      "kl_change_standard_error": paired_kl_change(r, report.row(base, r.mode))[1],
-                      "answer_top1_agreement": r.answer_top1_agreement, "mean_answer_kl": r.mean_answer_kl,
-                      "escalated_share": r.escalated_share, "escalated": r.escalated,
-                      "kl": r.kl, "top1": r.top1, "answer_top1": r.answer_top1, "answer_kl": r.answer_kl}
-                     for r in report.rows]}
+    return {
+        "codecs": list(report.codecs),
+        "bytes_per_token": report.bytes_per_token,
+        "rows": [
+            {
+                "codec": r.codec,
+                "mode": r.mode,
+                "mean_kl": r.mean_kl,
+                "top1_agreement": r.top1_agreement,
+                "kl_change_standard_error": paired_kl_change(r, report.row(base, r.mode))[1],
+                "answer_top1_agreement": r.answer_top1_agreement,
+                "mean_answer_kl": r.mean_answer_kl,
+                "escalated_share": r.escalated_share,
+                "escalated": r.escalated,
+                "kl": r.kl,
+                "top1": r.top1,
+                "answer_top1": r.answer_top1,
+                "answer_kl": r.answer_kl,
+            }
+            for r in report.rows
+        ],
+    }

@@ -28,8 +28,15 @@ from retrieval.sources import SourceDocument, SourceError, load_sources
 log = logging.getLogger(__name__)
 
 READY = "snapshot.json"
-SNAPSHOT_FIELDS = ("chunk_tokens", "chunk_overlap", "store_tiers", "store_codec", "store_dtype", "ingest_kv",
-                   "encode_dtype")
+SNAPSHOT_FIELDS = (
+    "chunk_tokens",
+    "chunk_overlap",
+    "store_tiers",
+    "store_codec",
+    "store_dtype",
+    "ingest_kv",
+    "encode_dtype",
+)
 
 
 @dataclass(frozen=True)
@@ -70,12 +77,16 @@ def load_corpus(path: Path, start: int = 0, records: int | None = None) -> Corpu
         raise InvalidRequest(f"{path}: not a benchmark JSON ({exc})") from None
     if not isinstance(data, list):
         raise InvalidRequest(f"{path}: expected a list of {{question, answers, ctxs}} records")
-    chosen = data[start:None if records is None else start + records]
+    chosen = data[start : None if records is None else start + records]
     if not chosen:
         raise InvalidRequest(f"{path}: no records in [{start}, {start + (records or 0)})")
     asked = [r for r in chosen if isinstance(r, dict) and r.get("question")]
-    return Corpus(f"{path.name}[{start}:{start + len(chosen)}]", tuple(_pooled_passages(path, chosen, start)),
-                  tuple(r["question"].strip() for r in asked), tuple(_gold(r) for r in asked))
+    return Corpus(
+        f"{path.name}[{start}:{start + len(chosen)}]",
+        tuple(_pooled_passages(path, chosen, start)),
+        tuple(r["question"].strip() for r in asked),
+        tuple(_gold(r) for r in asked),
+    )
 
 
 def _gold(record: dict) -> tuple[str, ...]:
@@ -91,12 +102,15 @@ def _pooled_passages(path: Path, records: list, start: int) -> list[SourceDocume
         for c, ctx in enumerate(record.get("ctxs", []) if isinstance(record, dict) else []):
             text = (ctx.get("text") or "").strip()
             if text and text not in seen:
-                seen[text] = SourceDocument(f"{path.name}#{r}.{c}", (ctx.get("title") or "").strip(), text)
+                seen[text] = SourceDocument(
+                    f"{path.name}#{r}.{c}", (ctx.get("title") or "").strip(), text
+                )
     return list(seen.values())
 
 
 def snapshot_key(corpus: Corpus, settings, fingerprint: str) -> str:
-    """What decides a snapshot's content: documents, model, chunking, the store's format and tiers."""
+    """What decides a snapshot's content: documents, model, chunking, the store's format and
+    tiers."""
     digest = hashlib.sha256()
     for doc in corpus.documents:
         digest.update(hashlib.sha256(f"{doc.title}\n{doc.text}".encode()).digest())
@@ -107,7 +121,9 @@ def snapshot_key(corpus: Corpus, settings, fingerprint: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def build_snapshot(corpus: Corpus, directory: Path, start_services: Callable, progress: bool = True) -> Snapshot:
+def build_snapshot(
+    corpus: Corpus, directory: Path, start_services: Callable, progress: bool = True
+) -> Snapshot:
     """Ingest the corpus into `directory` (or reuse it when a finished snapshot is there).
 
     `start_services(data_dir)` opens the server's services on a data dir. An unfinished
@@ -125,9 +141,18 @@ def build_snapshot(corpus: Corpus, directory: Path, start_services: Callable, pr
         chunks = sum(d.num_chunks for d in _documents(services.catalog))
     finally:
         services.close()
-    snapshot = Snapshot(directory, len(corpus.documents), chunks, tokens, _kv_bytes(directory),
-                        time.perf_counter() - started, False)
-    ready.write_text(json.dumps({k: v for k, v in asdict(snapshot).items() if k not in ("path", "reused")}))
+    snapshot = Snapshot(
+        directory,
+        len(corpus.documents),
+        chunks,
+        tokens,
+        _kv_bytes(directory),
+        time.perf_counter() - started,
+        False,
+    )
+    ready.write_text(
+        json.dumps({k: v for k, v in asdict(snapshot).items() if k not in ("path", "reused")})
+    )
     return snapshot
 
 
@@ -148,7 +173,11 @@ def _documents(catalog):
 
 
 def _kv_bytes(directory: Path) -> int:
-    return sum(p.stat().st_size for p in (directory / "kv").rglob("*") if p.is_file()) if (directory / "kv").exists() else 0
+    return (
+        sum(p.stat().st_size for p in (directory / "kv").rglob("*") if p.is_file())
+        if (directory / "kv").exists()
+        else 0
+    )
 
 
 def clone_snapshot(snapshot: Path, destination: Path) -> Path:
@@ -164,8 +193,13 @@ def clone_snapshot(snapshot: Path, destination: Path) -> Path:
         except OSError:  # another file system, or links not allowed
             return shutil.copy2(src, dst)
 
-    shutil.copytree(snapshot, destination, ignore=lambda where, names: [n for n in names if n in (READY, "kv")
-                                                                         and Path(where) == snapshot])
+    shutil.copytree(
+        snapshot,
+        destination,
+        ignore=lambda where, names: [
+            n for n in names if n in (READY, "kv") and Path(where) == snapshot
+        ],
+    )
     if (snapshot / "kv").exists():  # linked, so a clone costs no KV bytes
         shutil.copytree(snapshot / "kv", destination / "kv", copy_function=link_or_copy)
     return destination

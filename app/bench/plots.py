@@ -1,4 +1,5 @@
-"""The workload report's plots (matplotlib, Agg): TTFT CDF, throughput against load, work, fidelity."""
+"""The workload report's plots (matplotlib, Agg): TTFT CDF, throughput against load, work,
+fidelity."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ def draw_all(summaries: list[CellSummary], directory: Path) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
-    drawn = [_ttft_cdf(summaries, directory / "ttft_cdf.png"),
-             _throughput(summaries, directory / "throughput.png"),
-             _work(summaries, directory / "work.png"),
-             _fidelity(summaries, directory / "fidelity_vs_speedup.png")]
+    drawn = [
+        _ttft_cdf(summaries, directory / "ttft_cdf.png"),
+        _throughput(summaries, directory / "throughput.png"),
+        _work(summaries, directory / "work.png"),
+        _fidelity(summaries, directory / "fidelity_vs_speedup.png"),
+    ]
     return [p.name for p in drawn if p is not None]
 
 
@@ -39,8 +42,12 @@ def _ttft_cdf(summaries: list[CellSummary], path: Path) -> Path | None:
     plt, fig, ax = _figure()
     for s in summaries:
         ordered = sorted(s.ttfts)
-        ax.step([v * 1000 for v in ordered], [(i + 1) / len(ordered) for i in range(len(ordered))],
-                where="post", label=f"{s.mode} {s.load}")
+        ax.step(
+            [v * 1000 for v in ordered],
+            [(i + 1) / len(ordered) for i in range(len(ordered))],
+            where="post",
+            label=f"{s.mode} {s.load}",
+        )
     ax.set_xlabel("TTFT (ms, client: queue wait included)")
     ax.set_ylabel("share of requests")
     ax.set_title("TTFT CDF per mode and load")
@@ -75,8 +82,11 @@ def _work(summaries: list[CellSummary], path: Path) -> Path:
 
 def _fidelity(summaries: list[CellSummary], path: Path) -> Path | None:
     full = {s.load: s for s in summaries if s.mode == "full"}
-    points = [(full[s.load].ttft_p50 / s.ttft_p50, s.fidelity.rouge_l, f"{s.mode} {s.load}")
-              for s in summaries if s.fidelity and s.load in full and s.ttft_p50 > 0]
+    points = [
+        (full[s.load].ttft_p50 / s.ttft_p50, s.fidelity.rouge_l, f"{s.mode} {s.load}")
+        for s in summaries
+        if s.fidelity and s.load in full and s.ttft_p50 > 0
+    ]
     if not points:
         return None
     plt, fig, ax = _figure()

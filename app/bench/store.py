@@ -86,7 +86,9 @@ def make_entry(shape: tuple[int, ...], dtype: str, seed: int) -> KVEntry:
     return KVEntry(meta, get_codec(dtype).encode(kv))
 
 
-def format_codec_sizes(layers: int = 30, heads: int = 3, dim: int = 64, tokens: tuple[int, ...] = (256, 512)) -> str:
+def format_codec_sizes(
+    layers: int = 30, heads: int = 3, dim: int = 64, tokens: tuple[int, ...] = (256, 512)
+) -> str:
     """Stored bytes per token of every codec for SmolLM2-shaped chunks, against float16."""
     from app.store.quant import CODECS
 
@@ -104,7 +106,9 @@ def _mb_s(num_bytes: int, seconds: float) -> float:
     return num_bytes / 1e6 / max(seconds, 1e-9)
 
 
-def raw_file_throughput(directory: Path, payload: bytes, repeats: int, fsync: bool) -> tuple[float, float]:
+def raw_file_throughput(
+    directory: Path, payload: bytes, repeats: int, fsync: bool
+) -> tuple[float, float]:
     """MB/s of writing `payload` to new files (fsync if asked) and of reading them back."""
     paths = [directory / f"raw-{i}.bin" for i in range(repeats)]
     started = time.perf_counter()
@@ -124,7 +128,9 @@ def raw_file_throughput(directory: Path, payload: bytes, repeats: int, fsync: bo
     return _mb_s(len(payload) * repeats, write_s), _mb_s(len(payload) * repeats, read_s)
 
 
-def tier_throughput(tier, name: str, shape, options: StoreBenchOptions, raw: tuple[float, float]) -> ThroughputRow:
+def tier_throughput(
+    tier, name: str, shape, options: StoreBenchOptions, raw: tuple[float, float]
+) -> ThroughputRow:
     entries = [make_entry(shape, options.dtype, seed) for seed in range(options.repeats)]
     keys = [f"{seed:032x}" for seed in range(options.repeats)]
     total = sum(e.num_bytes for e in entries)
@@ -144,8 +150,16 @@ def tier_throughput(tier, name: str, shape, options: StoreBenchOptions, raw: tup
     layers_s = time.perf_counter() - started
     for key in keys:
         tier.remove(key)
-    return ThroughputRow(tier.name, name, entries[0].num_bytes / 1e6, _mb_s(total, put_s), _mb_s(total, get_s),
-                         _mb_s(total, layers_s), raw[0], raw[1])
+    return ThroughputRow(
+        tier.name,
+        name,
+        entries[0].num_bytes / 1e6,
+        _mb_s(total, put_s),
+        _mb_s(total, get_s),
+        _mb_s(total, layers_s),
+        raw[0],
+        raw[1],
+    )
 
 
 def run_throughput(options: StoreBenchOptions, work_dir: Path, log=print) -> list[ThroughputRow]:
@@ -154,8 +168,14 @@ def run_throughput(options: StoreBenchOptions, work_dir: Path, log=print) -> lis
         payload = make_entry(shape, options.dtype, 0).kv.view(torch.uint8).numpy().tobytes()
         raw = raw_file_throughput(work_dir, payload, options.repeats, options.fsync)
         for tier_name in options.tiers:
-            config = StoreConfig(tiers=(tier_name,), disk_dir=work_dir / "kv", disk_fsync=options.fsync,
-                                 redis_url=options.redis_url, redis_prefix="kvmosaic-bench:", codec=options.dtype)
+            config = StoreConfig(
+                tiers=(tier_name,),
+                disk_dir=work_dir / "kv",
+                disk_fsync=options.fsync,
+                redis_url=options.redis_url,
+                redis_prefix="kvmosaic-bench:",
+                codec=options.dtype,
+            )
             try:
                 tier = create_tier(tier_name, config)
             except TierUnavailable as exc:
@@ -169,23 +189,37 @@ def run_throughput(options: StoreBenchOptions, work_dir: Path, log=print) -> lis
 
 
 def format_throughput(rows: list[ThroughputRow]) -> str:
-    lines = [f"{'tier':<6} {'entry':<10} {'MB':>6} {'put MB/s':>9} {'get MB/s':>9} {'layers MB/s':>11} "
-             f"{'raw w MB/s':>10} {'raw r MB/s':>10} {'put/raw':>8} {'get/raw':>8}"]
+    lines = [
+        f"{'tier':<6} {'entry':<10} {'MB':>6} {'put MB/s':>9} {'get MB/s':>9} {'layers MB/s':>11} "
+        f"{'raw w MB/s':>10} {'raw r MB/s':>10} {'put/raw':>8} {'get/raw':>8}"
+    ]
     for r in rows:
-        lines.append(f"{r.tier:<6} {r.entry:<10} {r.megabytes:>6.1f} {r.put_mb_s:>9.0f} {r.get_mb_s:>9.0f} "
-                     f"{r.get_layers_mb_s:>11.0f} {r.raw_write_mb_s:>10.0f} {r.raw_read_mb_s:>10.0f} "
-                     f"{r.put_ratio:>8.2f} {r.get_ratio:>8.2f}")
+        lines.append(
+            f"{r.tier:<6} {r.entry:<10} {r.megabytes:>6.1f} {r.put_mb_s:>9.0f} {r.get_mb_s:>9.0f} "
+            f"{r.get_layers_mb_s:>11.0f} {r.raw_write_mb_s:>10.0f} {r.raw_read_mb_s:>10.0f} "
+            f"{r.put_ratio:>8.2f} {r.get_ratio:>8.2f}"
+        )
     if any(r.tier in ("cpu", "gpu") for r in rows):
-        lines.append("(cpu/gpu get hands back the stored tensor without copying; 'layers' reads each layer view)")
+        lines.append(
+            "(cpu/gpu get hands back the stored tensor without copying; 'layers' reads each layer "
+            "view)"
+        )
     return "\n".join(lines)
 
 
-def write_json(rows: list[ThroughputRow], overlap: OverlapResult | None, options: StoreBenchOptions,
-               path: Path, capacity=None) -> None:
-    data = {"options": {k: str(v) for k, v in asdict(options).items()},
-            "throughput": [dict(asdict(r), put_ratio=r.put_ratio, get_ratio=r.get_ratio) for r in rows],
-            "overlap": asdict(overlap) if overlap else None,
-            "capacity": asdict(capacity) if capacity else None}
+def write_json(
+    rows: list[ThroughputRow],
+    overlap: OverlapResult | None,
+    options: StoreBenchOptions,
+    path: Path,
+    capacity=None,
+) -> None:
+    data = {
+        "options": {k: str(v) for k, v in asdict(options).items()},
+        "throughput": [dict(asdict(r), put_ratio=r.put_ratio, get_ratio=r.get_ratio) for r in rows],
+        "overlap": asdict(overlap) if overlap else None,
+        "capacity": asdict(capacity) if capacity else None,
+    }
     Path(path).write_text(json.dumps(data, indent=2))
 
 
@@ -204,15 +238,19 @@ def median(values: list[float]) -> float:
 
 
 def bench_chunk_refs(engine, catalog, options: StoreBenchOptions) -> list:
-    """`options.chunks` distinct chunks of exactly `chunk_tokens` tokens, recorded in the catalog."""
+    """`options.chunks` distinct chunks of exactly `chunk_tokens` tokens, recorded in the
+    catalog."""
     from app.catalog import NewChunk
     from app.kvcache.variants import ChunkRef
     from app.store import token_ids_hash
 
     texts, ids = [], []
     for i in range(options.chunks):
-        words = [f"Record {i}-{j}: the station number {(j * 7919 + i * 104729) % 9973} opened in "
-                 f"{1800 + (j * 37 + i) % 220} near the river {chr(65 + (i + j) % 26)}." for j in range(200)]
+        words = [
+            f"Record {i}-{j}: the station number {(j * 7919 + i * 104729) % 9973} opened in "
+            f"{1800 + (j * 37 + i) % 220} near the river {chr(65 + (i + j) % 26)}."
+            for j in range(200)
+        ]
         text = " ".join(words)
         token_ids = engine.chunk_ids(text)[: options.chunk_tokens]
         if len(token_ids) < options.chunk_tokens:
@@ -237,30 +275,53 @@ def evict_page_cache(directory: Path) -> None:
 def run_overlap(engine, options: StoreBenchOptions, work_dir: Path) -> OverlapResult:
     from app.catalog import Catalog, CatalogConfig
     from app.kvcache.cache import ChunkKVCache
-    from engine.plan import ChunkInput
     from app.store import chunk_from_entry, create_store
+    from engine.plan import ChunkInput
 
     catalog = Catalog.open(CatalogConfig(data_dir=work_dir))
-    config = StoreConfig(tiers=("disk",), disk_dir=work_dir / "blend-kv", disk_fsync=options.fsync,
-                         codec=options.dtype)
+    config = StoreConfig(
+        tiers=("disk",),
+        disk_dir=work_dir / "blend-kv",
+        disk_fsync=options.fsync,
+        codec=options.dtype,
+    )
     cache = ChunkKVCache.open(engine, create_store(config), catalog, options.dtype)
     try:
         refs = bench_chunk_refs(engine, catalog, options)
         with cache.loader.load(refs):  # computes and stores every chunk (not timed)
             pass
-        in_memory = [ChunkInput(r.chunk_id, r.token_ids,
-                                chunk_from_entry(cache.store.get(cache.keys.key(r.token_ids)), r.token_ids,
-                                                 engine.loaded.dtype, engine.device)) for r in refs]
+        in_memory = [
+            ChunkInput(
+                r.chunk_id,
+                r.token_ids,
+                chunk_from_entry(
+                    cache.store.get(cache.keys.key(r.token_ids)),
+                    r.token_ids,
+                    engine.loaded.dtype,
+                    engine.device,
+                ),
+            )
+            for r in refs
+        ]
         engine.prefill(in_memory, QUESTION, mode="cacheblend")  # warm-up
-        samples = [_overlap_sample(engine, cache, refs, in_memory, config.disk_dir)
-                   for _ in range(options.blend_repeats)]
+        samples = [
+            _overlap_sample(engine, cache, refs, in_memory, config.disk_dir)
+            for _ in range(options.blend_repeats)
+        ]
     finally:
         cache.store.close()
         catalog.close()
     load_s, wait_s = sum(s["load_s"] for s in samples), sum(s["wait_s"] for s in samples)
-    return OverlapResult(options.chunks, options.chunk_tokens, load_s, wait_s, hidden_share(load_s, wait_s),
-                         median([s["ttft_cold_disk_s"] for s in samples]),
-                         median([s["ttft_in_memory_s"] for s in samples]), samples)
+    return OverlapResult(
+        options.chunks,
+        options.chunk_tokens,
+        load_s,
+        wait_s,
+        hidden_share(load_s, wait_s),
+        median([s["ttft_cold_disk_s"] for s in samples]),
+        median([s["ttft_in_memory_s"] for s in samples]),
+        samples,
+    )
 
 
 def _overlap_sample(engine, cache, refs, in_memory, disk_dir: Path) -> dict:
@@ -273,15 +334,24 @@ def _overlap_sample(engine, cache, refs, in_memory, disk_dir: Path) -> dict:
         if loaded.computed:
             raise RuntimeError(f"chunks {loaded.computed} were recomputed, not loaded")
     ttft_memory = engine.prefill(in_memory, QUESTION, mode="cacheblend").ttft_s
-    return {"load_s": stats.load_s, "wait_s": stats.wait_s, "layers_read": stats.layers_read,
-            "layers_wasted": stats.layers_wasted,
-            "hidden_share": hidden_share(stats.load_s, stats.wait_s),
-            "ttft_cold_disk_s": ttft_cold, "ttft_in_memory_s": ttft_memory}
+    return {
+        "load_s": stats.load_s,
+        "wait_s": stats.wait_s,
+        "layers_read": stats.layers_read,
+        "layers_wasted": stats.layers_wasted,
+        "hidden_share": hidden_share(stats.load_s, stats.wait_s),
+        "ttft_cold_disk_s": ttft_cold,
+        "ttft_in_memory_s": ttft_memory,
+    }
 
 
 def format_overlap(result: OverlapResult) -> str:
-    return (f"blended request: {result.chunks} chunks x {result.chunk_tokens} tokens cold on disk, cacheblend\n"
-            f"  KV load time {result.load_s * 1000:.1f} ms, waited {result.wait_s * 1000:.1f} ms -> "
-            f"hidden behind compute: {result.hidden_share:.1%} (target >= 80%)\n"
-            f"  median TTFT cold-disk {result.ttft_cold_disk_s * 1000:.1f} ms vs KV in memory "
-            f"{result.ttft_in_memory_s * 1000:.1f} ms (ratio {result.ttft_cold_disk_s / result.ttft_in_memory_s:.2f})")
+    return (
+        f"blended request: {result.chunks} chunks x {result.chunk_tokens} tokens cold on disk, "
+        "cacheblend\n"
+        f"  KV load time {result.load_s * 1000:.1f} ms, waited {result.wait_s * 1000:.1f} ms -> "
+        f"hidden behind compute: {result.hidden_share:.1%} (target >= 80%)\n"
+        f"  median TTFT cold-disk {result.ttft_cold_disk_s * 1000:.1f} ms vs KV in memory "
+        f"{result.ttft_in_memory_s * 1000:.1f} ms (ratio "
+        f"{result.ttft_cold_disk_s / result.ttft_in_memory_s:.2f})"
+    )

@@ -5,7 +5,8 @@ optional). The generator draws from a dataset's questions with a Zipf popularity
 questions are asked often, most rarely) and turns some repeats into reformulations: the same
 need in other words, as users ask it, so retrieval returns an overlapping chunk set in another
 order, or asked together with part of another popular question (a follow-up that brings other
-companions along). `distinct_trace` asks each question once instead (no repeats at all). Reuse is not assumed from that recipe: `trace_stats` measures it on the chunks that
+companions along). `distinct_trace` asks each question once instead (no repeats at all). Reuse is
+not assumed from that recipe: `trace_stats` measures it on the chunks that
 retrieval really returned.
 """
 
@@ -20,11 +21,18 @@ from pathlib import Path
 
 from engine.errors import InvalidRequest
 
-STOPWORDS = frozenset("a an the of in on at to for by with from and or is was were are be been did do does "
-                      "what which who whom whose when where why how that this these those it its as into "
-                      "there their than".split())
+STOPWORDS = frozenset(
+    "a an the of in on at to for by with from and or is was were are be been did do does "
+    "what which who whom whose when where why how that this these those it its as into "
+    "there their than".split()
+)
 # Lead-ins a person puts before the same question; with keywords-only forms they move the embedding.
-LEAD_INS = ("Quick question: ", "I'd like to know this. ", "Can you look up the following? ", "Tell me, ")
+LEAD_INS = (
+    "Quick question: ",
+    "I'd like to know this. ",
+    "Can you look up the following? ",
+    "Tell me, ",
+)
 
 
 @dataclass(frozen=True)
@@ -70,8 +78,10 @@ def read_trace(path: Path) -> list[TraceRequest]:
         question = item.get("question") if isinstance(item, dict) else None
         top_k = item.get("top_k") if isinstance(item, dict) else None
         if not isinstance(question, str) or not question.strip():
-            raise InvalidRequest(f"{path}:{number}: expected {{\"question\": text, \"top_k\"?: int}}")
-        if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= 20):
+            raise InvalidRequest(f'{path}:{number}: expected {{"question": text, "top_k"?: int}}')
+        if top_k is not None and (
+            not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= 20
+        ):
             raise InvalidRequest(f"{path}:{number}: top_k must be an integer from 1 to 20")
         requests.append(TraceRequest(question.strip(), top_k))
     if not requests:
@@ -83,8 +93,13 @@ def write_trace(path: Path, requests: Sequence[TraceRequest]) -> None:
     path.write_text("".join(json.dumps(asdict(r)) + "\n" for r in requests), encoding="utf-8")
 
 
-def generate_trace(questions: Sequence[str], num_requests: int, seed: int = 0, zipf_s: float = 1.2,
-                   reformulate: float = 0.8) -> list[TraceRequest]:
+def generate_trace(
+    questions: Sequence[str],
+    num_requests: int,
+    seed: int = 0,
+    zipf_s: float = 1.2,
+    reformulate: float = 0.8,
+) -> list[TraceRequest]:
     """`num_requests` requests over `questions`: Zipf(`zipf_s`) popularity over a seeded ranking;
     a question asked before is reformulated with probability `reformulate`."""
     if not questions:
@@ -100,22 +115,29 @@ def generate_trace(questions: Sequence[str], num_requests: int, seed: int = 0, z
     for need in rng.choices(ranking, weights=weights, k=num_requests):
         again = need in asked and rng.random() < reformulate
         other = questions[rng.choices(ranking, weights=weights)[0]]
-        text = reformulation(questions[need], rng, other if other != questions[need] else "") if again \
+        text = (
+            reformulation(questions[need], rng, other if other != questions[need] else "")
+            if again
             else questions[need]
+        )
         requests.append(TraceRequest(text, None, need, again))
         asked.add(need)
     return requests
 
 
-def distinct_trace(questions: Sequence[str], num_requests: int, seed: int = 0) -> list[TraceRequest]:
+def distinct_trace(
+    questions: Sequence[str], num_requests: int, seed: int = 0
+) -> list[TraceRequest]:
     """`num_requests` distinct questions (each asked once, no reformulations) in a seeded order:
     the reuse left is only what retrieval shares between different needs."""
     unique = list(dict.fromkeys(questions))
     if num_requests < 1:
         raise InvalidRequest("a trace needs at least one request")
     if num_requests > len(unique):
-        raise InvalidRequest(f"a trace of distinct questions needs {num_requests} questions; the corpus has "
-                             f"{len(unique)} (pool more records, or ask for fewer requests)")
+        raise InvalidRequest(
+            f"a trace of distinct questions needs {num_requests} questions; the corpus has "
+            f"{len(unique)} (pool more records, or ask for fewer requests)"
+        )
     order = list(range(len(unique)))
     random.Random(seed).shuffle(order)
     return [TraceRequest(unique[i], None, i) for i in order[:num_requests]]
@@ -152,12 +174,23 @@ def trace_stats(requests: Sequence[TraceRequest], retrieved: Sequence[Sequence[i
     for chunk_ids in retrieved:
         ordered, as_set = tuple(chunk_ids), frozenset(chunk_ids)
         shared = len(as_set & seen)
-        kind = ("same_order" if ordered in lists else "other_order" if as_set in sets
-                else "partly" if shared else "fresh")
+        kind = (
+            "same_order"
+            if ordered in lists
+            else "other_order"
+            if as_set in sets
+            else "partly"
+            if shared
+            else "fresh"
+        )
         counts[kind] += 1
         total, repeated = total + len(as_set), repeated + shared
         lists.add(ordered), sets.add(as_set), seen.update(as_set)
     n = max(1, len(retrieved))
-    return TraceStats(len(retrieved), len(seen), repeated / max(1, total),
-                      *(counts[k] / n for k in ("same_order", "other_order", "partly", "fresh")),
-                      sum(r.reformulated for r in requests) / max(1, len(requests)))
+    return TraceStats(
+        len(retrieved),
+        len(seen),
+        repeated / max(1, total),
+        *(counts[k] / n for k in ("same_order", "other_order", "partly", "fresh")),
+        sum(r.reformulated for r in requests) / max(1, len(requests)),
+    )

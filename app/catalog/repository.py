@@ -25,7 +25,17 @@ from app.catalog import records as rec
 from app.catalog.changes import ChangeLog, append_changes
 from app.catalog.db import CatalogConfig, create_db_engine, create_session_factory, rows_changed
 from app.catalog.ingests import IngestLeases
-from app.catalog.models import MISSING, READY, REMOVE, Base, Chunk, Document, Ingest, Variant, utcnow
+from app.catalog.models import (
+    MISSING,
+    READY,
+    REMOVE,
+    Base,
+    Chunk,
+    Document,
+    Ingest,
+    Variant,
+    utcnow,
+)
 from engine.errors import KvMosaicError
 from engine.variant_stats import VariantStats
 
@@ -91,33 +101,49 @@ class Catalog(IngestLeases, ChangeLog):
 
     # -- documents -----------------------------------------------------------------------------
 
-    def add_document(self, source: str, title: str, content_hash: str,
-                     chunks: Sequence[rec.NewChunk]) -> rec.AddedDocument:
+    def add_document(
+        self, source: str, title: str, content_hash: str, chunks: Sequence[rec.NewChunk]
+    ) -> rec.AddedDocument:
         """Store a document and its chunks (ordinals 0..n-1, in the given order) atomically."""
         with self.session() as s:
             document = Document(source=source, title=title, content_hash=content_hash)
-            document.chunks = [Chunk(ordinal=i, text=c.text, num_tokens=c.num_tokens,
-                                     token_ids_hash=c.token_ids_hash, embedding_row=c.embedding_row)
-                               for i, c in enumerate(chunks)]
+            document.chunks = [
+                Chunk(
+                    ordinal=i,
+                    text=c.text,
+                    num_tokens=c.num_tokens,
+                    token_ids_hash=c.token_ids_hash,
+                    embedding_row=c.embedding_row,
+                )
+                for i, c in enumerate(chunks)
+            ]
             s.add(document)
             s.flush()
-            return rec.AddedDocument(rec.document_record(document, len(chunks)),
-                                     tuple(rec.chunk_record(c) for c in document.chunks))
+            return rec.AddedDocument(
+                rec.document_record(document, len(chunks)),
+                tuple(rec.chunk_record(c) for c in document.chunks),
+            )
 
-    def get_document(self, document_id: int, state: DocumentState | None = None) -> rec.DocumentRecord | None:
-        """The document, or None; `state` as in `list_documents` (a document in another state is None)."""
+    def get_document(
+        self, document_id: int, state: DocumentState | None = None
+    ) -> rec.DocumentRecord | None:
+        """The document, or None; `state` as in `list_documents` (a document in another state is
+        None)."""
         with self.session() as s:
             query = _in_state(select(Document).where(Document.id == document_id), state)
             rows = self._documents_with_counts(s, query)
             return rows[0] if rows else None
 
-    def list_documents(self, offset: int = 0, limit: int = 100,
-                       state: DocumentState | None = None) -> list[rec.DocumentRecord]:
+    def list_documents(
+        self, offset: int = 0, limit: int = 100, state: DocumentState | None = None
+    ) -> list[rec.DocumentRecord]:
         """Documents by id (oldest first). `state`: "ready", only those whose ingest finished
         (retrievable); "ingesting", only those under an ingest row (running, or a crash
         leftover until its lease expires); None, both."""
         with self.session() as s:
-            query = _in_state(select(Document), state).order_by(Document.id).offset(offset).limit(limit)
+            query = (
+                _in_state(select(Document), state).order_by(Document.id).offset(offset).limit(limit)
+            )
             return self._documents_with_counts(s, query)
 
     def count_documents(self, state: DocumentState | None = None) -> int:
@@ -127,7 +153,9 @@ class Catalog(IngestLeases, ChangeLog):
 
     def find_documents_by_hash(self, content_hash: str) -> list[rec.DocumentRecord]:
         with self.session() as s:
-            query = select(Document).where(Document.content_hash == content_hash).order_by(Document.id)
+            query = (
+                select(Document).where(Document.content_hash == content_hash).order_by(Document.id)
+            )
             return self._documents_with_counts(s, query)
 
     def delete_document(self, document_id: int) -> rec.DeletedDocument | None:
@@ -144,8 +172,9 @@ class Catalog(IngestLeases, ChangeLog):
                 return None
             chunk_ids = select(Chunk.id).where(Chunk.document_id == document_id)
             keys = s.scalars(select(Variant.store_key).where(Variant.chunk_id.in_(chunk_ids))).all()
-            num_chunks = s.scalar(select(func.count()).select_from(Chunk)
-                                  .where(Chunk.document_id == document_id))
+            num_chunks = s.scalar(
+                select(func.count()).select_from(Chunk).where(Chunk.document_id == document_id)
+            )
             append_changes(s, REMOVE, list(s.scalars(chunk_ids.order_by(Chunk.id))))
             # Explicit deletes, so the cascade never depends on the database enforcing it.
             s.execute(delete(Ingest).where(Ingest.document_id == document_id))
@@ -154,13 +183,20 @@ class Catalog(IngestLeases, ChangeLog):
             s.execute(delete(Document).where(Document.id == document_id))
             return rec.DeletedDocument(document_id, int(num_chunks or 0), tuple(keys))
 
-    def _documents_with_counts(self, s: Session, query: Select[Document]) -> list[rec.DocumentRecord]:
+    def _documents_with_counts(
+        self, s: Session, query: Select[Document]
+    ) -> list[rec.DocumentRecord]:
         documents = s.scalars(query).all()
         if not documents:
             return []
         ids = [d.id for d in documents]
-        counts = dict(s.execute(select(Chunk.document_id, func.count()).where(Chunk.document_id.in_(ids))
-                                .group_by(Chunk.document_id)).all())
+        counts = dict(
+            s.execute(
+                select(Chunk.document_id, func.count())
+                .where(Chunk.document_id.in_(ids))
+                .group_by(Chunk.document_id)
+            ).all()
+        )
         return [rec.document_record(d, int(counts.get(d.id, 0))) for d in documents]
 
     # -- chunks --------------------------------------------------------------------------------
@@ -178,7 +214,9 @@ class Catalog(IngestLeases, ChangeLog):
 
     def chunks_of_document(self, document_id: int) -> list[rec.ChunkRecord]:
         with self.session() as s:
-            rows = s.scalars(select(Chunk).where(Chunk.document_id == document_id).order_by(Chunk.ordinal))
+            rows = s.scalars(
+                select(Chunk).where(Chunk.document_id == document_id).order_by(Chunk.ordinal)
+            )
             return [rec.chunk_record(c) for c in rows]
 
     def chunks_by_embedding_rows(self, rows: Sequence[int]) -> list[rec.ChunkRecord | None]:
@@ -233,8 +271,9 @@ class Catalog(IngestLeases, ChangeLog):
             row = s.scalar(select(Variant).where(Variant.store_key == store_key))
             return rec.variant_record(row) if row is not None else None
 
-    def variants_of_chunk(self, chunk_id: int, model_fingerprint: str | None = None,
-                          status: str | None = READY) -> list[rec.VariantRecord]:
+    def variants_of_chunk(
+        self, chunk_id: int, model_fingerprint: str | None = None, status: str | None = READY
+    ) -> list[rec.VariantRecord]:
         """The chunk's variants (oldest first), optionally of one model and one status."""
         with self.session() as s:
             query = select(Variant).where(Variant.chunk_id == chunk_id).order_by(Variant.id)
@@ -250,8 +289,12 @@ class Catalog(IngestLeases, ChangeLog):
         with self.session() as s:
             total = 0
             for batch in _batches(list(store_keys)):
-                total += rows_changed(s, update(Variant).where(Variant.store_key.in_(batch))
-                                      .values(access_count=Variant.access_count + 1, last_access_at=when))
+                total += rows_changed(
+                    s,
+                    update(Variant)
+                    .where(Variant.store_key.in_(batch))
+                    .values(access_count=Variant.access_count + 1, last_access_at=when),
+                )
             return total
 
     def update_variant_stats(self, store_key: str, stats: VariantStats) -> bool:
@@ -265,7 +308,12 @@ class Catalog(IngestLeases, ChangeLog):
 
     def set_variant_tier(self, store_key: str, tier: str) -> bool:
         with self.session() as s:
-            return rows_changed(s, update(Variant).where(Variant.store_key == store_key).values(tier=tier)) > 0
+            return (
+                rows_changed(
+                    s, update(Variant).where(Variant.store_key == store_key).values(tier=tier)
+                )
+                > 0
+            )
 
     def mark_missing(self, store_keys: Iterable[str]) -> int:
         """Mark variants whose KV is gone; returns how many rows changed."""
@@ -275,9 +323,12 @@ class Catalog(IngestLeases, ChangeLog):
         with self.session() as s:
             total = 0
             for batch in _batches(list(store_keys)):
-                total += rows_changed(s, update(Variant)
-                                      .where(Variant.store_key.in_(batch), Variant.status != status)
-                                      .values(status=status))
+                total += rows_changed(
+                    s,
+                    update(Variant)
+                    .where(Variant.store_key.in_(batch), Variant.status != status)
+                    .values(status=status),
+                )
             return total
 
     def delete_variants(self, store_keys: Iterable[str]) -> int:
@@ -292,27 +343,53 @@ class Catalog(IngestLeases, ChangeLog):
         with self.session() as s:
             total = 0
             for key, tier in tiers_by_key.items():
-                total += rows_changed(s, update(Variant).where(Variant.store_key == key)
-                                      .values(status=READY, tier=tier))
+                total += rows_changed(
+                    s,
+                    update(Variant).where(Variant.store_key == key).values(status=READY, tier=tier),
+                )
             return total
 
     def variant_locations(self) -> dict[str, rec.VariantLocation]:
         """{store key: status, tier, access count, expected savings} of every variant."""
         with self.session() as s:
-            rows = s.execute(select(Variant.store_key, Variant.status, Variant.tier, Variant.access_count,
-                                    Variant.expected_savings))
-            return {key: rec.VariantLocation(status, tier, count, savings)
-                    for key, status, tier, count, savings in rows}
+            rows = s.execute(
+                select(
+                    Variant.store_key,
+                    Variant.status,
+                    Variant.tier,
+                    Variant.access_count,
+                    Variant.expected_savings,
+                )
+            )
+            return {
+                key: rec.VariantLocation(status, tier, count, savings)
+                for key, status, tier, count, savings in rows
+            }
 
-    def variant_contexts(self, model_fingerprint: str, prefix_digest: str) -> list[rec.VariantContext]:
+    def variant_contexts(
+        self, model_fingerprint: str, prefix_digest: str
+    ) -> list[rec.VariantContext]:
         """Every ready variant of one model and system prefix: key, chunk, context, codec, tier."""
         with self.session() as s:
-            rows = s.execute(select(Variant.store_key, Variant.chunk_id, Variant.context_signature,
-                                    Variant.storage_dtype, Variant.tier)
-                             .where(Variant.status == READY, Variant.model_fingerprint == model_fingerprint,
-                                    Variant.prefix_digest == prefix_digest))
-            return [rec.VariantContext(key, chunk_id, rec.parse_context_signature(signature), dtype, tier)
-                    for key, chunk_id, signature, dtype, tier in rows]
+            rows = s.execute(
+                select(
+                    Variant.store_key,
+                    Variant.chunk_id,
+                    Variant.context_signature,
+                    Variant.storage_dtype,
+                    Variant.tier,
+                ).where(
+                    Variant.status == READY,
+                    Variant.model_fingerprint == model_fingerprint,
+                    Variant.prefix_digest == prefix_digest,
+                )
+            )
+            return [
+                rec.VariantContext(
+                    key, chunk_id, rec.parse_context_signature(signature), dtype, tier
+                )
+                for key, chunk_id, signature, dtype, tier in rows
+            ]
 
     def variant_statuses(self) -> dict[str, str]:
         """{store key: status} of every variant (start-up reconciliation reads this)."""
@@ -325,21 +402,39 @@ class Catalog(IngestLeases, ChangeLog):
         """KV bytes of the ready variants by kind and codec: `base:<codec>` (empty context; a
         base's float copy under a lossy base codec shows as its own codec) and
         `context:<codec>` (Cache-Craft's and the harvest's context variants)."""
-        is_base = (Variant.context_signature == "").label("is_base")  # grouped by its label: one bound value
+        is_base = (Variant.context_signature == "").label(
+            "is_base"
+        )  # grouped by its label: one bound value
         with self.session() as s:
-            rows = s.execute(select(is_base, Variant.storage_dtype, func.sum(Variant.num_bytes))
-                             .where(Variant.status == READY).group_by(is_base, Variant.storage_dtype)).all()
-            return {f"{'base' if base else 'context'}:{codec}": int(total) for base, codec, total in rows}
+            rows = s.execute(
+                select(is_base, Variant.storage_dtype, func.sum(Variant.num_bytes))
+                .where(Variant.status == READY)
+                .group_by(is_base, Variant.storage_dtype)
+            ).all()
+            return {
+                f"{'base' if base else 'context'}:{codec}": int(total)
+                for base, codec, total in rows
+            }
 
     def stats(self) -> rec.CatalogStats:
         with self.session() as s:
-            by_status = dict(s.execute(select(Variant.status, func.count()).group_by(Variant.status)).all())
-            by_tier = s.execute(select(Variant.tier, func.sum(Variant.num_bytes))
-                                .where(Variant.status == READY).group_by(Variant.tier)).all()
+            by_status = dict(
+                s.execute(select(Variant.status, func.count()).group_by(Variant.status)).all()
+            )
+            by_tier = s.execute(
+                select(Variant.tier, func.sum(Variant.num_bytes))
+                .where(Variant.status == READY)
+                .group_by(Variant.tier)
+            ).all()
             accesses = s.scalar(select(func.sum(Variant.access_count))) or 0
-            return rec.CatalogStats(_count(s, Document), _count(s, Chunk), int(by_status.get(READY, 0)),
-                                    int(by_status.get(MISSING, 0)), {t: int(b) for t, b in by_tier},
-                                    int(accesses))
+            return rec.CatalogStats(
+                _count(s, Document),
+                _count(s, Chunk),
+                int(by_status.get(READY, 0)),
+                int(by_status.get(MISSING, 0)),
+                {t: int(b) for t, b in by_tier},
+                int(accesses),
+            )
 
 
 def _in_state(query: Select[Any], state: DocumentState | None) -> Select[Any]:
@@ -363,12 +458,14 @@ def _apply_stats(row: Variant, stats: VariantStats) -> None:
 
 def _batches(items: list[Item], size: int = _IN_BATCH) -> Iterator[list[Item]]:
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]
 
 
-def _select_in(s: Session, model: type[Model], column: InstrumentedAttribute[Key | None],
-               values: Sequence[Key]) -> list[Model]:
-    """Rows of `model` whose `column` is one of `values` (distinct; any order), IN batch by batch."""
+def _select_in(
+    s: Session, model: type[Model], column: InstrumentedAttribute[Key | None], values: Sequence[Key]
+) -> list[Model]:
+    """Rows of `model` whose `column` is one of `values` (distinct; any order), IN batch by
+    batch."""
     out: list[Model] = []
     for batch in _batches(list(dict.fromkeys(values))):
         out.extend(s.scalars(select(model).where(column.in_(batch))))

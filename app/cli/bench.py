@@ -6,36 +6,67 @@ import argparse
 import os
 from pathlib import Path
 
-from app.cli.bench_retrieval import add_retrieval_parser
 from app.cli.bench_ingest import add_ingest_parser
+from app.cli.bench_retrieval import add_retrieval_parser
 from app.cli.bench_workload import add_workload_parser
 from engine.config import FIDELITIES, SELECTIONS
 
 # app.store.quant.CODECS (a test keeps them equal), named here so that parsing imports no torch
-STORE_CODECS = ("float16", "bfloat16", "float32", "int8", "int4", "k4v3", "h4v3", "h4v3c", "ch4v3", "ch4v3c")
+STORE_CODECS = (
+    "float16",
+    "bfloat16",
+    "float32",
+    "int8",
+    "int4",
+    "k4v3",
+    "h4v3",
+    "h4v3c",
+    "ch4v3",
+    "ch4v3c",
+)
 
 
 def add_parser(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="run a benchmark")
     kinds = bench.add_subparsers(dest="bench", required=True)
-    fidelity = kinds.add_parser("fidelity", help="TTFT and fidelity of every mode against full prefill")
+    fidelity = kinds.add_parser(
+        "fidelity", help="TTFT and fidelity of every mode against full prefill"
+    )
     add_engine_arguments(fidelity)
     add_dataset_arguments(fidelity)
-    fidelity.add_argument("--modes", default="full,naive,epic,cacheblend",
-                          help="comma-separated modes; `mode@fast|balanced|exact` sets that row's fidelity guard level")
-    fidelity.add_argument("--fidelity", choices=FIDELITIES, default=None,
-                          help="guard level of rows that name none (default: KVMOSAIC_FIDELITY)")
-    fidelity.add_argument("--ratio", type=float, default=None, help="recompute ratio r (default from config)")
+    fidelity.add_argument(
+        "--modes",
+        default="full,naive,epic,cacheblend",
+        help="comma-separated modes; `mode@fast|balanced|exact` sets that row's fidelity guard "
+        "level",
+    )
+    fidelity.add_argument(
+        "--fidelity",
+        choices=FIDELITIES,
+        default=None,
+        help="guard level of rows that name none (default: KVMOSAIC_FIDELITY)",
+    )
+    fidelity.add_argument(
+        "--ratio", type=float, default=None, help="recompute ratio r (default from config)"
+    )
     fidelity.add_argument("--max-new-tokens", type=int, default=32)
-    fidelity.add_argument("--orders", type=int, default=3,
-                          help="chunk orders per record: the dataset's, then seeded shuffles; full prefill in the "
-                               "others against the first is the stability floor (default 3; 1: no floor)")
+    fidelity.add_argument(
+        "--orders",
+        type=int,
+        default=3,
+        help="chunk orders per record: the dataset's, then seeded shuffles; full prefill in the "
+        "others against the first is the stability floor (default 3; 1: no floor)",
+    )
     add_warmup_arguments(fidelity)
-    fidelity.add_argument("--store-codecs", default=None,
-                          help="instead of the timed table: chunk KV through each KV codec, e.g. float16,int4,k4v3 "
-                               "(the first is the baseline); first-token KL / top-1 of each mode, answer-position top-1 / KL "
-                               "along full's answer (teacher forcing, --max-new-tokens) and bytes per token on "
-                               "the same requests (cold variants)")
+    fidelity.add_argument(
+        "--store-codecs",
+        default=None,
+        help="instead of the timed table: chunk KV through each KV codec, e.g. float16,int4,k4v3 "
+        "(the first is the baseline); first-token KL / top-1 of each mode, answer-position top-1 / "
+        "KL "
+        "along full's answer (teacher forcing, --max-new-tokens) and bytes per token on "
+        "the same requests (cold variants)",
+    )
     fidelity.add_argument("--json", type=Path, default=None, help="also write the figures here")
     fidelity.set_defaults(handler=run_fidelity)
     add_kernels_parser(kinds)
@@ -47,64 +78,105 @@ def add_parser(subparsers) -> None:
 
 def add_kernels_parser(kinds) -> None:
     kernels = kinds.add_parser("kernels", help="each CUDA kernel against its PyTorch eager twin")
-    kernels.add_argument("--device", default="cuda", help="cuda (cpu only smoke-tests the host twins)")
+    kernels.add_argument(
+        "--device", default="cuda", help="cuda (cpu only smoke-tests the host twins)"
+    )
     kernels.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
     kernels.add_argument("--tokens", type=int, default=1536, help="prompt rows (default 1536)")
-    kernels.add_argument("--repeats", type=int, default=200, help="timed calls per op (default 200)")
+    kernels.add_argument(
+        "--repeats", type=int, default=200, help="timed calls per op (default 200)"
+    )
     kernels.add_argument("--json", type=Path, default=None, help="also write the figures here")
     kernels.set_defaults(handler=run_kernels)
 
 
 def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
-    """Which records of a {question, answers, ctxs} dataset a benchmark runs, and how many passages."""
-    parser.add_argument("--dataset", type=Path, required=True, help="JSON list of {question, answers, ctxs}")
+    """Which records of a {question, answers, ctxs} dataset a benchmark runs, and how many
+    passages."""
+    parser.add_argument(
+        "--dataset", type=Path, required=True, help="JSON list of {question, answers, ctxs}"
+    )
     parser.add_argument("--start", type=int, default=0, help="first record (default 0)")
     parser.add_argument("--n", type=int, default=20, help="number of records (default 20)")
     parser.add_argument("--chunks", type=int, default=6, help="passages per prompt (default 6)")
 
 
-def add_warmup_arguments(parser: argparse.ArgumentParser, default: int = 0, help: str | None = None) -> None:
+def add_warmup_arguments(
+    parser: argparse.ArgumentParser, default: int = 0, help: str | None = None
+) -> None:
     """Variant warm-up: untimed requests in other orders leave variants before timing."""
-    parser.add_argument("--warmup-orders", type=int, default=default,
-                        help=help or f"untimed requests in other orders before timing, adding a warm row per mode "
-                                     f"that leaves variants, with its cost (default {default}: cold only)")
+    parser.add_argument(
+        "--warmup-orders",
+        type=int,
+        default=default,
+        help=help
+        or f"untimed requests in other orders before timing, adding a warm row per mode "
+        f"that leaves variants, with its cost (default {default}: cold only)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the warm-up orders")
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """Engine options; each defaults to its `KVMOSAIC_*` setting (see the README)."""
     parser.add_argument("--data-dir", type=Path, default=None)
-    parser.add_argument("--model", default=None, help="local Hugging Face checkpoint (default: embedded SmolLM2)")
+    parser.add_argument(
+        "--model", default=None, help="local Hugging Face checkpoint (default: embedded SmolLM2)"
+    )
     parser.add_argument("--device", default=None, help="cpu or cuda[:n]")
     parser.add_argument("--dtype", default=None, help="auto, float32, float16 or bfloat16")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--check-layers", default=None, help="cacheblend check layers, e.g. 1 or 1,2,3")
-    parser.add_argument("--check-multipliers", default=None, help="ratio multiplier per check layer, e.g. 2,1.5,1")
+    parser.add_argument(
+        "--check-layers", default=None, help="cacheblend check layers, e.g. 1 or 1,2,3"
+    )
+    parser.add_argument(
+        "--check-multipliers", default=None, help="ratio multiplier per check layer, e.g. 2,1.5,1"
+    )
     parser.add_argument("--deviation", choices=["value", "key"], default=None)
-    parser.add_argument("--selection", choices=SELECTIONS, default=None,
-                        help="how check layers rank rows")
-    parser.add_argument("--blend-head-tokens", type=int, default=None,
-                        help="opening rows of each chunk cached in another context recomputed first")
+    parser.add_argument(
+        "--selection", choices=SELECTIONS, default=None, help="how check layers rank rows"
+    )
+    parser.add_argument(
+        "--blend-head-tokens",
+        type=int,
+        default=None,
+        help="opening rows of each chunk cached in another context recomputed first",
+    )
     parser.add_argument("--epic-tokens", type=int, default=None)
     parser.add_argument("--craft-alpha", type=float, default=None)
     parser.add_argument("--craft-novelty", choices=["true", "false"], default=None)
-    parser.add_argument("--focus-layer", default=None, help="early termination from this layer (off: never)")
+    parser.add_argument(
+        "--focus-layer", default=None, help="early termination from this layer (off: never)"
+    )
     parser.add_argument("--focus-threshold", type=float, default=None)
 
 
 # command-line option -> Settings field
-_OVERRIDES = {"data_dir": "data_dir", "model": "model_path", "device": "device", "dtype": "dtype",
-              "threads": "num_threads", "check_layers": "check_layers", "check_multipliers": "check_multipliers",
-              "deviation": "deviation", "selection": "selection", "epic_tokens": "epic_tokens",
-              "blend_head_tokens": "blend_head_tokens",
-              "craft_alpha": "craft_alpha", "craft_novelty": "craft_novelty", "focus_layer": "focus_layer",
-              "focus_threshold": "focus_threshold"}
+_OVERRIDES = {
+    "data_dir": "data_dir",
+    "model": "model_path",
+    "device": "device",
+    "dtype": "dtype",
+    "threads": "num_threads",
+    "check_layers": "check_layers",
+    "check_multipliers": "check_multipliers",
+    "deviation": "deviation",
+    "selection": "selection",
+    "epic_tokens": "epic_tokens",
+    "blend_head_tokens": "blend_head_tokens",
+    "craft_alpha": "craft_alpha",
+    "craft_novelty": "craft_novelty",
+    "focus_layer": "focus_layer",
+    "focus_threshold": "focus_threshold",
+}
 
 
 def settings_overrides(args) -> dict:
     """The Settings fields that the command line's engine options set (those given)."""
-    return {field: getattr(args, option) for option, field in _OVERRIDES.items()
-            if getattr(args, option, None) is not None}
+    return {
+        field: getattr(args, option)
+        for option, field in _OVERRIDES.items()
+        if getattr(args, option, None) is not None
+    }
 
 
 def engine_config(args):
@@ -119,18 +191,29 @@ def run_fidelity(args) -> int:
     from engine.engine import Engine
     from engine.threads import single_threaded
 
-    options = FidelityOptions(dataset=args.dataset, start=args.start, n=args.n, chunks=args.chunks,
-                              modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
-                              ratio=args.ratio, max_new_tokens=args.max_new_tokens,
-                              warmup_orders=args.warmup_orders, seed=args.seed, fidelity=args.fidelity,
-                              orders=args.orders)
+    options = FidelityOptions(
+        dataset=args.dataset,
+        start=args.start,
+        n=args.n,
+        chunks=args.chunks,
+        modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
+        ratio=args.ratio,
+        max_new_tokens=args.max_new_tokens,
+        warmup_orders=args.warmup_orders,
+        seed=args.seed,
+        fidelity=args.fidelity,
+        orders=args.orders,
+    )
     engine = Engine.load(engine_config(args))
-    single_threaded()  # this thread computes metrics, never in a pool of its own (engine/threads.py)
+    # this thread computes metrics, never in a pool of its own (engine/threads.py)
+    single_threaded()
     if args.store_codecs:
         return run_codec_fidelity(args, engine, options)
     summaries = run_fidelity(engine, options, codecs=_row_codecs(options.modes))
-    print(f"records {options.start}..{options.start + options.n - 1} of {options.dataset.name}, "
-          f"{options.chunks} chunks, model {engine.fingerprint}, device {engine.device}")
+    print(
+        f"records {options.start}..{options.start + options.n - 1} of {options.dataset.name}, "
+        f"{options.chunks} chunks, model {engine.fingerprint}, device {engine.device}"
+    )
     print(format_table(summaries))
     if args.json:
         write_json(summaries, options, args.json)
@@ -152,14 +235,23 @@ def run_codec_fidelity(args, engine, options) -> int:
 
     from app.bench.codecs import CodecOptions, codec_json, format_codec_table, run_codec_fidelity
 
-    codec_options = CodecOptions(dataset=options.dataset, start=options.start, n=options.n, chunks=options.chunks,
-                                 codecs=tuple(c.strip() for c in args.store_codecs.split(",") if c.strip()),
-                                 modes=options.modes, ratio=options.ratio, max_new_tokens=options.max_new_tokens,
-                                 fidelity=options.fidelity)
+    codec_options = CodecOptions(
+        dataset=options.dataset,
+        start=options.start,
+        n=options.n,
+        chunks=options.chunks,
+        codecs=tuple(c.strip() for c in args.store_codecs.split(",") if c.strip()),
+        modes=options.modes,
+        ratio=options.ratio,
+        max_new_tokens=options.max_new_tokens,
+        fidelity=options.fidelity,
+    )
     report = run_codec_fidelity(engine, codec_options)
-    print(f"records {options.start}..{options.start + options.n - 1} of {options.dataset.name}, "
-          f"{options.chunks} chunks, model {engine.fingerprint}, device {engine.device}, "
-          f"guard {options.fidelity or engine.config.fidelity}; chunk KV through each codec")
+    print(
+        f"records {options.start}..{options.start + options.n - 1} of {options.dataset.name}, "
+        f"{options.chunks} chunks, model {engine.fingerprint}, device {engine.device}, "
+        f"guard {options.fidelity or engine.config.fidelity}; chunk KV through each codec"
+    )
     print(format_codec_table(report))
     if args.json:
         args.json.write_text(json.dumps(codec_json(report), indent=2))
@@ -172,10 +264,16 @@ def run_kernels(args) -> int:
 
     from engine.bench.kernels import KernelBenchOptions, format_table, run_kernel_bench, write_json
 
-    options = KernelBenchOptions(device=args.device, dtype=getattr(torch, args.dtype), tokens=args.tokens,
-                                 repeats=args.repeats)
+    options = KernelBenchOptions(
+        device=args.device,
+        dtype=getattr(torch, args.dtype),
+        tokens=args.tokens,
+        repeats=args.repeats,
+    )
     timings = run_kernel_bench(options)
-    print(f"kernels vs PyTorch eager twins on {args.device}, {args.dtype}, {args.tokens} prompt rows")
+    print(
+        f"kernels vs PyTorch eager twins on {args.device}, {args.dtype}, {args.tokens} prompt rows"
+    )
     print(format_table(timings))
     if args.json:
         write_json(timings, options, args.json)
@@ -184,40 +282,90 @@ def run_kernels(args) -> int:
 
 
 def add_store_parser(kinds) -> None:
-    store = kinds.add_parser("store", help="KV store tiers against raw file I/O, and load/compute overlap")
+    store = kinds.add_parser(
+        "store", help="KV store tiers against raw file I/O, and load/compute overlap"
+    )
     add_engine_arguments(store)
-    store.add_argument("--tiers", default="gpu,cpu,disk,redis", help="tiers to measure (unavailable ones are skipped)")
-    store.add_argument("--repeats", type=int, default=5, help="entries per tier and size (default 5)")
-    store.add_argument("--codec", "--storage-dtype", dest="codec", default="float16",
-                       choices=STORE_CODECS, help="KV codec of the entries")
-    store.add_argument("--redis-url", default=os.environ.get("KVMOSAIC_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    store.add_argument("--work-dir", type=Path, default=None,
-                       help="scratch directory on the disk to measure (default <data-dir>/bench)")
-    store.add_argument("--no-fsync", action="store_true", help="disk tier and raw baseline without fsync")
-    store.add_argument("--chunks", type=int, default=6, help="chunks of the blended request (default 6)")
+    store.add_argument(
+        "--tiers",
+        default="gpu,cpu,disk,redis",
+        help="tiers to measure (unavailable ones are skipped)",
+    )
+    store.add_argument(
+        "--repeats", type=int, default=5, help="entries per tier and size (default 5)"
+    )
+    store.add_argument(
+        "--codec",
+        "--storage-dtype",
+        dest="codec",
+        default="float16",
+        choices=STORE_CODECS,
+        help="KV codec of the entries",
+    )
+    store.add_argument(
+        "--redis-url", default=os.environ.get("KVMOSAIC_REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    store.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="scratch directory on the disk to measure (default <data-dir>/bench)",
+    )
+    store.add_argument(
+        "--no-fsync", action="store_true", help="disk tier and raw baseline without fsync"
+    )
+    store.add_argument(
+        "--chunks", type=int, default=6, help="chunks of the blended request (default 6)"
+    )
     store.add_argument("--chunk-tokens", type=int, default=512)
     store.add_argument("--blend-repeats", type=int, default=3)
-    store.add_argument("--skip-overlap", action="store_true", help="throughput only (loads no model)")
-    store.add_argument("--capacity", action="store_true",
-                       help="also: hit rate of a capped tier under a Zipf trace, per policy and capacity")
-    store.add_argument("--capacity-fractions", default="0.1,0.25,0.5", help="tier caps, as shares of the corpus's KV")
+    store.add_argument(
+        "--skip-overlap", action="store_true", help="throughput only (loads no model)"
+    )
+    store.add_argument(
+        "--capacity",
+        action="store_true",
+        help="also: hit rate of a capped tier under a Zipf trace, per policy and capacity",
+    )
+    store.add_argument(
+        "--capacity-fractions",
+        default="0.1,0.25,0.5",
+        help="tier caps, as shares of the corpus's KV",
+    )
     store.add_argument("--capacity-policies", default="lru,lfu,value")
     store.add_argument("--capacity-tier", choices=["disk", "redis"], default="disk")
     store.add_argument("--capacity-entries", type=int, default=300)
     store.add_argument("--capacity-accesses", type=int, default=3000)
-    store.add_argument("--zipf-s", type=float, default=1.2, help="Zipf exponent of the trace (default 1.2)")
+    store.add_argument(
+        "--zipf-s", type=float, default=1.2, help="Zipf exponent of the trace (default 1.2)"
+    )
     store.add_argument("--json", type=Path, default=None, help="also write the figures here")
     store.set_defaults(handler=run_store)
 
 
 def run_store(args) -> int:
-    from app.bench.store import (StoreBenchOptions, default_work_dir, format_codec_sizes, format_overlap,
-                                    format_throughput, run_overlap, run_throughput, write_json)
+    from app.bench.store import (
+        StoreBenchOptions,
+        default_work_dir,
+        format_codec_sizes,
+        format_overlap,
+        format_throughput,
+        run_overlap,
+        run_throughput,
+        write_json,
+    )
 
-    options = StoreBenchOptions(tiers=tuple(t.strip() for t in args.tiers.split(",") if t.strip()),
-                                repeats=args.repeats, dtype=args.codec, redis_url=args.redis_url,
-                                work_dir=args.work_dir or engine_config(args).data_dir / "bench", fsync=not args.no_fsync,
-                                chunks=args.chunks, chunk_tokens=args.chunk_tokens, blend_repeats=args.blend_repeats)
+    options = StoreBenchOptions(
+        tiers=tuple(t.strip() for t in args.tiers.split(",") if t.strip()),
+        repeats=args.repeats,
+        dtype=args.codec,
+        redis_url=args.redis_url,
+        work_dir=args.work_dir or engine_config(args).data_dir / "bench",
+        fsync=not args.no_fsync,
+        chunks=args.chunks,
+        chunk_tokens=args.chunk_tokens,
+        blend_repeats=args.blend_repeats,
+    )
     overlap = capacity = None
     print(format_codec_sizes())
     with default_work_dir(options) as work:
@@ -240,12 +388,16 @@ def run_store_capacity(args, work: Path):
     from app.bench.capacity import CapacityOptions, format_capacity, run_capacity
     from app.store.quant import get_codec
 
-    options = CapacityOptions(fractions=tuple(float(f) for f in args.capacity_fractions.split(",") if f.strip()),
-                              policies=tuple(p.strip() for p in args.capacity_policies.split(",") if p.strip()),
-                              tier=args.capacity_tier, entries=args.capacity_entries,
-                              accesses=args.capacity_accesses, zipf_s=args.zipf_s,
-                              codec=args.codec if get_codec(args.codec).lossy else "int4",
-                              redis_url=args.redis_url)
+    options = CapacityOptions(
+        fractions=tuple(float(f) for f in args.capacity_fractions.split(",") if f.strip()),
+        policies=tuple(p.strip() for p in args.capacity_policies.split(",") if p.strip()),
+        tier=args.capacity_tier,
+        entries=args.capacity_entries,
+        accesses=args.capacity_accesses,
+        zipf_s=args.zipf_s,
+        codec=args.codec if get_codec(args.codec).lossy else "int4",
+        redis_url=args.redis_url,
+    )
     result = run_capacity(options, work / "capacity")
     print(format_capacity(result, options))
     return result

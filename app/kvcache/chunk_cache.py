@@ -1,4 +1,5 @@
-"""The service's view of chunk KV: `ChunkKVCache`'s parts behind what the service asks, plus the admin side.
+"""The service's view of chunk KV: `ChunkKVCache`'s parts behind what the service asks, plus the
+admin side.
 
 What the request path needs from it: `order` (the chunks' prompt order, `order.py`: the
 longest cached exact path first under `KVMOSAIC_CHUNK_ORDER=cache-aware`), `load` (the
@@ -67,8 +68,12 @@ class RequestChunks:
         if not self.reuses_cache:
             return [FULL_PREFILL] * len(self.inputs)
         computed = set(self.loaded.computed) | {i.chunk_id for i in self.inputs if _fell_back(i.kv)}
-        return [IN_CONTEXT if i.kv is None else _label(getattr(i.kv, "context", ()), i.chunk_id in computed)
-                for i in self.inputs]
+        return [
+            IN_CONTEXT
+            if i.kv is None
+            else _label(getattr(i.kv, "context", ()), i.chunk_id in computed)
+            for i in self.inputs
+        ]
 
     def release(self) -> None:
         self.loaded.close()
@@ -82,14 +87,18 @@ class ServiceChunkCache:
         self.engine = cache.engine
         # None (no disk or Redis tier): the first tier, lost at exit.
         self.persistent_tier = first_persistent_tier(self.store.names)
-        self.unpersisted = Unpersisted(self.store, self.persistent_tier)  # base KV in memory only, for now
+        self.unpersisted = Unpersisted(
+            self.store, self.persistent_tier
+        )  # base KV in memory only, for now
         self.builder = VariantBuilder(cache.variants)
 
     # -- the request path ----------------------------------------------------------------------
 
     def order(self, retrieved: Sequence[Retrieved], mode: str, rule: str) -> OrderedChunks:
         """The retrieved chunks in the order `rule` (`KVMOSAIC_CHUNK_ORDER`) chooses for `mode`."""
-        return order_retrieved(self.cache.tree, retrieved, rule, self.cache.variants.policy.uses_variants(mode))
+        return order_retrieved(
+            self.cache.tree, retrieved, rule, self.cache.variants.policy.uses_variants(mode)
+        )
 
     def served(self, chunks: RequestChunks, result: PrefillResult) -> ServedTokens:
         """How the prefill served the context tokens: exact, blended or computed."""
@@ -104,7 +113,9 @@ class ServiceChunkCache:
         if not planner_class(mode).reuses_cache:
             inputs = [ChunkInput(r.chunk.id, tuple(r.token_ids)) for r in retrieved]
             return RequestChunks(LoadedChunks(inputs, [], None), reuses_cache=False)
-        refs = self.cache.variants.choose(mode, [(r.chunk.id, tuple(r.token_ids)) for r in retrieved])
+        refs = self.cache.variants.choose(
+            mode, [(r.chunk.id, tuple(r.token_ids)) for r in retrieved]
+        )
         return RequestChunks(self.cache.loader.load(refs))
 
     def store_variants(self, chunks: RequestChunks, result: PrefillResult) -> bool:
@@ -120,7 +131,9 @@ class ServiceChunkCache:
         except Exception:  # variants are an optimisation: never fail an answered request
             log.exception("keeping the request's variants failed")
         ids = [c.chunk_id for c in inputs]
-        return self.cache.variants.policy.should_build(result.mode, ids) and self.builder.submit(result, source_contexts(inputs))
+        return self.cache.variants.policy.should_build(result.mode, ids) and self.builder.submit(
+            result, source_contexts(inputs)
+        )
 
     def drain(self) -> None:
         """Wait until the background work queued so far (variant builds, then promotions) is
@@ -143,8 +156,11 @@ class ServiceChunkCache:
         """
         return self.store_base(chunk_id, self.engine.encode_chunk(tuple(token_ids)))
 
-    def put_bases(self, chunks: Sequence[tuple[int, Sequence[int]]],
-                  on_batch: Callable[[int, int], None] | None = None) -> list[str | None]:
+    def put_bases(
+        self,
+        chunks: Sequence[tuple[int, Sequence[int]]],
+        on_batch: Callable[[int, int], None] | None = None,
+    ) -> list[str | None]:
         """`put_base` of many (chunk id, token ids), encoded in packed batches
         (`Engine.encode_chunks`); `on_batch(chunks, tokens)` after each batch is stored.
         Returns the tier that took each chunk, in order."""
@@ -162,12 +178,20 @@ class ServiceChunkCache:
         if stored is None and self.persistent_tier is not None:
             stored = self.cache.variants.put(chunk_id, kv)
             if stored is not None:
-                log.warning("chunk %d: no persistent tier could take its KV; it is in %s only", chunk_id, stored.tier)
+                log.warning(
+                    "chunk %d: no persistent tier could take its KV; it is in %s only",
+                    chunk_id,
+                    stored.tier,
+                )
                 self.unpersisted.add(stored.store_key)
-        elif stored is not None and len(self.unpersisted):  # the persistent tier writes again: the rest follow
+        elif stored is not None and len(
+            self.unpersisted
+        ):  # the persistent tier writes again: the rest follow
             self.unpersisted.retry()
         if stored is None:
-            log.warning("chunk %d: no store tier could take its KV; it will be computed on use", chunk_id)
+            log.warning(
+                "chunk %d: no store tier could take its KV; it will be computed on use", chunk_id
+            )
         return stored.tier if stored is not None else None
 
     def is_memory_only(self, tier: str) -> bool:
@@ -183,17 +207,25 @@ class ServiceChunkCache:
         """Per tier name, its figures (`TierFigures`) for /admin, /health and /metrics."""
         return {report.name: report.figures() for report in self.store.stats()}
 
-    def evict(self, tier: str | None, chunk_id: int | None, policy: str | None,
-              num_bytes: int | None) -> tuple[int, int]:
+    def evict(
+        self, tier: str | None, chunk_id: int | None, policy: str | None, num_bytes: int | None
+    ) -> tuple[int, int]:
         """Evict a chunk's variants everywhere, and/or free bytes in a tier by policy (demoting)."""
         if tier is not None and tier not in self.store.names:
-            raise InvalidRequest(f"unknown tier {tier!r}; this store has {', '.join(self.store.names)}")
+            raise InvalidRequest(
+                f"unknown tier {tier!r}; this store has {', '.join(self.store.names)}"
+            )
         if policy is not None and policy not in KNOWN_POLICIES:
-            raise InvalidRequest(f"unknown policy {policy!r}; use one of {', '.join(KNOWN_POLICIES)}")
+            raise InvalidRequest(
+                f"unknown policy {policy!r}; use one of {', '.join(KNOWN_POLICIES)}"
+            )
         entries = freed = 0
         if chunk_id is not None:
-            removed = [v for v in self.cache.catalog.variants_of_chunk(chunk_id, status=None)
-                       if self.store.remove(v.store_key)]
+            removed = [
+                v
+                for v in self.cache.catalog.variants_of_chunk(chunk_id, status=None)
+                if self.store.remove(v.store_key)
+            ]
             self.cache.catalog.mark_missing([v.store_key for v in removed])
             self.cache.tree.removed(v.store_key for v in removed)
             entries, freed = len(removed), sum(v.num_bytes for v in removed)
@@ -203,7 +235,8 @@ class ServiceChunkCache:
         return entries, freed
 
     def clear(self) -> tuple[int, int]:
-        """Drop every entry from every tier and mark the variants missing; (entries, bytes freed)."""
+        """Drop every entry from every tier and mark the variants missing; (entries, bytes
+        freed)."""
         before = sum(s["bytes"] for s in self.tier_stats().values())
         keys = self.store.clear()
         self.cache.catalog.mark_missing(keys)
@@ -221,9 +254,15 @@ def open_chunk_cache(settings: Settings, catalog: Catalog, engine: Engine) -> Se
     store = create_store(config)
     # Base KV computed on use goes where ingest puts it, so a cleared or cold cache is
     # persistent again after one use instead of living in RAM only.
-    cache = ChunkKVCache.open(engine, store, catalog, storage_dtype=config.codec, prefetch_layers=config.prefetch_layers,
-                              base_tier=first_persistent_tier(store.names),
-                              variant_dtype=config.context_variant_codec)
+    cache = ChunkKVCache.open(
+        engine,
+        store,
+        catalog,
+        storage_dtype=config.codec,
+        prefetch_layers=config.prefetch_layers,
+        base_tier=first_persistent_tier(store.names),
+        variant_dtype=config.context_variant_codec,
+    )
     cache.maintenance.reconcile(settings.kv_orphan_grace_s)
     cache.tree.rebuild()  # the catalog as reconciled: this replica's and its peers' variants
     return ServiceChunkCache(cache, settings.ingest_batch_tokens)

@@ -10,8 +10,10 @@ from app.schemas.common import Ratio, Seed, Temperature, TokenBudget, TopK, TopP
 
 # The fidelity guard's levels (engine.config.FIDELITIES, spelled out for the OpenAPI schema).
 Fidelity = Literal["fast", "balanced", "exact"]
-FIDELITY_DOC = ("fast: the mode as is; balanced: a request whose first token is uncertain is prefilled "
-                "again in full; exact: full prefill (default: the server's)")
+FIDELITY_DOC = (
+    "fast: the mode as is; balanced: a request whose first token is uncertain is prefilled "
+    "again in full; exact: full prefill (default: the server's)"
+)
 
 
 class AskRequest(BaseModel):
@@ -24,12 +26,16 @@ class AskRequest(BaseModel):
     mode: str | None = Field(default=None, description="recompute mode (see GET /modes)")
     ratio: Ratio | None = Field(default=None, description="cacheblend recompute ratio")
     fidelity: Fidelity | None = Field(default=None, description=FIDELITY_DOC)
-    max_tokens: TokenBudget | None = Field(default=None, description="answer token budget; its limit is a setting")
+    max_tokens: TokenBudget | None = Field(
+        default=None, description="answer token budget; its limit is a setting"
+    )
     temperature: Temperature = Field(default=0.0, description="0 = greedy")
     top_p: TopP = 1.0
     seed: Seed | None = None
     stream: StrictBool = Field(default=False, description="Server-Sent Events: piece*, then report")
-    explain: StrictBool = Field(default=False, description="add each chunk's tokens and recomputed offsets")
+    explain: StrictBool = Field(
+        default=False, description="add each chunk's tokens and recomputed offsets"
+    )
 
 
 class ChunkOut(BaseModel):
@@ -40,21 +46,35 @@ class ChunkOut(BaseModel):
     ordinal: int
     score: float = Field(description="cosine similarity to the question")
     text: str
-    strategy: str = Field(description="how the chunk was handled: the mode's name, or cachecraft's "
-                                      "reuse / partial / full / deviation / computed")
-    cfo: float | None = Field(default=None, description="cachecraft's Cache Fix Overhead for the chunk")
+    strategy: str = Field(
+        description="how the chunk was handled: the mode's name, or cachecraft's "
+        "reuse / partial / full / deviation / computed"
+    )
+    cfo: float | None = Field(
+        default=None, description="cachecraft's Cache Fix Overhead for the chunk"
+    )
     tokens: int
     reused: int = Field(description="tokens whose cached KV was kept")
     recomputed: int
     compute_share: float = Field(description="layer-rows computed / (tokens x layers)")
-    cached: bool = Field(description="the chunk's KV came from the store (false: computed for this request, "
-                                     "because it was not stored or its stored entry was corrupt)")
+    cached: bool = Field(
+        description="the chunk's KV came from the store (false: computed for this request, "
+        "because it was not stored or its stored entry was corrupt)"
+    )
     variant: str = Field(description="'base' or the context (chunk ids) the KV was computed under")
-    stopped_layer: int | None = Field(default=None, description="layer where recompute stopped early")
-    rank: int | None = Field(default=None, description="the chunk's place in retrieval order (0 = best match); "
-                                                       "the list is in prompt order")
-    exact: bool = Field(default=False, description="its KV came from a variant computed after exactly the "
-                                                   "chunks before it in this prompt (exact reuse, no blending)")
+    stopped_layer: int | None = Field(
+        default=None, description="layer where recompute stopped early"
+    )
+    rank: int | None = Field(
+        default=None,
+        description="the chunk's place in retrieval order (0 = best match); "
+        "the list is in prompt order",
+    )
+    exact: bool = Field(
+        default=False,
+        description="its KV came from a variant computed after exactly the "
+        "chunks before it in this prompt (exact reuse, no blending)",
+    )
     token_texts: list[str] | None = None
     recomputed_offsets: list[int] | None = None
 
@@ -84,40 +104,65 @@ class GuardOut(BaseModel):
     """What the fidelity guard estimated and spent for the answer (engine/guard.py)."""
 
     fidelity: Fidelity
-    margin: float | None = Field(default=None, description="first token's log-probability margin over the "
-                                                           "runner-up (nats) in the mode's own prefill")
-    threshold: float | None = Field(default=None, description="margin below which balanced re-runs in full")
-    estimate: str = Field(default="", description="the guard's estimate against full prefill's own reorder floor, "
-                                                  "in words (docs/benchmarks/fidelity.md)")
+    margin: float | None = Field(
+        default=None,
+        description="first token's log-probability margin over the "
+        "runner-up (nats) in the mode's own prefill",
+    )
+    threshold: float | None = Field(
+        default=None, description="margin below which balanced re-runs in full"
+    )
+    estimate: str = Field(
+        default="",
+        description="the guard's estimate against full prefill's own reorder floor, "
+        "in words (docs/benchmarks/fidelity.md)",
+    )
     escalated: bool = Field(description="the answer comes from a second, full prefill")
     spent_ms: float = Field(description="time of that second prefill, inside ttft_ms")
-    repaired_at: int | None = Field(default=None, description="answer token where balanced switched to full "
-                                                              "prefill of the prompt and the answer so far, "
-                                                              "because that token's margin was below the "
-                                                              "answer threshold (null: it never did)")
-    repair_margin: float | None = Field(default=None, description="that token's margin (nats) in the mode's state")
+    repaired_at: int | None = Field(
+        default=None,
+        description="answer token where balanced switched to full "
+        "prefill of the prompt and the answer so far, "
+        "because that token's margin was below the "
+        "answer threshold (null: it never did)",
+    )
+    repair_margin: float | None = Field(
+        default=None, description="that token's margin (nats) in the mode's state"
+    )
     repair_ms: float = Field(default=0.0, description="time of that prefill, after the first token")
-    skipped_blend: bool = Field(default=False, description="the engine was busy and its recent blends were "
-                                                           "mostly repaired, so this request computed its "
-                                                           "context exactly after its exact prefix instead "
-                                                           "of blending (KVMOSAIC_GUARD_BUSY_REPAIR_SHARE)")
+    skipped_blend: bool = Field(
+        default=False,
+        description="the engine was busy and its recent blends were "
+        "mostly repaired, so this request computed its "
+        "context exactly after its exact prefix instead "
+        "of blending (KVMOSAIC_GUARD_BUSY_REPAIR_SHARE)",
+    )
 
 
 class OrderOut(BaseModel):
-    """The prompt order of the chunks and how their context tokens were served (docs/chunk-order.md)."""
+    """The prompt order of the chunks and how their context tokens were served \
+(docs/chunk-order.md)."""
 
-    rule: str = Field(description="'retrieval' (the retriever's order) or 'cache-aware' (the longest path "
-                                  "of stored exact-context variants first, the rest by retrieval rank)")
-    planned_exact: int = Field(description="leading chunks on a stored exact path when the order was chosen")
+    rule: str = Field(
+        description="'retrieval' (the retriever's order) or 'cache-aware' (the longest path "
+        "of stored exact-context variants first, the rest by retrieval rank)"
+    )
+    planned_exact: int = Field(
+        description="leading chunks on a stored exact path when the order was chosen"
+    )
     exact_tokens: int = Field(description="context tokens served from exact-context KV")
-    blended_tokens: int = Field(description="context tokens reused from KV of another context (fixed in part or not)")
+    blended_tokens: int = Field(
+        description="context tokens reused from KV of another context (fixed in part or not)"
+    )
     computed_tokens: int = Field(description="context tokens computed through every layer")
 
 
 class AskResponse(BaseModel):
     answer: str
     mode: str
-    finish_reason: str = Field(description="'stop' (end of answer), 'length' (token budget) or 'cancelled'")
+    finish_reason: str = Field(
+        description="'stop' (end of answer), 'length' (token budget) or 'cancelled'"
+    )
     fallback_reason: str | None = None
     guard: GuardOut | None = None
     chunks: list[ChunkOut]

@@ -30,12 +30,15 @@ def _whole_float_to_int(value):
 
 
 def json_int(ge: int | None = None, le: int | None = None, lt: int | None = None):
-    """An integer as JSON Schema means it, within the bounds: 3 and 3.0 yes; true, "3", 3.5 no (422).
+    """An integer as JSON Schema means it, within the bounds: 3 and 3.0 yes; true, "3", 3.5 no
+    (422).
 
     The bounds go before the float conversion so they reach the JSON schema as
     minimum / maximum (after a validator pydantic cannot translate them).
     """
-    return Annotated[int, Strict(), Field(ge=ge, le=le, lt=lt), BeforeValidator(_whole_float_to_int)]
+    return Annotated[
+        int, Strict(), Field(ge=ge, le=le, lt=lt), BeforeValidator(_whole_float_to_int)
+    ]
 
 
 def json_number(ge: float | None = None, le: float | None = None, gt: float | None = None):

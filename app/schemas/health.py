@@ -16,9 +16,15 @@ class Readiness(BaseModel):
     checks: dict[str, bool] = Field(description="catalog, index, queue (room to submit), kv_reuse")
     index_rows: int
     index_cursor: int = Field(description="the catalog change sequence the local index has applied")
-    tiers: dict[str, Literal["up", "degraded", "down"]] = Field(description=(
-        "store tier: 'up', 'degraded' (serves reads, cannot write: writes go to the next tier) or 'down' "
-        "(unreachable, skipped); both retried later"))
+    tiers: dict[str, Literal["up", "degraded", "down"]] = Field(
+        description=(
+            "store tier: 'up', 'degraded' (serves reads, cannot write: writes go to the next tier) "
+            "or 'down' "
+            "(unreachable, skipped); both retried later"
+        )
+    )
     degraded: list[str] = Field(description="the store tiers that are degraded or down now")
-    write_errors: dict[str, str] = Field(default_factory=dict, description="why each degraded tier cannot write")
+    write_errors: dict[str, str] = Field(
+        default_factory=dict, description="why each degraded tier cannot write"
+    )
     queue: dict[str, int] = Field(description="running, waiting, capacity")

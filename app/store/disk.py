@@ -182,7 +182,10 @@ class DiskTier(BaseTier):
     def _scan(self) -> None:
         """Index existing files; delete stray temp files and files whose header is unreadable;
         then hold to the capacity (it may have been lowered since the files were written)."""
-        for path in [*self.directory.glob(f"*/.*{TEMP_SUFFIX}"), *self.directory.glob(f"{PROBE_PREFIX}*")]:
+        for path in [
+            *self.directory.glob(f"*/.*{TEMP_SUFFIX}"),
+            *self.directory.glob(f"{PROBE_PREFIX}*"),
+        ]:
             path.unlink(missing_ok=True)
         for path in self.directory.glob(f"*/*{SUFFIX}"):
             key = path.name[: -len(SUFFIX)]
@@ -217,8 +220,14 @@ class DiskTier(BaseTier):
             self.path(key).unlink(missing_ok=True)
             self._account(key, None)
             removed += 1
-        log.warning("disk tier held %d bytes over its capacity of %d: removed the %d oldest entries (%d bytes)",
-                    held, self.capacity_bytes, removed, held - self._used)
+        log.warning(
+            "disk tier held %d bytes over its capacity of %d: removed the %d oldest entries (%d "
+            "bytes)",
+            held,
+            self.capacity_bytes,
+            removed,
+            held - self._used,
+        )
 
 
 def _mtime(path: Path) -> float:

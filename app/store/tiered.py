@@ -32,6 +32,7 @@ from typing import Generic, NamedTuple, ParamSpec, Protocol, TypeVar
 
 from app.store.base import BaseTier, EntryReader, TierUnavailable, check_key
 from app.store.entry import CorruptEntry, EntryExpectation, EntryMeta, KVEntry
+from app.store.events import EventQueue, StoreListener
 from app.store.policy import (
     BaseEvictionPolicy,
     EvictionCandidate,
@@ -40,7 +41,6 @@ from app.store.policy import (
     UsageBook,
     create_policy,
 )
-from app.store.events import EventQueue, StoreListener
 from app.store.stats import CountedReader, CounterBook, TierReport
 from engine.threads import single_threaded
 
@@ -91,8 +91,13 @@ class Opened(NamedTuple):
 
 
 class TieredStore:
-    def __init__(self, tiers: Sequence[BaseTier], policy: BaseEvictionPolicy | None = None,
-                 retry_s: float = 30.0, load_threads: int = 2):
+    def __init__(
+        self,
+        tiers: Sequence[BaseTier],
+        policy: BaseEvictionPolicy | None = None,
+        retry_s: float = 30.0,
+        load_threads: int = 2,
+    ):
         names = [t.name for t in tiers]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate tiers: {names}")
@@ -102,11 +107,13 @@ class TieredStore:
         self.counters = CounterBook(names)
         # Background readers of layers for lazy loading (see app.store.lazy).
         # Single-threaded, so that they take no cores from the engine's compute (engine/threads.py).
-        self.loader = ThreadPoolExecutor(max_workers=load_threads, thread_name_prefix="kv-load",
-                                         initializer=single_threaded)
+        self.loader = ThreadPoolExecutor(
+            max_workers=load_threads, thread_name_prefix="kv-load", initializer=single_threaded
+        )
         # Promotions after a request run here, so they never delay the next request's layer reads.
-        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-promote",
-                                              initializer=single_threaded)
+        self._background = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="kv-promote", initializer=single_threaded
+        )
         self._lock = threading.RLock()
         self._usage = UsageBook()
         self._down_until: dict[str, float] = {}
@@ -223,8 +230,14 @@ class TieredStore:
         with self._lock:
             self._usage.used(key, entry.meta.num_tokens, hit=False)
             # Events only for entries this put evicted: the caller knows where `key` went.
-            stored = next((t.name for t in self.tiers[start:]
-                           if self._available(t) and self._store_in(t, key, entry)), None)
+            stored = next(
+                (
+                    t.name
+                    for t in self.tiers[start:]
+                    if self._available(t) and self._store_in(t, key, entry)
+                ),
+                None,
+            )
         self._deliver()
         return stored
 
@@ -296,12 +309,15 @@ class TieredStore:
         return fault.reason if fault is not None else None
 
     def report_corrupt(self, key: str, tier: str, reason: str) -> None:
-        """A reader found a bad layer: count it and remove the entry from that tier (pinned or not)."""
+        """A reader found a bad layer: count it and remove the entry from that tier (pinned or
+        not)."""
         self._refuse(key, self.tier(tier), reason)
 
     # -- admin (what `/admin/evict` and `DELETE /admin/cache` call) ----------------------------
 
-    def evict(self, tier: str, num_bytes: int | None = None, policy: str | None = None) -> tuple[int, int]:
+    def evict(
+        self, tier: str, num_bytes: int | None = None, policy: str | None = None
+    ) -> tuple[int, int]:
         """Evict unpinned entries of `tier` as when making room (demoting them to the next tier):
         victims chosen by `policy` (default: the store's) until `num_bytes` are freed, or all
         of them when `num_bytes` is None. Returns (entries evicted, bytes freed in `tier`)."""
@@ -338,8 +354,11 @@ class TieredStore:
 
     # -- usage (fed by the chunk cache from the catalog) --------------------------------------
 
-    def set_usage(self, key: str, access_count: int | None = None, savings: float | None = None) -> None:
-        """Seed what the eviction policy knows of `key` (access count, expected savings in tokens)."""
+    def set_usage(
+        self, key: str, access_count: int | None = None, savings: float | None = None
+    ) -> None:
+        """Seed what the eviction policy knows of `key` (access count, expected savings in
+        tokens)."""
         self._usage.seed(key, access_count, savings)
 
     def usage(self, key: str) -> Usage:
@@ -352,10 +371,18 @@ class TieredStore:
         for tier in self.tiers:
             available = self._available(tier)
             info = self._guard(tier, tier.stats) if available else None
-            reports.append(TierReport(tier.name, info is not None, tier.capacity_bytes,
-                                      info.used_bytes if info else 0, info.num_entries if info else 0,
-                                      info.num_pinned if info else 0, self.counters.snapshot(tier.name),
-                                      self.write_error(tier.name)))
+            reports.append(
+                TierReport(
+                    tier.name,
+                    info is not None,
+                    tier.capacity_bytes,
+                    info.used_bytes if info else 0,
+                    info.num_entries if info else 0,
+                    info.num_pinned if info else 0,
+                    self.counters.snapshot(tier.name),
+                    self.write_error(tier.name),
+                )
+            )
         return reports
 
     def close(self) -> None:
@@ -372,8 +399,14 @@ class TieredStore:
     # hold self._lock; _promote and _refuse take it themselves; _find takes none (reads are not
     # serialized).
 
-    def _find(self, key: str, tiers: Sequence[BaseTier], read: Callable[[BaseTier], _Item | None],
-              expect: EntryExpectation | None = None, counted: bool = True) -> _Found[_Item] | None:
+    def _find(
+        self,
+        key: str,
+        tiers: Sequence[BaseTier],
+        read: Callable[[BaseTier], _Item | None],
+        expect: EntryExpectation | None = None,
+        counted: bool = True,
+    ) -> _Found[_Item] | None:
         """The first valid copy of `key` that `read(tier)` returns, walking `tiers` in order.
 
         The lookup ladder, the same for every read: a tier that raises TierUnavailable is
@@ -444,10 +477,15 @@ class TieredStore:
             used -= sizes.pop(victim.key)
         return True
 
-    def _eviction_candidates(self, tier: BaseTier, sizes: dict[str, int]) -> list[EvictionCandidate]:
+    def _eviction_candidates(
+        self, tier: BaseTier, sizes: dict[str, int]
+    ) -> list[EvictionCandidate]:
         """The unpinned entries of `tier` among `sizes` ({key: payload bytes}), with their usage."""
-        return [EvictionCandidate(key, size, self.usage(key)) for key, size in sizes.items()
-                if not tier.is_pinned(key)]
+        return [
+            EvictionCandidate(key, size, self.usage(key))
+            for key, size in sizes.items()
+            if not tier.is_pinned(key)
+        ]
 
     def _evict(self, tier: BaseTier, key: str) -> None:
         """Move `key` from `tier` to the next live tier (if it is valid and fits), else drop it."""
@@ -475,7 +513,11 @@ class TieredStore:
     def _promote(self, key: str, entry: KVEntry) -> bool:
         with self._lock:
             live = self._live()
-            if not live or self._guard(live[0], live[0].contains, key) or not self._store_in(live[0], key, entry):
+            if (
+                not live
+                or self._guard(live[0], live[0].contains, key)
+                or not self._store_in(live[0], key, entry)
+            ):
                 return False
             self.counters.add(live[0].name, promotions=1)
             self._events.located(key, live[0].name)
@@ -483,7 +525,9 @@ class TieredStore:
         return True
 
     def _refuse(self, key: str, tier: BaseTier, reason: str) -> None:
-        log.warning("KV entry %s in tier %s refused (treated as a miss): %s", key, tier.name, reason)
+        log.warning(
+            "KV entry %s in tier %s refused (treated as a miss): %s", key, tier.name, reason
+        )
         self.counters.add(tier.name, corrupt=1)
         with self._lock:
             self._guard(tier, tier.discard, key)
@@ -512,7 +556,7 @@ class TieredStore:
         return [t for t in self.tiers if self._available(t)]
 
     def _next_live(self, tier: BaseTier) -> BaseTier | None:
-        below = self.tiers[self.tiers.index(tier) + 1:]
+        below = self.tiers[self.tiers.index(tier) + 1 :]
         return next((t for t in below if self._available(t)), None)
 
     def _available(self, tier: BaseTier) -> bool:
@@ -520,15 +564,24 @@ class TieredStore:
 
     def _mark_down(self, tier: BaseTier, exc: Exception) -> None:
         if self._available(tier):
-            log.warning("store tier %s unavailable for %.0fs, serving from the others: %s",
-                        tier.name, self.retry_s, exc)
+            log.warning(
+                "store tier %s unavailable for %.0fs, serving from the others: %s",
+                tier.name,
+                self.retry_s,
+                exc,
+            )
         self._down_until[tier.name] = time.monotonic() + self.retry_s
 
     def _mark_unwritable(self, tier: BaseTier, exc: OSError) -> None:
         """The tier refused a write: degraded, passed by until `retry_s` from now (lock held)."""
         if tier.name not in self._write_faults:
-            log.error("store tier %s cannot write, degraded (writes go to the next tier; retried every %.0fs): %s",
-                      tier.name, self.retry_s, exc)
+            log.error(
+                "store tier %s cannot write, degraded (writes go to the next tier; retried every "
+                "%.0fs): %s",
+                tier.name,
+                self.retry_s,
+                exc,
+            )
         self._write_faults[tier.name] = _WriteFault(str(exc), time.monotonic() + self.retry_s)
 
     def _mark_writable(self, tier: BaseTier) -> None:
@@ -536,8 +589,13 @@ class TieredStore:
         if self._write_faults.pop(tier.name, None) is not None:
             log.warning("store tier %s can write again", tier.name)
 
-    def _guard(self, tier: BaseTier, operation: Callable[_Args, _Result], *args: _Args.args,
-               **kwargs: _Args.kwargs) -> _Result | None:
+    def _guard(
+        self,
+        tier: BaseTier,
+        operation: Callable[_Args, _Result],
+        *args: _Args.args,
+        **kwargs: _Args.kwargs,
+    ) -> _Result | None:
         """Run a tier operation; None (and the tier marked down) if its backend is unreachable."""
         try:
             return operation(*args, **kwargs)

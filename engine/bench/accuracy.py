@@ -24,7 +24,8 @@ CONFIDENCE = 0.95
 
 @dataclass(frozen=True)
 class Score:
-    """One answer against its gold answers: containment, exact match and token F1, each in [0, 1]."""
+    """One answer against its gold answers: containment, exact match and token F1, each in [0,
+    1]."""
 
     contains: float
     exact: float
@@ -79,7 +80,9 @@ def bootstrap(values: Sequence[float], seed: int = 0, samples: int = BOOTSTRAP_S
     return Interval(statistics.fmean(known), low, high)
 
 
-def paired_difference(values: Sequence[float], reference: Sequence[float], seed: int = 0) -> Interval:
+def paired_difference(
+    values: Sequence[float], reference: Sequence[float], seed: int = 0
+) -> Interval:
     """`values` − `reference`, case by case (same cases, same orders), with its interval."""
     if len(values) != len(reference):
         raise ValueError(f"paired values differ in length: {len(values)} against {len(reference)}")

@@ -28,11 +28,11 @@ from tqdm import tqdm
 
 from engine.bench.fidelity import CRAFT, DatasetSlice, Record, base_variant_chunks, computed_kv
 from engine.bench.metrics import kl_divergence, same_top1
-from engine.variants.book import VariantBook
 from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.plan import ChunkInput
 from engine.result import PrefillResult
+from engine.variants.book import VariantBook
 from engine.variants.policy import VariantPolicy
 
 BLEND = "cacheblend"
@@ -59,16 +59,21 @@ class CurvePoint:
     variant_share: float = 0.0  # chunks served from a context variant (not the base)
 
 
-def run_calibration(engine: Engine, options: CalibrateOptions, progress: bool = True) -> tuple[list[CurvePoint], CurvePoint]:
+def run_calibration(
+    engine: Engine, options: CalibrateOptions, progress: bool = True
+) -> tuple[list[CurvePoint], CurvePoint]:
     """(the curve over the candidate αs, cacheblend's point on the same records as `alpha` 0)."""
     if not options.alphas:
         raise InvalidRequest("calibration needs at least one alpha")
     if not 0 <= options.swap < options.chunks:
-        raise InvalidRequest(f"swap must lie in [0, chunks); got {options.swap} of {options.chunks}")
+        raise InvalidRequest(
+            f"swap must lie in [0, chunks); got {options.swap} of {options.chunks}"
+        )
     records = options.records()
     rows: dict[float, list[Row]] = {a: [] for a in (*options.alphas, -1.0)}
-    for offset, record in enumerate(tqdm(records, desc="calibrate", unit="record", file=sys.stderr,
-                                         disable=not progress)):
+    for offset, record in enumerate(
+        tqdm(records, desc="calibrate", unit="record", file=sys.stderr, disable=not progress)
+    ):
         other = records[(offset + 1) % len(records)]
         _measure_record(engine, record, other, options, options.start + offset, rows)
     curve = [_point(a, rows[a]) for a in options.alphas]
@@ -77,12 +82,24 @@ def run_calibration(engine: Engine, options: CalibrateOptions, progress: bool = 
 
 def _point(alpha: float, rows: list[Row]) -> CurvePoint:
     mean = statistics.fmean
-    return CurvePoint(alpha, mean(r[0] for r in rows), mean(r[1] for r in rows), mean(r[2] for r in rows),
-                      statistics.median(r[3] for r in rows), mean(r[4] for r in rows))
+    return CurvePoint(
+        alpha,
+        mean(r[0] for r in rows),
+        mean(r[1] for r in rows),
+        mean(r[2] for r in rows),
+        statistics.median(r[3] for r in rows),
+        mean(r[4] for r in rows),
+    )
 
 
-def _measure_record(engine: Engine, record: Record, other: Record, options: CalibrateOptions, index: int,
-                    rows: dict[float, list[Row]]) -> None:
+def _measure_record(
+    engine: Engine,
+    record: Record,
+    other: Record,
+    options: CalibrateOptions,
+    index: int,
+    rows: dict[float, list[Row]],
+) -> None:
     """Full, cacheblend, the workload-like warm-up and one cachecraft prefill per α.
 
     Each α is a per-call config (`Engine.prefill(config=...)`): the engine's own config, which
@@ -93,24 +110,38 @@ def _measure_record(engine: Engine, record: Record, other: Record, options: Cali
     full = engine.prefill(base, question, mode="full", max_new_tokens=1)
     blend = engine.prefill(base, question, mode=BLEND, max_new_tokens=1)
     rows[-1.0].append(_row(full, blend))
-    book = related_book(engine, question, base, foreign, options.warmup_orders, options.seed + index)
+    book = related_book(
+        engine, question, base, foreign, options.warmup_orders, options.seed + index
+    )
     ids = [c.chunk_id for c in base]
     for alpha in options.alphas:
         config = dataclasses.replace(engine.config, craft_alpha=alpha)
         policy = VariantPolicy(config, engine.loaded.spec.num_layers)
-        result = engine.prefill(book.inputs(ids, CRAFT, policy), question, mode=CRAFT, max_new_tokens=1,
-                                config=config)
+        result = engine.prefill(
+            book.inputs(ids, CRAFT, policy), question, mode=CRAFT, max_new_tokens=1, config=config
+        )
         rows[alpha].append(_row(full, result))
 
 
 def _row(full: PrefillResult, result: PrefillResult) -> Row:
     variants = sum(1 for c in result.chunks if c.variant) / max(1, len(result.chunks))
-    return (kl_divergence(full.logits, result.logits), same_top1(full.logits, result.logits),
-            result.recompute_share, full.ttft_s / result.ttft_s, variants)
+    return (
+        kl_divergence(full.logits, result.logits),
+        same_top1(full.logits, result.logits),
+        result.recompute_share,
+        full.ttft_s / result.ttft_s,
+        variants,
+    )
 
 
-def related_book(engine: Engine, question: str, base: list[ChunkInput], foreign: list[ChunkInput], orders: int,
-                 seed: int) -> VariantBook:
+def related_book(
+    engine: Engine,
+    question: str,
+    base: list[ChunkInput],
+    foreign: list[ChunkInput],
+    orders: int,
+    seed: int,
+) -> VariantBook:
     """A book warmed by `orders` cachecraft requests over the record's chunks with
     `len(foreign)` of them replaced by `foreign` ones, in random order; every request's exact
     variants are built (the policy's recurrence rule is off here: each context is new)."""
@@ -141,9 +172,14 @@ def format_curve(points: list[CurvePoint], blend: CurvePoint | None = None) -> s
     header = f"{'alpha':>10} {'KL':>8} {'top1':>6} {'recomp':>7} {'vs full':>8} {'variants':>9}"
     lines = [header, "-" * len(header)]
     if blend is not None:
-        lines.append(f"{'cacheblend':>10} {blend.mean_kl:>8.4f} {blend.top1_agreement:>6.2f} "
-                     f"{blend.recompute_share:>7.3f} {blend.median_ttft_ratio:>7.2f}x {'':>9}")
+        lines.append(
+            f"{'cacheblend':>10} {blend.mean_kl:>8.4f} {blend.top1_agreement:>6.2f} "
+            f"{blend.recompute_share:>7.3f} {blend.median_ttft_ratio:>7.2f}x {'':>9}"
+        )
     for p in points:
-        lines.append(f"{p.alpha:>10.3f} {p.mean_kl:>8.4f} {p.top1_agreement:>6.2f} {p.recompute_share:>7.3f} "
-                     f"{p.median_ttft_ratio:>7.2f}x {p.variant_share:>8.1%}")
+        lines.append(
+            f"{p.alpha:>10.3f} {p.mean_kl:>8.4f} {p.top1_agreement:>6.2f} "
+            f"{p.recompute_share:>7.3f} "
+            f"{p.median_ttft_ratio:>7.2f}x {p.variant_share:>8.1%}"
+        )
     return "\n".join(lines)

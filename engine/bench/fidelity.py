@@ -181,7 +181,8 @@ ChunkProvider = Callable[[Engine, Record, int, int], list[ChunkInput]]
 
 
 def load_dataset(path: Path) -> list[Record]:
-    """A JSON list of {question, answers, ctxs: [{title, text}]}; raises InvalidRequest otherwise."""
+    """A JSON list of {question, answers, ctxs: [{title, text}]}; raises InvalidRequest
+    otherwise."""
     try:
         records = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -305,7 +306,8 @@ def _check_codecs(labels: Sequence[str], codecs: Mapping[str, KVTransform]) -> N
 def _through_codec(
     chunks: list[ChunkInput], label: str, codecs: Mapping[str, KVTransform]
 ) -> list[ChunkInput]:
-    """The row's chunks with their KV as the row's codec stores and loads it (unchanged without one)."""
+    """The row's chunks with their KV as the row's codec stores and loads it (unchanged without
+    one)."""
     codec = settings_of(label).get(CODEC)
     if codec is None:
         return chunks
@@ -351,7 +353,8 @@ def _head(label: str) -> str:
 
 
 def settings_of(label: str) -> dict[str, str]:
-    """The engine settings a row label names in brackets (`cacheblend[guard_margin=0.5;focus_layer=10]`),
+    """The engine settings a row label names in brackets
+    (`cacheblend[guard_margin=0.5;focus_layer=10]`),
     as text; InvalidRequest if malformed."""
     body = label.split(WARM)[0]
     if SETTINGS not in body:
@@ -387,7 +390,8 @@ def row_config(label: str, config: EngineConfig) -> EngineConfig:
 
 
 def _typed(text: str, current: object) -> object:
-    """`text` as the type of the field's current value (a None field takes an int, a float or none)."""
+    """`text` as the type of the field's current value (a None field takes an int, a float or
+    none)."""
     if text.lower() == "none":
         return None
     if isinstance(current, bool):
@@ -510,7 +514,8 @@ def _run_record(
     modes: Sequence[str],
     options: FidelityOptions,
 ) -> tuple[dict[str, ModeSample], Reference]:
-    """Every row on one record in one chunk order (full first: the others are measured against it)."""
+    """Every row on one record in one chunk order (full first: the others are measured against
+    it)."""
     params = SamplingParams(max_new_tokens=options.max_new_tokens)
     flops = FlopCounter.for_engine(engine)
     reference: Reference | None = None
@@ -642,7 +647,8 @@ def format_table(summaries: list[ModeSummary]) -> str:
 def _speed_table(summaries: list[ModeSummary]) -> str:
     w = _label_width(summaries)
     header = (
-        f"{'mode':<{w}} {'n':>3} {'TTFT s':>8} {'vs full':>8} {'floor':>8} {'recomp':>7} {'warm-up':>8} "
+        f"{'mode':<{w}} {'n':>3} {'TTFT s':>8} {'vs full':>8} {'floor':>8} {'recomp':>7} "
+        f"{'warm-up':>8} "
         f"{'guard':>6} {'repair':>6} {'work':>6}"
     )
     lines = [header, "-" * len(header)]
@@ -663,13 +669,16 @@ def _answer_table(summaries: list[ModeSummary]) -> str:
     floor_miss = None if floor is None else 1 - floor.rouge_l
     w = _label_width(summaries)
     header = (
-        f"{'mode':<{w}} {'same':>5} {'ROUGE-L':>8} {'KL':>8} {'top1':>5} {'ans top1':>8} {'ans KL':>7} "
-        f"{'KL/floor':>8} {'1-RL/fl':>7}  {'accuracy [95%]':<22} {'vs full [95%]':<24} {'EM':>5} {'F1':>5}"
+        f"{'mode':<{w}} {'same':>5} {'ROUGE-L':>8} {'KL':>8} {'top1':>5} {'ans top1':>8} "
+        f"{'ans KL':>7} "
+        f"{'KL/floor':>8} {'1-RL/fl':>7}  {'accuracy [95%]':<22} {'vs full [95%]':<24} {'EM':>5} "
+        f"{'F1':>5}"
     )
     lines = [header, "-" * len(header)]
     for s in summaries:
         lines.append(
-            f"{s.mode:<{w}} {s.identical:>5.2f} {s.rouge_l:>8.3f} {s.mean_kl:>8.4f} {s.top1_agreement:>5.2f} "
+            f"{s.mode:<{w}} {s.identical:>5.2f} {s.rouge_l:>8.3f} {s.mean_kl:>8.4f} "
+            f"{s.top1_agreement:>5.2f} "
             f"{s.answer_top1:>8.3f} {s.answer_kl:>7.4f} {_ratio(s.mean_kl, floor_kl):>8} "
             f"{_ratio(1 - s.rouge_l, floor_miss):>7}  {str(s.accuracy):<22} "
             f"{_signed(s.accuracy_vs_full):<24} {s.exact_match:>5.2f} {s.f1:>5.2f}"

@@ -1,4 +1,5 @@
-"""`python -m engine.bench.guard_signals`: which first-token signal tells a far blend from a near one.
+"""`python -m engine.bench.guard_signals`: which first-token signal tells a far blend from a near \
+one.
 
 The balanced guard (engine/guard.py) re-runs a request in full when its blended first token
 looks uncertain. A signal is worth as much as the first-token KL(full ‖ mode) it removes per
@@ -65,8 +66,11 @@ class SignalRow:
 def first_token_signals(logits: torch.Tensor) -> dict[str, float]:
     """margin, entropy and top_prob of one first-token logits vector [vocab]."""
     logp = torch.log_softmax(logits.double(), -1)
-    return {"margin": first_token_margin(logits), "entropy": float(-(logp.exp() * logp).sum()),
-            "top_prob": float(logp.max().exp())}
+    return {
+        "margin": first_token_margin(logits),
+        "entropy": float(-(logp.exp() * logp).sum()),
+        "top_prob": float(logp.max().exp()),
+    }
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -98,7 +102,9 @@ def _ranks(values: list[float]) -> list[float]:
 
 def kl_left(rows: list[SignalRow], suspicion: list[float], budget: float) -> float:
     """Mean KL over all rows once the ⌈budget·n⌉ rows of highest `suspicion` are re-run (KL 0)."""
-    rerun = set(sorted(range(len(rows)), key=lambda i: -suspicion[i])[:math.ceil(budget * len(rows))])
+    rerun = set(
+        sorted(range(len(rows)), key=lambda i: -suspicion[i])[: math.ceil(budget * len(rows))]
+    )
     return statistics.fmean(0.0 if i in rerun else r.kl for i, r in enumerate(rows))
 
 
@@ -109,10 +115,12 @@ def suspicion_of(rows: list[SignalRow], signal: str) -> list[float]:
     return [SUSPICION_SIGN[signal] * getattr(r, signal) for r in rows]
 
 
-def record_chunks(engine: Engine, record: Record, options: SignalOptions, index: int) -> list[ChunkInput]:
+def record_chunks(
+    engine: Engine, record: Record, options: SignalOptions, index: int
+) -> list[ChunkInput]:
     chunks = []
-    for i, ctx in enumerate(record["ctxs"][:options.chunks]):
-        ids = engine.chunk_ids(ctx["text"], ctx.get("title", ""))[:options.chunk_tokens]
+    for i, ctx in enumerate(record["ctxs"][: options.chunks]):
+        ids = engine.chunk_ids(ctx["text"], ctx.get("title", ""))[: options.chunk_tokens]
         chunks.append(ChunkInput(record_chunk_id(index, i), ids, engine.encode_chunk(ids)))
     return chunks
 
@@ -121,15 +129,23 @@ def measure(engine: Engine, options: SignalOptions, progress: bool = True) -> li
     """One row per record of the slice: full and the mode (at `fast`) on the same base variants."""
     rows = []
     records = options.records()
-    for offset, record in enumerate(tqdm(records, desc="signals", unit="record", file=sys.stderr,
-                                         disable=not progress)):
+    for offset, record in enumerate(
+        tqdm(records, desc="signals", unit="record", file=sys.stderr, disable=not progress)
+    ):
         index = options.start + offset
         chunks = record_chunks(engine, record, options, index)
         reference = engine.prefill(chunks, record["question"], mode="full", fidelity="exact")
         blended = engine.prefill(chunks, record["question"], mode=options.mode, fidelity="fast")
-        assert reference.logits is not None and blended.logits is not None  # prefill keeps the logits
-        rows.append(SignalRow(index, kl_divergence(reference.logits, blended.logits),
-                              **first_token_signals(blended.logits)))
+        assert (
+            reference.logits is not None and blended.logits is not None
+        )  # prefill keeps the logits
+        rows.append(
+            SignalRow(
+                index,
+                kl_divergence(reference.logits, blended.logits),
+                **first_token_signals(blended.logits),
+            )
+        )
     return rows
 
 
@@ -140,23 +156,35 @@ def summarize(rows: list[SignalRow]) -> dict[str, dict[str, float]]:
     for signal in (*SIGNALS, "oracle"):
         suspicion = suspicion_of(rows, signal)
         figures = {"spearman": spearman(suspicion, kls)}
-        figures.update({f"kl_left@{budget:g}": kl_left(rows, suspicion, budget) for budget in BUDGETS})
+        figures.update(
+            {f"kl_left@{budget:g}": kl_left(rows, suspicion, budget) for budget in BUDGETS}
+        )
         table[signal] = figures
     return table
 
 
 def format_summary(rows: list[SignalRow], table: dict[str, dict[str, float]]) -> str:
-    lines = [f"{len(rows)} records, mean first-token KL with no re-run: {statistics.fmean(r.kl for r in rows):.4f}",
-             f"{'signal':10} {'spearman':>8} " + " ".join(f"{'KL left @' + format(b, '.0%'):>13}" for b in BUDGETS)]
+    lines = [
+        f"{len(rows)} records, mean first-token KL with no re-run: "
+        f"{statistics.fmean(r.kl for r in rows):.4f}",
+        f"{'signal':10} {'spearman':>8} "
+        + " ".join(f"{'KL left @' + format(b, '.0%'):>13}" for b in BUDGETS),
+    ]
     for signal, figures in table.items():
-        lines.append(f"{signal:10} {figures['spearman']:8.3f} "
-                     + " ".join(f"{figures[f'kl_left@{b:g}']:13.4f}" for b in BUDGETS))
+        lines.append(
+            f"{signal:10} {figures['spearman']:8.3f} "
+            + " ".join(f"{figures[f'kl_left@{b:g}']:13.4f}" for b in BUDGETS)
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.bench.guard_signals", description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset", type=Path, default=Path("../shared/data/cacheblend/musique_s.json"))
+    parser = argparse.ArgumentParser(
+        prog="python -m engine.bench.guard_signals", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--dataset", type=Path, default=Path("../shared/data/cacheblend/musique_s.json")
+    )
     parser.add_argument("--start", type=int, default=0, help="first record (tune on 0-99)")
     parser.add_argument("--n", type=int, default=24)
     parser.add_argument("--chunks", type=int, default=6)
@@ -166,15 +194,29 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.n < 1 or args.chunks < 1 or args.chunk_tokens < 1:
         parser.error("--n, --chunks and --chunk-tokens must be at least 1")
-    options = SignalOptions(dataset=args.dataset, start=args.start, n=args.n, chunks=args.chunks,
-                            mode=args.mode, chunk_tokens=args.chunk_tokens)
+    options = SignalOptions(
+        dataset=args.dataset,
+        start=args.start,
+        n=args.n,
+        chunks=args.chunks,
+        mode=args.mode,
+        chunk_tokens=args.chunk_tokens,
+    )
     engine = Engine.load(EngineConfig())
     rows = measure(engine, options)
     table = summarize(rows)
     print(format_summary(rows, table))
     if args.json is not None:
-        args.json.write_text(json.dumps({"options": {**asdict(options), "dataset": str(options.dataset)},
-                                         "rows": [asdict(r) for r in rows], "summary": table}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "options": {**asdict(options), "dataset": str(options.dataset)},
+                    "rows": [asdict(r) for r in rows],
+                    "summary": table,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

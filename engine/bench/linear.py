@@ -27,8 +27,11 @@ from engine.threads import use_threads
 Product = Callable[[], object]
 
 
-def kernels(weights: list[torch.Tensor]) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
-    """Each kernel as f(x, weight), built once per weight for oneDNN (no bias: none in these models)."""
+def kernels(
+    weights: list[torch.Tensor],
+) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """Each kernel as f(x, weight), built once per weight for oneDNN (no bias: none in these
+    models)."""
     onednn = {id(w): OneDnnLinear(_as_linear(w)) for w in weights}
     return {"torch": torch.nn.functional.linear, "onednn": lambda x, w: onednn[id(w)](x)}
 
@@ -44,7 +47,12 @@ def cases(model: Any) -> dict[str, tuple[list[tuple[int, torch.Tensor]], int]]:
 
     `model`: a Llama-family causal LM (`model.layers[i].mlp.up_proj`, `lm_head`), duck-typed."""
     layers = model.model.layers
-    per_layer = [m.weight for layer in layers for m in layer.modules() if isinstance(m, (torch.nn.Linear, OneDnnLinear))]
+    per_layer = [
+        m.weight
+        for layer in layers
+        for m in layer.modules()
+        if isinstance(m, (torch.nn.Linear, OneDnnLinear))
+    ]
     up = layers[0].mlp.up_proj.weight
     head = model.lm_head.weight
     return {
@@ -57,10 +65,15 @@ def cases(model: Any) -> dict[str, tuple[list[tuple[int, torch.Tensor]], int]]:
     }
 
 
-def time_case(products: list[tuple[int, torch.Tensor]], repeats: int,
-              run: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]) -> dict[str, float]:
+def time_case(
+    products: list[tuple[int, torch.Tensor]],
+    repeats: int,
+    run: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]],
+) -> dict[str, float]:
     """Median milliseconds per kernel for running every product once."""
-    inputs = {(rows, w.shape[1]): torch.randn(rows, w.shape[1], dtype=w.dtype) for rows, w in products}
+    inputs = {
+        (rows, w.shape[1]): torch.randn(rows, w.shape[1], dtype=w.dtype) for rows, w in products
+    }
     times: dict[str, list[float]] = {name: [] for name in run}
     for repeat in range(repeats + 1):
         for name, linear in run.items():
@@ -76,7 +89,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, default=Path("data"))
     parser.add_argument("--dtype", default="auto", help="auto (float32 on the CPU) or bfloat16")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's)"
+    )
     args = parser.parse_args(argv)
     if args.threads:
         use_threads(args.threads)
@@ -85,12 +100,18 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"this PyTorch build has no usable oneDNN linear for {loaded.dtype}")
     table = cases(loaded.model)
     run = kernels([w for products, _ in table.values() for _, w in products])
-    print(f"{'':46} {'torch ms':>9} {'onednn ms':>9} {'torch/onednn':>12}   ({loaded.dtype}, "
-          f"{torch.get_num_threads()} threads)")
+    print(
+        f"{'':46} {'torch ms':>9} {'onednn ms':>9} {'torch/onednn':>12}   ({loaded.dtype}, "
+        f"{torch.get_num_threads()} threads)"
+    )
     with torch.inference_mode():
         for label, (products, repeats) in table.items():
             ms = time_case(products, repeats, run)
-            print(f"{label:46} {ms['torch']:9.2f} {ms['onednn']:9.2f} {ms['torch'] / ms['onednn']:11.2f}x", flush=True)
+            print(
+                f"{label:46} {ms['torch']:9.2f} {ms['onednn']:9.2f} "
+                f"{ms['torch'] / ms['onednn']:11.2f}x",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -1,19 +1,23 @@
-"""Admin endpoints: closed without a token, 401 with a wrong one; stats, eviction and clearing work."""
+"""Admin endpoints: closed without a token, 401 with a wrong one; stats, eviction and clearing
+work."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
-from pydantic import SecretStr
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 
 from app.main import create_app
 from tests.app.conftest import ADMIN_TOKEN
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-ENDPOINTS = [("GET", "/admin/stats", None), ("POST", "/admin/evict", {"tier": "cpu"}),
-             ("DELETE", "/admin/cache", None)]
+ENDPOINTS = [
+    ("GET", "/admin/stats", None),
+    ("POST", "/admin/evict", {"tier": "cpu"}),
+    ("DELETE", "/admin/cache", None),
+]
 
 
 @pytest.mark.parametrize("method,path,body", ENDPOINTS)
@@ -28,10 +32,15 @@ def test_missing_or_wrong_token_is_401(client, method, path, body, header):
 @pytest.mark.parametrize("token", [None, SecretStr("")])
 @pytest.mark.parametrize("method,path,body", ENDPOINTS)
 def test_no_token_configured_means_closed(services, token, method, path, body):
-    closed = dataclasses.replace(services, settings=services.settings.model_copy(update={"admin_token": token}))
+    closed = dataclasses.replace(
+        services, settings=services.settings.model_copy(update={"admin_token": token})
+    )
     with TestClient(create_app(services=closed)) as client:
         response = client.request(method, path, json=body, headers=AUTH)
-    assert response.status_code == 403 and "KVMOSAIC_ADMIN_TOKEN" in response.json()["error"]["message"]
+    assert (
+        response.status_code == 403
+        and "KVMOSAIC_ADMIN_TOKEN" in response.json()["error"]["message"]
+    )
 
 
 def test_stats(client):
@@ -40,7 +49,11 @@ def test_stats(client):
     assert set(stats["tiers"]) == {"cpu", "disk"}
     for tier in stats["tiers"].values():
         assert {"entries", "bytes", "capacity_bytes", "hits", "misses", "hit_rate"} <= set(tier)
-    assert stats["documents"] >= 4 and stats["chunks"] >= 4 and stats["variants"]["ready"] >= stats["chunks"]
+    assert (
+        stats["documents"] >= 4
+        and stats["chunks"] >= 4
+        and stats["variants"]["ready"] >= stats["chunks"]
+    )
     assert stats["requests"]["answered"] >= 1 and 0 <= stats["mean_recompute_share"] <= 1
     assert stats["index_rows"] == stats["chunks"] and stats["reuse_available"] is True
 
@@ -55,14 +68,19 @@ def test_evict_a_tier_demotes_to_the_next(client):
     assert before["cpu"]["entries"] > 0  # used entries were promoted from disk
     result = client.post("/admin/evict", json={"tier": "cpu"}, headers=AUTH).json()
     after = tiers(client)
-    assert result["evicted_entries"] == before["cpu"]["entries"] and result["freed_bytes"] == before["cpu"]["bytes"]
+    assert (
+        result["evicted_entries"] == before["cpu"]["entries"]
+        and result["freed_bytes"] == before["cpu"]["bytes"]
+    )
     assert after["cpu"]["entries"] == 0 and after["disk"]["entries"] >= before["cpu"]["entries"]
 
 
 def test_evict_bytes_by_policy_frees_at_least_that_much(client):
     client.post("/ask", json={"question": "How do bees dance?", "max_tokens": 2, "top_k": 4})
     size = tiers(client)["cpu"]["bytes"]
-    result = client.post("/admin/evict", json={"tier": "cpu", "bytes": 1, "policy": "lfu"}, headers=AUTH).json()
+    result = client.post(
+        "/admin/evict", json={"tier": "cpu", "bytes": 1, "policy": "lfu"}, headers=AUTH
+    ).json()
     assert result["evicted_entries"] == 1 and 0 < result["freed_bytes"] <= size
 
 
@@ -74,13 +92,22 @@ def test_evict_a_chunk_everywhere_then_it_is_recomputed(client, services):
     assert result["evicted_entries"] == 1
     assert services.catalog.variants_of_chunk(chunk_id) == []  # none ready
     again = client.post("/ask", json=ask).json()
-    assert again["chunks"][0]["variant"] == "base (computed now)" and again["answer"] == first["answer"]
+    assert (
+        again["chunks"][0]["variant"] == "base (computed now)"
+        and again["answer"] == first["answer"]
+    )
     assert client.post("/ask", json=ask).json()["chunks"][0]["variant"] == "base"
 
 
-@pytest.mark.parametrize("body,needle", [({}, "at least one of"), ({"tier": "tape"}, "unknown tier 'tape'"),
-                                         ({"bytes": 10, "policy": "random"}, "unknown policy 'random'"),
-                                         ({"bytes": 0}, "bytes")])
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ({}, "at least one of"),
+        ({"tier": "tape"}, "unknown tier 'tape'"),
+        ({"bytes": 10, "policy": "random"}, "unknown policy 'random'"),
+        ({"bytes": 0}, "bytes"),
+    ],
+)
 def test_bad_evict_requests_are_422(client, body, needle):
     response = client.post("/admin/evict", json=body, headers=AUTH)
     assert response.status_code == 422 and needle in response.json()["error"]["message"]
@@ -94,7 +121,9 @@ def test_clear_cache_then_answers_are_unchanged(client, services):
     result = client.delete("/admin/cache", headers=AUTH).json()
     assert result["evicted_entries"] > 0 and result["freed_bytes"] > 0
     stats = client.get("/admin/stats", headers=AUTH).json()
-    assert all(t["entries"] == 0 for t in stats["tiers"].values()) and stats["variants"]["ready"] == 0
+    assert (
+        all(t["entries"] == 0 for t in stats["tiers"].values()) and stats["variants"]["ready"] == 0
+    )
     after = client.post("/ask", json=ask).json()
     assert after["answer"] == before["answer"]
     assert all(c["variant"] == "base (computed now)" for c in after["chunks"])

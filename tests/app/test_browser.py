@@ -11,10 +11,18 @@ import pytest
 from tests.app.conftest import ADMIN_TOKEN
 
 CHROMIUM = Path("/usr/bin/chromium")
-pytestmark = [pytest.mark.browser,
-              pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed")]
-ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-gpu", "--disable-component-update",
-        "--disable-sync", "--disable-dev-shm-usage"]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed"),
+]
+ARGS = [
+    "--no-sandbox",
+    "--disable-background-networking",
+    "--disable-gpu",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 
 
 def wait_until(page, expression: str, timeout: float = 30_000) -> None:
@@ -29,8 +37,10 @@ def wait_until(page, expression: str, timeout: float = 30_000) -> None:
 
 
 # Every Content-Security-Policy violation of the page, recorded from its first script on.
-CSP_RECORDER = ("window.cspViolations = []; document.addEventListener('securitypolicyviolation', "
-                "e => window.cspViolations.push(`${e.violatedDirective} ${e.blockedURI}`));")
+CSP_RECORDER = (
+    "window.cspViolations = []; document.addEventListener('securitypolicyviolation', "
+    "e => window.cspViolations.push(`${e.violatedDirective} ${e.blockedURI}`));"
+)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +74,9 @@ def test_ask_streams_an_answer_and_shows_chunks(page):
     assert "Hollin Point Lighthouse" in chunks.first.inner_text()
     assert page.locator("#chunks mark.re").count() > 0  # recomputed tokens highlighted
     assert "TTFT" in page.inner_text("#timings")
-    assert "fidelity" in page.inner_text("#timings")  # the guard's line (the test server runs `fast`)
+    assert "fidelity" in page.inner_text(
+        "#timings"
+    )  # the guard's line (the test server runs `fast`)
     assert page.inner_text("#answer-mode").startswith("cacheblend")
 
 
@@ -77,16 +89,27 @@ def test_a_bad_question_shows_the_error(page):
 
 def test_compare_modes_draws_ttft_bars(page):
     page.click("nav a[data-tab='compare']")
-    checked = page.eval_on_selector_all("#compare-modes input:checked", "boxes => boxes.map(b => b.value)")
-    assert checked == ["full", "cacheblend"] + (["cachecraft"] if "cachecraft" in
-                                                page.eval_on_selector_all("#compare-modes input",
-                                                                          "b => b.map(x => x.value)") else [])
+    checked = page.eval_on_selector_all(
+        "#compare-modes input:checked", "boxes => boxes.map(b => b.value)"
+    )
+    assert checked == ["full", "cacheblend"] + (
+        ["cachecraft"]
+        if "cachecraft"
+        in page.eval_on_selector_all("#compare-modes input", "b => b.map(x => x.value)")
+        else []
+    )
     page.fill("#compare-question", "How long is the ferry crossing?")
     page.click("#compare-button")
-    wait_until(page, "document.querySelectorAll('.compare .ttft').length > 1 && "
-                           "[...document.querySelectorAll('.compare .ttft')].every(e => e.textContent.includes('TTFT'))",
-                           timeout=60_000)
-    widths = page.eval_on_selector_all(".compare .bar", "bars => bars.map(b => parseFloat(b.style.width))")
+    wait_until(
+        page,
+        "document.querySelectorAll('.compare .ttft').length > 1 && "
+        "[...document.querySelectorAll('.compare .ttft')].every(e => "
+        "e.textContent.includes('TTFT'))",
+        timeout=60_000,
+    )
+    widths = page.eval_on_selector_all(
+        ".compare .bar", "bars => bars.map(b => parseFloat(b.style.width))"
+    )
     assert len(widths) == len(checked) and max(widths) == pytest.approx(100.0)
     assert "faster than full" in page.inner_text(".compare [data-mode='cacheblend']")
 
@@ -97,9 +120,16 @@ def test_documents_and_admin_panels(page):
     page.fill("#doc-text", "The Oddie smokehouse smokes fish over oak chips.")
     page.fill("#doc-title", "Smokehouse")
     page.click("#doc-form button[type=submit]")
-    wait_until(page, "document.querySelector('#doc-status').textContent.startsWith('Added')", timeout=30_000)
-    wait_until(page, "document.querySelector('#doc-rows').textContent.includes('Smokehouse')",
-                           timeout=20_000)
+    wait_until(
+        page,
+        "document.querySelector('#doc-status').textContent.startsWith('Added')",
+        timeout=30_000,
+    )
+    wait_until(
+        page,
+        "document.querySelector('#doc-rows').textContent.includes('Smokehouse')",
+        timeout=20_000,
+    )
 
     page.click("nav a[data-tab='admin']")
     page.fill("#admin-token", "wrong")

@@ -1,4 +1,5 @@
-"""`kvmosaic ingest` and `kvmosaic ask` (in-process) on the tiny model; `serve` is in test_e2e_serve."""
+"""`kvmosaic ingest` and `kvmosaic ask` (in-process) on the tiny model; `serve` is in
+test_e2e_serve."""
 
 from __future__ import annotations
 
@@ -38,12 +39,16 @@ def test_ingest_is_idempotent_and_reports_failures(tiny_start, tmp_path, capsys)
     assert "ingested 0 new documents" in out and "2 already present" in out
 
 
-def test_ingest_kv_lazy_indexes_without_kv_and_reports_tokens_per_second(tiny_start, tmp_path, capsys):
+def test_ingest_kv_lazy_indexes_without_kv_and_reports_tokens_per_second(
+    tiny_start, tmp_path, capsys
+):
     (tmp_path / "lazy.md").write_text("# Herons\n\nEleven herons fish the mill pond at dawn.")
     assert main(["ingest", "--kv", "lazy", str(tmp_path / "lazy.md")]) == 0
     captured = capsys.readouterr()
     assert "ingested 1 new documents" in captured.out and "KV lazy" in captured.out
-    assert "tokens/s" in captured.out and "tok/s" in captured.err  # the summary and the progress bar
+    assert (
+        "tokens/s" in captured.out and "tok/s" in captured.err
+    )  # the summary and the progress bar
     with pytest.raises(SystemExit):
         main(["ingest", "--kv", "later", str(tmp_path / "lazy.md")])
 
@@ -56,12 +61,16 @@ def test_ingest_refuses_an_unreadable_path_before_writing(tiny_start, tmp_path, 
 
 
 def test_ask_prints_the_answer_and_a_report(tiny_start, tmp_path, capsys):
-    (tmp_path / "mill.md").write_text("# Saltcote Tide Mill\n\nThe mill was built in 1734 and restored in 2006.")
+    (tmp_path / "mill.md").write_text(
+        "# Saltcote Tide Mill\n\nThe mill was built in 1734 and restored in 2006."
+    )
     main(["ingest", "--quiet", str(tmp_path / "mill.md")])
     capsys.readouterr()
     assert main(["ask", "When was the mill built?", "--max-tokens", "4", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["chunks"][0]["document"] == "Saltcote Tide Mill" and report["mode"] == "cacheblend"
+    assert (
+        report["chunks"][0]["document"] == "Saltcote Tide Mill" and report["mode"] == "cacheblend"
+    )
     assert main(["ask", "When was the mill built?", "--max-tokens", "4", "--mode", "naive"]) == 0
     out = capsys.readouterr().out
     assert "mode naive: TTFT" in out and "Saltcote Tide Mill" in out

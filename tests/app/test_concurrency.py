@@ -1,4 +1,5 @@
-"""Concurrent `/ask` requests are all served correctly; a full queue answers 503 + Retry-After at once."""
+"""Concurrent `/ask` requests are all served correctly; a full queue answers 503 + Retry-After at
+once."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ import pytest
 
 from app.queue import QueueFull, WorkQueue
 
-QUESTIONS = ["When was the lighthouse first lit?", "When was the tide mill built?",
-             "How do bees show where flowers are?", "How long is the ferry crossing?"]
+QUESTIONS = [
+    "When was the lighthouse first lit?",
+    "When was the tide mill built?",
+    "How do bees show where flowers are?",
+    "How long is the ferry crossing?",
+]
 
 
 def ask(url: str, question: str, stream: bool = False) -> dict:
@@ -34,8 +39,12 @@ def test_concurrent_asks_match_serial_answers(live_url, services):
         results = list(pool.map(lambda job: (job[0], ask(live_url, *job)), jobs))
     for question, report in results:
         assert report["answer"] == serial[question]["answer"]
-        assert [c["chunk_id"] for c in report["chunks"]] == [c["chunk_id"] for c in serial[question]["chunks"]]
-        assert [c["recomputed"] for c in report["chunks"]] == [c["recomputed"] for c in serial[question]["chunks"]]
+        assert [c["chunk_id"] for c in report["chunks"]] == [
+            c["chunk_id"] for c in serial[question]["chunks"]
+        ]
+        assert [c["recomputed"] for c in report["chunks"]] == [
+            c["recomputed"] for c in serial[question]["chunks"]
+        ]
 
 
 def test_a_full_queue_answers_503_with_retry_after(live_url, services):
@@ -43,10 +52,12 @@ def test_a_full_queue_answers_503_with_retry_after(live_url, services):
     blockers = [services.queue.submit(release.wait, 30) for _ in range(services.queue.capacity)]
     try:
         started = time.perf_counter()
-        for path, body in (("/ask", {"question": "Anyone there?"}),
-                           ("/ask", {"question": "Anyone there?", "stream": True}),
-                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
-                           ("/documents", {"text": "queued text"})):
+        for path, body in (
+            ("/ask", {"question": "Anyone there?"}),
+            ("/ask", {"question": "Anyone there?", "stream": True}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+            ("/documents", {"text": "queued text"}),
+        ):
             response = httpx.post(f"{live_url}{path}", json=body, timeout=10)
             assert response.status_code == 503, path
             assert response.headers["retry-after"] == str(services.settings.retry_after_s)
@@ -58,7 +69,12 @@ def test_a_full_queue_answers_503_with_retry_after(live_url, services):
         release.set()
         for blocker in blockers:
             blocker.result(timeout=30)
-    assert httpx.post(f"{live_url}/ask", json={"question": "Anyone there?", "max_tokens": 2}, timeout=60).status_code == 200
+    assert (
+        httpx.post(
+            f"{live_url}/ask", json={"question": "Anyone there?", "max_tokens": 2}, timeout=60
+        ).status_code
+        == 200
+    )
     assert "kvmosaic_rejected_requests_total 4.0" in httpx.get(f"{live_url}/metrics").text
 
 
@@ -86,7 +102,9 @@ def test_work_queue_bounds_and_counts():
     queue.shutdown()
 
 
-def test_workers_compute_nothing_while_the_engine_computes_for_them(services, tiny_loaded, embedder, tmp_path):
+def test_workers_compute_nothing_while_the_engine_computes_for_them(
+    services, tiny_loaded, embedder, tmp_path
+):
     """With batching (one prefill slot) the engine computes on its scheduler's thread, so the
     workers run torch single-threaded; without batching they compute with the engine's count,
     whatever a helper thread set last (engine/threads.py)."""

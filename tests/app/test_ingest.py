@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from app.ingest import iter_chunk_texts
 from app.catalog import NewChunk
+from app.ingest import iter_chunk_texts
 from retrieval import Retriever, SourceDocument
 from retrieval.index import MANIFEST_FILE
 from tests.app.conftest import DOCS, start_services
 
-LONG = SourceDocument("test:long", "A long note", " ".join(f"Sentence {i} is about tides and mills." for i in range(30)))
+LONG = SourceDocument(
+    "test:long",
+    "A long note",
+    " ".join(f"Sentence {i} is about tides and mills." for i in range(30)),
+)
 
 
 @pytest.fixture
@@ -23,7 +27,13 @@ def fresh(tiny_loaded, embedder, tmp_path):
 def totals(services):
     stats = services.catalog.stats()
     entries = sum(s["entries"] for s in services.chunk_cache.tier_stats().values())
-    return stats.num_documents, stats.num_chunks, stats.num_variants_ready, len(services.retriever), entries
+    return (
+        stats.num_documents,
+        stats.num_chunks,
+        stats.num_variants_ready,
+        len(services.retriever),
+        entries,
+    )
 
 
 def test_ingesting_twice_adds_nothing(fresh):
@@ -86,15 +96,24 @@ def test_lazy_ingest_indexes_now_and_computes_kv_on_first_retrieval(fresh):
     assert result.kv == "lazy" and result.kv_tiers == {} and result.created
     assert set(c.id for c in chunks) <= set(fresh.retriever.index.ids())
     assert all(fresh.catalog.variants_of_chunk(c.id) == [] for c in chunks)
-    hits = [h for h in fresh.retriever.search("Sentence 3 is about tides and mills.", 3)
-            if h.chunk_id in {c.id for c in chunks}]
+    hits = [
+        h
+        for h in fresh.retriever.search("Sentence 3 is about tides and mills.", 3)
+        if h.chunk_id in {c.id for c in chunks}
+    ]
     assert hits
-    first = fresh.rag.ask(fresh.rag.query("What is sentence 3 about?", mode="cacheblend", max_tokens=2))
+    first = fresh.rag.ask(
+        fresh.rag.query("What is sentence 3 about?", mode="cacheblend", max_tokens=2)
+    )
     assert COMPUTED_NOW in first.variants
     stored = [c for c in chunks if fresh.catalog.variants_of_chunk(c.id)]
-    assert stored and all(fresh.chunk_cache.store.where(fresh.catalog.variants_of_chunk(c.id)[0].store_key) == "disk"
-                          for c in stored)
-    again = fresh.rag.ask(fresh.rag.query("What is sentence 3 about?", mode="cacheblend", max_tokens=2))
+    assert stored and all(
+        fresh.chunk_cache.store.where(fresh.catalog.variants_of_chunk(c.id)[0].store_key) == "disk"
+        for c in stored
+    )
+    again = fresh.rag.ask(
+        fresh.rag.query("What is sentence 3 about?", mode="cacheblend", max_tokens=2)
+    )
     assert COMPUTED_NOW not in again.variants
 
 
@@ -110,7 +129,9 @@ def test_unknown_kv_mode_is_refused_before_anything_is_written(fresh):
 def test_only_ingests_whose_lease_expired_are_removed(fresh):
     """A crashed owner's ingest (lease expired) is removed; a live one, here or on a peer, never."""
     chunk = [NewChunk("orphan text", 3, "1" * 64)]
-    crashed = fresh.catalog.begin_ingest("crash", "Crashed", "0" * 64, chunk, "dead-peer", lease_s=0.0)
+    crashed = fresh.catalog.begin_ingest(
+        "crash", "Crashed", "0" * 64, chunk, "dead-peer", lease_s=0.0
+    )
     live = fresh.catalog.begin_ingest("live", "Live", "2" * 64, chunk, "live-peer", lease_s=3600.0)
     assert fresh.ingestor.reclaim_expired() == 1
     assert fresh.catalog.get_document(crashed.document.id) is None
@@ -118,7 +139,9 @@ def test_only_ingests_whose_lease_expired_are_removed(fresh):
     assert fresh.catalog.ingest_of(live.document.id).owner == "live-peer"
 
 
-def test_a_document_ingested_elsewhere_becomes_searchable_here(fresh, tiny_loaded, embedder, tmp_path):
+def test_a_document_ingested_elsewhere_becomes_searchable_here(
+    fresh, tiny_loaded, embedder, tmp_path
+):
     """A second process on the same catalog (here: another Services on the SQLite file) adds
     a document; this one's follower picks it up from the change log without a restart."""
     from app.replica import IndexFollower
@@ -150,7 +173,9 @@ def test_missing_or_stale_index_is_rebuilt_from_the_catalog(fresh, damage):
         fresh.retriever.index.remove(expected[:1])
         fresh.retriever.save()
     ids = [i for i, _ in iter_chunk_texts(fresh.catalog)]
-    reopened = Retriever.open(fresh.retriever.embedder, directory, ids, lambda: iter_chunk_texts(fresh.catalog))
+    reopened = Retriever.open(
+        fresh.retriever.embedder, directory, ids, lambda: iter_chunk_texts(fresh.catalog)
+    )
     assert sorted(reopened.index.ids()) == expected and (directory / MANIFEST_FILE).exists()
     hit = reopened.search("When was the lighthouse first lit?", 1)[0]
     assert fresh.catalog.get_chunk(hit.chunk_id).text.startswith("The Hollin Point Lighthouse")
@@ -174,15 +199,17 @@ def test_an_ingest_whose_lease_a_peer_took_is_undone_and_answered_503(fresh, mon
 
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
     from app.catalog.models import utcnow
+    from app.main import create_app
 
     before = totals(fresh)
     real = fresh.ingestor.leases.hold
 
     def stalled(document_id):  # the ingest begins, then this replica stalls past its lease
         real(document_id)
-        assert fresh.catalog.claim_ingest(document_id, "peer", 30.0, now=utcnow() + timedelta(hours=1))
+        assert fresh.catalog.claim_ingest(
+            document_id, "peer", 30.0, now=utcnow() + timedelta(hours=1)
+        )
 
     monkeypatch.setattr(fresh.ingestor.leases, "hold", stalled)
     with TestClient(create_app(services=fresh), client=("127.0.0.1", 50000)) as client:
@@ -247,7 +274,8 @@ def test_a_renewal_waits_for_a_commit_and_never_reports_a_finished_ingest_lost(c
 
 
 def test_a_follower_that_missed_the_log_resyncs_with_the_catalog(fresh):
-    """After a long gap (entries may have been pruned) the follower compares instead of replaying."""
+    """After a long gap (entries may have been pruned) the follower compares instead of
+    replaying."""
     from app.replica import CHANGE_LOG_KEEP_S, IndexFollower
 
     follower = IndexFollower(fresh.catalog, fresh.retriever)
@@ -272,7 +300,11 @@ def test_a_follower_that_read_an_add_before_a_delete_does_not_bring_the_chunk_ba
     added = fresh.ingestor.ingest(LONG)
     chunk_ids = {c.id for c in fresh.catalog.chunks_of_document(added.document.id)}
     assert fresh.catalog.last_change_seq() > before  # the ingest's adds follow the cursor
-    follower, read, go = IndexFollower(fresh.catalog, fresh.retriever), threading.Event(), threading.Event()
+    follower, read, go = (
+        IndexFollower(fresh.catalog, fresh.retriever),
+        threading.Event(),
+        threading.Event(),
+    )
     updates = follower._updates
 
     def slow_updates(changes):

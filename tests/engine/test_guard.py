@@ -1,4 +1,5 @@
-"""The fidelity guard on the tiny model: exact is full, fast is the mode, balanced escalates by its rule."""
+"""The fidelity guard on the tiny model: exact is full, fast is the mode, balanced escalates by its
+rule."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ def chunks(tiny_engine):
 
 def engine_with(tiny_engine, **overrides) -> Engine:
     """Another engine over the same tiny model, with guard settings overridden."""
-    return Engine(EngineConfig(data_dir=tiny_engine.config.data_dir, epic_tokens=4, **overrides), tiny_engine.loaded)
+    return Engine(
+        EngineConfig(data_dir=tiny_engine.config.data_dir, epic_tokens=4, **overrides),
+        tiny_engine.loaded,
+    )
 
 
 @pytest.mark.parametrize("mode", ["cacheblend", "cachecraft", "naive", "epic"])
@@ -39,7 +43,10 @@ def test_fast_is_the_mode_alone_and_reports_its_estimate(tiny_engine, chunks):
     fast = tiny_engine.prefill(chunks, QUESTION, mode="cacheblend", fidelity="fast")
     assert torch.equal(fast.logits, plain.logits)
     assert fast.recompute_share < 1.0 and not fast.guard.escalated and fast.guard.spent_s == 0.0
-    assert fast.guard.margin == pytest.approx(first_token_margin(fast.logits)) and fast.guard.margin >= 0
+    assert (
+        fast.guard.margin == pytest.approx(first_token_margin(fast.logits))
+        and fast.guard.margin >= 0
+    )
 
 
 def test_balanced_escalates_below_the_margin_and_equals_full(tiny_engine, chunks):
@@ -74,17 +81,25 @@ def test_balanced_keeps_a_confident_prefill(tiny_engine, chunks):
     assert torch.equal(result.logits, fast.logits)
 
 
-def test_balanced_first_attempt_recomputes_its_own_ratio_and_fast_keeps_the_blends(tiny_engine, chunks):
+def test_balanced_first_attempt_recomputes_its_own_ratio_and_fast_keeps_the_blends(
+    tiny_engine, chunks
+):
     """A request naming no ratio: balanced blends at guard_recompute_ratio, fast at
     recompute_ratio; a ratio the request names wins at either level."""
-    engine = engine_with(tiny_engine, guard_margin=0.0, recompute_ratio=0.1, guard_recompute_ratio=0.6)
+    engine = engine_with(
+        tiny_engine, guard_margin=0.0, recompute_ratio=0.1, guard_recompute_ratio=0.6
+    )
     balanced = engine.prefill(chunks, QUESTION, mode="cacheblend")
     fast = engine.prefill(chunks, QUESTION, mode="cacheblend", fidelity="fast")
     assert not balanced.guard.escalated
-    assert torch.equal(fast.logits, engine.prefill(chunks, QUESTION, mode="cacheblend", fidelity="fast",
-                                                   ratio=0.1).logits)
-    assert torch.equal(balanced.logits, engine.prefill(chunks, QUESTION, mode="cacheblend", fidelity="fast",
-                                                       ratio=0.6).logits)
+    assert torch.equal(
+        fast.logits,
+        engine.prefill(chunks, QUESTION, mode="cacheblend", fidelity="fast", ratio=0.1).logits,
+    )
+    assert torch.equal(
+        balanced.logits,
+        engine.prefill(chunks, QUESTION, mode="cacheblend", fidelity="fast", ratio=0.6).logits,
+    )
     assert balanced.recompute_share > fast.recompute_share
     named = engine.prefill(chunks, QUESTION, mode="cacheblend", ratio=0.1)
     assert torch.equal(named.logits, fast.logits)
@@ -122,7 +137,9 @@ def test_the_report_says_what_the_guard_estimated_against_the_floor():
 
     assert "inside full prefill's reorder floor; kept" in GuardReport("balanced", 2.5, 1.0).estimate
     rerun = GuardReport("balanced", 0.4, 1.0, escalated=True).estimate
-    assert "0.40 nats against threshold 1.00: may leave" in rerun and rerun.endswith("re-ran in full")
+    assert "0.40 nats against threshold 1.00: may leave" in rerun and rerun.endswith(
+        "re-ran in full"
+    )
     assert "repaired at answer token 3" in GuardReport("balanced", 2.5, 1.0, repaired_at=3).estimate
     assert "not judged (fast)" in GuardReport("fast", 0.1, 1.0).estimate
     assert GuardReport("balanced").estimate == "exact state: nothing to judge"

@@ -63,7 +63,9 @@ def test_alembic_command_line(catalog_url):
     env = dict(os.environ, KVMOSAIC_DATABASE_URL=catalog_url)
     alembic = [sys.executable, "-m", "alembic", "-c", str(REPO / "alembic.ini")]
     for step in (["upgrade", "head"], ["downgrade", "base"], ["upgrade", "head"]):
-        done = subprocess.run(alembic + step, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            alembic + step, cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        )
         assert done.returncode == 0, done.stderr
     assert _tables(catalog_url) == TABLES
 
@@ -78,12 +80,22 @@ def test_0002_turns_half_ingested_documents_into_expired_ingests(catalog_url):
     engine = create_db_engine(catalog_url)
     with engine.begin() as connection:  # rows as a 0001 server wrote them
         for doc_id, rows in ((1, [7]), (2, [None]), (3, [])):
-            connection.execute(text("INSERT INTO documents (id, source, content_hash, title, created_at) "
-                                    "VALUES (:id, 's', 'h', '', CURRENT_TIMESTAMP)"), {"id": doc_id})
+            connection.execute(
+                text(
+                    "INSERT INTO documents (id, source, content_hash, title, created_at) "
+                    "VALUES (:id, 's', 'h', '', CURRENT_TIMESTAMP)"
+                ),
+                {"id": doc_id},
+            )
             for ordinal, row in enumerate(rows):
-                connection.execute(text(
-                    "INSERT INTO chunks (document_id, ordinal, text, num_tokens, token_ids_hash, embedding_row, "
-                    "created_at) VALUES (:d, :o, 'x', 1, 'h', :r, CURRENT_TIMESTAMP)"), {"d": doc_id, "o": ordinal, "r": row})
+                connection.execute(
+                    text(
+                        "INSERT INTO chunks (document_id, ordinal, text, num_tokens, "
+                        "token_ids_hash, embedding_row, "
+                        "created_at) VALUES (:d, :o, 'x', 1, 'h', :r, CURRENT_TIMESTAMP)"
+                    ),
+                    {"d": doc_id, "o": ordinal, "r": row},
+                )
     engine.dispose()
     upgrade_to_head(catalog_url)
     catalog = Catalog(create_db_engine(catalog_url))
@@ -98,8 +110,12 @@ def test_0002_turns_half_ingested_documents_into_expired_ingests(catalog_url):
 def test_concurrent_upgrades_serialise(catalog_url):
     """Several processes migrating one empty database at once all succeed (advisory lock)."""
     code = "import sys; from app.catalog import upgrade_to_head; upgrade_to_head(sys.argv[1])"
-    runs = [subprocess.Popen([sys.executable, "-c", code, catalog_url], cwd=REPO, stderr=subprocess.PIPE, text=True)
-            for _ in range(3)]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, catalog_url], cwd=REPO, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
     for run in runs:
         _, err = run.communicate(timeout=120)
         assert run.returncode == 0, err
