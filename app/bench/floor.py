@@ -1,4 +1,5 @@
-"""The workload's stability floor and task accuracy: what `full` itself does, and whether answers are right.
+"""The workload's stability floor and task accuracy: what `full` itself does, and whether answers
+are right.
 
 Floor: after the cells, off the clock, one extra full prefill per distinct request of the
 reference cell, its retrieved chunks in a seeded other order, decoded greedily like the
@@ -39,8 +40,13 @@ class CellAccuracy:
     versus_full: Interval | None
 
 
-def measure_floor(services, trace: Sequence[TraceRequest], reference: dict[int, RequestFacts],
-                  max_tokens: int, seed: int = 0) -> Fidelity | None:
+def measure_floor(
+    services,
+    trace: Sequence[TraceRequest],
+    reference: dict[int, RequestFacts],
+    max_tokens: int,
+    seed: int = 0,
+) -> Fidelity | None:
     """Full prefill of each distinct reference request (first of each chunk list) in another
     chunk order, against the reference's answer; None when no request has two chunks."""
     from app.retrieve import retrieve_chunks
@@ -55,7 +61,9 @@ def measure_floor(services, trace: Sequence[TraceRequest], reference: dict[int, 
             continue
         seen.add(ref.chunk_ids)
         request = trace[index]
-        hits = retrieve_chunks(services.retriever, services.catalog, engine, request.question, request.top_k or top_k)
+        hits = retrieve_chunks(
+            services.retriever, services.catalog, engine, request.question, request.top_k or top_k
+        )
         if tuple(h.chunk.id for h in hits) != ref.chunk_ids:
             continue  # the index answered differently: not the same request
         chunks = services.chunk_cache.load(hits, "full").inputs
@@ -63,22 +71,51 @@ def measure_floor(services, trace: Sequence[TraceRequest], reference: dict[int, 
     return pair_fidelity(pairs)
 
 
-def _reordered_full(engine, chunks, question: str, ref: RequestFacts, max_tokens: int,
-                    rng: random.Random) -> RequestFacts:
+def _reordered_full(
+    engine, chunks, question: str, ref: RequestFacts, max_tokens: int, rng: random.Random
+) -> RequestFacts:
     order = list(range(len(chunks)))
     while order == sorted(order):
         rng.shuffle(order)
-    result = engine.prefill([chunks[i] for i in order], question, mode="full", max_new_tokens=max_tokens,
-                            fidelity="exact")
+    result = engine.prefill(
+        [chunks[i] for i in order],
+        question,
+        mode="full",
+        max_new_tokens=max_tokens,
+        fidelity="exact",
+    )
     logits = result.logits.detach().float().cpu().clone()
     text = "".join(engine.generate(result, SamplingParams(max_new_tokens=max_tokens))).strip()
-    answer = teacher_forced(engine, result, ref.generated_ids, ref.forced) if ref.forced is not None else None
-    return RequestFacts(ref.index, tuple(chunks[i].chunk_id for i in order), text, len(result.generated_ids),
-                        logits, 0.0, 0.0, 0.0, 1.0, 0, tuple(result.generated_ids), answer=answer)
+    answer = (
+        teacher_forced(engine, result, ref.generated_ids, ref.forced)
+        if ref.forced is not None
+        else None
+    )
+    return RequestFacts(
+        ref.index,
+        tuple(chunks[i].chunk_id for i in order),
+        text,
+        len(result.generated_ids),
+        logits,
+        0.0,
+        0.0,
+        0.0,
+        1.0,
+        0,
+        tuple(result.generated_ids),
+        answer=answer,
+    )
 
 
-def floor_pass(open_services, snapshot: Path, scratch: Path, trace: Sequence[TraceRequest],
-               reference: dict[int, RequestFacts], max_tokens: int, seed: int = 0) -> Fidelity | None:
+def floor_pass(
+    open_services,
+    snapshot: Path,
+    scratch: Path,
+    trace: Sequence[TraceRequest],
+    reference: dict[int, RequestFacts],
+    max_tokens: int,
+    seed: int = 0,
+) -> Fidelity | None:
     """`measure_floor` on a private clone of the snapshot (`open_services(data_dir)` opens a
     `full` server on it), removed afterwards."""
     from app.bench.corpus import clone_snapshot
@@ -91,8 +128,12 @@ def floor_pass(open_services, snapshot: Path, scratch: Path, trace: Sequence[Tra
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def cell_accuracy(facts: Sequence[RequestFacts], trace: Sequence[TraceRequest], answers: Sequence[Sequence[str]],
-                  reference: Sequence[RequestFacts] | None) -> CellAccuracy | None:
+def cell_accuracy(
+    facts: Sequence[RequestFacts],
+    trace: Sequence[TraceRequest],
+    answers: Sequence[Sequence[str]],
+    reference: Sequence[RequestFacts] | None,
+) -> CellAccuracy | None:
     """Scores of a cell's answers against the gold answers of each request's question
     (`answers[need]`); None when the trace's requests name no question with gold answers."""
     scores = _scores(facts, trace, answers)
@@ -100,12 +141,17 @@ def cell_accuracy(facts: Sequence[RequestFacts], trace: Sequence[TraceRequest], 
         return None
     theirs = _scores(reference, trace, answers) if reference is not None else {}
     shared = sorted(set(scores) & set(theirs))
-    versus = paired_difference([scores[i] for i in shared], [theirs[i] for i in shared]) if shared else None
+    versus = (
+        paired_difference([scores[i] for i in shared], [theirs[i] for i in shared])
+        if shared
+        else None
+    )
     return CellAccuracy(len(scores), bootstrap(list(scores.values())), versus)
 
 
-def _scores(facts: Sequence[RequestFacts], trace: Sequence[TraceRequest],
-            answers: Sequence[Sequence[str]]) -> dict[int, float]:
+def _scores(
+    facts: Sequence[RequestFacts], trace: Sequence[TraceRequest], answers: Sequence[Sequence[str]]
+) -> dict[int, float]:
     out: dict[int, float] = {}
     for f in facts:
         need = trace[f.index].need

@@ -50,7 +50,9 @@ class CellSummary:
     latency_p50: float
     latency_p95: float
     output_tokens_per_s: float
-    decode_tokens_per_s: float  # tokens after each answer's first, per second while any request decoded
+    decode_tokens_per_s: (
+        float  # tokens after each answer's first, per second while any request decoded
+    )
     cpu_s_per_request: float
     gflops_per_request: float
     work_vs_full: float | None
@@ -63,11 +65,14 @@ class CellSummary:
     computed_now: int
     drain_s: float
     tier_hits: dict
-    kv_bytes: dict  # the store's KV bytes after the cell, by kind and codec (base:<codec>, context:<codec>)
+    # the store's KV bytes after the cell, by kind and codec (base:<codec>, context:<codec>)
+    kv_bytes: dict
     fidelity: Fidelity | None
     ttfts: list[float]  # every answered request's client TTFT, in trace order (for the CDF)
     per_request: list[dict]  # `request_rows`: what each answered request did, for analysis
-    served: dict = field(default_factory=dict)  # shares of context tokens served exact / blended / computed
+    served: dict = field(
+        default_factory=dict
+    )  # shares of context tokens served exact / blended / computed
     reordered_share: float = 0.0  # requests whose chunks the order stage moved off retrieval order
 
     def as_dict(self) -> dict:
@@ -89,8 +94,12 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def summarize(cell: CellResult, flops_of, reference: dict[int, RequestFacts] | None,
-              baselines: dict[str, float]) -> CellSummary:
+def summarize(
+    cell: CellResult,
+    flops_of,
+    reference: dict[int, RequestFacts] | None,
+    baselines: dict[str, float],
+) -> CellSummary:
     """Figures of one cell; `reference` is full's facts by trace index (None: no fidelity),
     `baselines` FLOPs per request of `full` / `prefix` at this load (when they ran)."""
     facts = cell.facts
@@ -98,27 +107,44 @@ def summarize(cell: CellResult, flops_of, reference: dict[int, RequestFacts] | N
     per_request = flops_of(cell.work) / max(1, n)
     ttfts, latencies = [f.ttft_s for f in facts], [f.latency_s for f in facts]
     return CellSummary(
-        mode=cell.spec.name, load=cell.load.label, clients=cell.load.clients, rate=cell.load.rate,
-        requests=n, errors=len(cell.errors), rejections=cell.rejections,
+        mode=cell.spec.name,
+        load=cell.load.label,
+        clients=cell.load.clients,
+        rate=cell.load.rate,
+        requests=n,
+        errors=len(cell.errors),
+        rejections=cell.rejections,
         first_error=cell.errors[0] if cell.errors else None,
         throughput=n / cell.wall_s if cell.wall_s > 0 else 0.0,
-        ttft_p50=percentile(ttfts, 50), ttft_p95=percentile(ttfts, 95), ttft_p99=percentile(ttfts, 99),
+        ttft_p50=percentile(ttfts, 50),
+        ttft_p95=percentile(ttfts, 95),
+        ttft_p99=percentile(ttfts, 99),
         engine_ttft_p50=percentile([f.engine_ttft_s for f in facts], 50),
-        latency_p50=percentile(latencies, 50), latency_p95=percentile(latencies, 95),
-        output_tokens_per_s=sum(f.generated for f in facts) / cell.wall_s if cell.wall_s > 0 else 0.0,
+        latency_p50=percentile(latencies, 50),
+        latency_p95=percentile(latencies, 95),
+        output_tokens_per_s=sum(f.generated for f in facts) / cell.wall_s
+        if cell.wall_s > 0
+        else 0.0,
         decode_tokens_per_s=decode_tokens_per_s(facts),
-        cpu_s_per_request=cell.cpu_s / max(1, n), gflops_per_request=per_request / 1e9,
+        cpu_s_per_request=cell.cpu_s / max(1, n),
+        gflops_per_request=per_request / 1e9,
         work_vs_full=_share(per_request, baselines.get("full")),
         work_vs_prefix=_share(per_request, baselines.get("prefix")),
         background_share=_background_share(cell, flops_of),
         recompute_share=_mean([f.recompute_share for f in facts]),
-        escalated_share=_mean([f.escalated for f in facts]), repaired_share=_mean([f.repaired for f in facts]),
+        escalated_share=_mean([f.escalated for f in facts]),
+        repaired_share=_mean([f.repaired for f in facts]),
         skipped_share=_mean([f.skipped_blend for f in facts]),
-        computed_now=sum(f.computed_now for f in facts), drain_s=cell.drain_s,
-        tier_hits=dict(cell.tier_hits), kv_bytes=dict(cell.kv_bytes),
-        fidelity=fidelity(facts, reference) if reference is not None else None, ttfts=ttfts,
-        per_request=request_rows(facts, reference), served=served_shares(facts),
-        reordered_share=_mean([f.reordered for f in facts]) if facts else 0.0)
+        computed_now=sum(f.computed_now for f in facts),
+        drain_s=cell.drain_s,
+        tier_hits=dict(cell.tier_hits),
+        kv_bytes=dict(cell.kv_bytes),
+        fidelity=fidelity(facts, reference) if reference is not None else None,
+        ttfts=ttfts,
+        per_request=request_rows(facts, reference),
+        served=served_shares(facts),
+        reordered_share=_mean([f.reordered for f in facts]) if facts else 0.0,
+    )
 
 
 def decode_tokens_per_s(facts: Sequence[RequestFacts]) -> float:
@@ -137,29 +163,47 @@ def decode_tokens_per_s(facts: Sequence[RequestFacts]) -> float:
     return tokens / covered if covered > 0 else float("nan")
 
 
-def request_rows(facts: Sequence[RequestFacts], reference: dict[int, RequestFacts] | None) -> list[dict]:
+def request_rows(
+    facts: Sequence[RequestFacts], reference: dict[int, RequestFacts] | None
+) -> list[dict]:
     """Per answered request, in answer order: trace index, chunk ids, client TTFT and latency,
     recompute share, the guard's first-token margin, re-run and repair; with a reference of the same
     chunk order, first-token KL(full || mode), top-1 agreement and whether the answers match."""
     rows = []
     for f in facts:
-        row = {"index": f.index, "chunk_ids": list(f.chunk_ids), "ttft_s": f.ttft_s, "latency_s": f.latency_s,
-               "recompute_share": f.recompute_share,
-               "margin": f.margin, "escalated": f.escalated, "repaired": f.repaired, "skipped_blend": f.skipped_blend,
-               "served": list(f.served), "reordered": f.reordered}
+        row = {
+            "index": f.index,
+            "chunk_ids": list(f.chunk_ids),
+            "ttft_s": f.ttft_s,
+            "latency_s": f.latency_s,
+            "recompute_share": f.recompute_share,
+            "margin": f.margin,
+            "escalated": f.escalated,
+            "repaired": f.repaired,
+            "skipped_blend": f.skipped_blend,
+            "served": list(f.served),
+            "reordered": f.reordered,
+        }
         ref = (reference or {}).get(f.index)
         if ref is not None and ref.chunk_ids == f.chunk_ids:
-            row.update(first_kl=kl_divergence(ref.first_logits, f.first_logits),
-                       first_top1=bool(same_top1(ref.first_logits, f.first_logits)),
-                       same_answer=normalize_answer(ref.text) == normalize_answer(f.text))
+            row.update(
+                first_kl=kl_divergence(ref.first_logits, f.first_logits),
+                first_top1=bool(same_top1(ref.first_logits, f.first_logits)),
+                same_answer=normalize_answer(ref.text) == normalize_answer(f.text),
+            )
         rows.append(row)
     return rows
 
 
 def fidelity(facts: Sequence[RequestFacts], reference: dict[int, RequestFacts]) -> Fidelity | None:
     """Fidelity of `facts` against the reference requests of the same index and chunk order."""
-    return pair_fidelity([(reference[f.index], f) for f in facts
-                          if f.index in reference and reference[f.index].chunk_ids == f.chunk_ids])
+    return pair_fidelity(
+        [
+            (reference[f.index], f)
+            for f in facts
+            if f.index in reference and reference[f.index].chunk_ids == f.chunk_ids
+        ]
+    )
 
 
 def pair_fidelity(pairs: Sequence[tuple[RequestFacts, RequestFacts]]) -> Fidelity | None:
@@ -168,19 +212,26 @@ def pair_fidelity(pairs: Sequence[tuple[RequestFacts, RequestFacts]]) -> Fidelit
         return None
     return Fidelity(
         compared=len(pairs),
-        exact_match=statistics.fmean(normalize_answer(r.text) == normalize_answer(f.text) for r, f in pairs),
+        exact_match=statistics.fmean(
+            normalize_answer(r.text) == normalize_answer(f.text) for r, f in pairs
+        ),
         rouge_l=statistics.fmean(rouge_l(f.text, r.text) for r, f in pairs),
         first_kl=statistics.fmean(kl_divergence(r.first_logits, f.first_logits) for r, f in pairs),
         first_top1=statistics.fmean(same_top1(r.first_logits, f.first_logits) for r, f in pairs),
-        **_along_answers([f.answer for _, f in pairs if f.answer is not None and f.answer.positions]))
+        **_along_answers(
+            [f.answer for _, f in pairs if f.answer is not None and f.answer.positions]
+        ),
+    )
 
 
 def _along_answers(forced: list) -> dict[str, float]:
     positions = sum(t.positions for t in forced)
     if not positions:
         return {"answer_top1": float("nan"), "answer_kl": float("nan")}
-    return {"answer_top1": sum(t.top1_share * t.positions for t in forced) / positions,
-            "answer_kl": sum(t.mean_kl * t.positions for t in forced) / positions}
+    return {
+        "answer_top1": sum(t.top1_share * t.positions for t in forced) / positions,
+        "answer_kl": sum(t.mean_kl * t.positions for t in forced) / positions,
+    }
 
 
 def _background_share(cell: CellResult, flops_of) -> float:
