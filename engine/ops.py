@@ -37,7 +37,9 @@ def rope_shift_(k: torch.Tensor, delta: int | torch.Tensor, inv_freq: torch.Tens
     return rope_shift_twin_(k, delta, inv_freq)
 
 
-def rope_shift_twin_(k: torch.Tensor, delta: int | torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+def rope_shift_twin_(
+    k: torch.Tensor, delta: int | torch.Tensor, inv_freq: torch.Tensor
+) -> torch.Tensor:
     """The PyTorch reference of `rope_shift_`, any device."""
     if isinstance(delta, int) and delta == 0:
         return k
@@ -51,8 +53,9 @@ def rope_shift_twin_(k: torch.Tensor, delta: int | torch.Tensor, inv_freq: torch
     return k
 
 
-def _shift_cos_sin(delta: int | torch.Tensor, inv_freq: torch.Tensor,
-                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _shift_cos_sin(
+    delta: int | torch.Tensor, inv_freq: torch.Tensor, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     freqs = inv_freq.to(device=device, dtype=torch.float64)
     if isinstance(delta, int):
         angles = freqs * float(delta)  # [half]
@@ -78,7 +81,9 @@ def kv_deviation_twin(fresh: torch.Tensor, cached: torch.Tensor) -> torch.Tensor
     return diff.square().sum(dim=(0, 2))
 
 
-def top_rows(scores: torch.Tensor, count: int, eligible: torch.Tensor | None = None) -> torch.Tensor:
+def top_rows(
+    scores: torch.Tensor, count: int, eligible: torch.Tensor | None = None
+) -> torch.Tensor:
     """Indices of the `count` highest scores among `eligible` rows, ascending.
 
     scores: [tokens]; eligible: bool [tokens] or None (all). Ties keep the earlier row.
@@ -91,7 +96,9 @@ def top_rows(scores: torch.Tensor, count: int, eligible: torch.Tensor | None = N
     return top_rows_twin(scores, count, eligible)
 
 
-def top_rows_twin(scores: torch.Tensor, count: int, eligible: torch.Tensor | None = None) -> torch.Tensor:
+def top_rows_twin(
+    scores: torch.Tensor, count: int, eligible: torch.Tensor | None = None
+) -> torch.Tensor:
     """The PyTorch reference of `top_rows`, any device.
 
     A stable descending sort over the eligible rows only: torch.topk does not keep the
@@ -108,8 +115,9 @@ def top_rows_twin(scores: torch.Tensor, count: int, eligible: torch.Tensor | Non
     return candidates[order].sort().values
 
 
-def deviation_top_rows(fresh: torch.Tensor, cached: torch.Tensor, count: int,
-                       eligible: torch.Tensor | None = None) -> torch.Tensor:
+def deviation_top_rows(
+    fresh: torch.Tensor, cached: torch.Tensor, count: int, eligible: torch.Tensor | None = None
+) -> torch.Tensor:
     """`top_rows(kv_deviation(fresh, cached), count, eligible)`, with the deviation kept on the GPU.
 
     fresh, cached: [kv_heads, tokens, head_dim]; eligible: bool [tokens] or None.

@@ -17,7 +17,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_DATA = Path(os.environ.get("KVMOSAIC_TEST_DATA", REPO / ".cache" / "test-data"))
-MUSIQUE = Path(os.environ.get("KVMOSAIC_MUSIQUE", REPO.parent / "shared" / "data" / "cacheblend" / "musique_s.json"))
+MUSIQUE = Path(
+    os.environ.get(
+        "KVMOSAIC_MUSIQUE", REPO.parent / "shared" / "data" / "cacheblend" / "musique_s.json"
+    )
+)
 # The first records of the same file, shipped with the tests (see tests/data/NOTICE).
 MUSIQUE_SLICE = REPO / "tests" / "data" / "musique_first3.json"
 
@@ -47,9 +51,19 @@ def build_tiny_model(vocab_size: int, seed: int = 0, **overrides):
     """A random-weight Llama with a few small layers; weights scaled up so attention is peaked."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    settings = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                    rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    settings = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     settings.update(overrides)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(LlamaConfig(**settings))
@@ -75,8 +89,15 @@ def tiny_engine(tiny_loaded, tmp_path_factory):
     # fidelity "fast": tests see each mode as it is; the guard has its own tests (test_guard.py).
     # encode_dtype "engine": base KV in the engine's own dtype, so that exactness tests hold on
     # any CPU (bfloat16 encoding has its own tests in test_encoder.py)
-    return Engine(EngineConfig(data_dir=tmp_path_factory.mktemp("tiny"), epic_tokens=4, fidelity="fast",
-                               encode_dtype="engine"), tiny_loaded)
+    return Engine(
+        EngineConfig(
+            data_dir=tmp_path_factory.mktemp("tiny"),
+            epic_tokens=4,
+            fidelity="fast",
+            encode_dtype="engine",
+        ),
+        tiny_loaded,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -84,7 +105,9 @@ def smol_engine(test_data_dir, smol_checkpoint):
     from engine import EngineConfig
     from engine.engine import Engine
 
-    return Engine.load(EngineConfig(data_dir=test_data_dir, fidelity="fast", encode_dtype="engine"))  # modes as they are
+    return Engine.load(
+        EngineConfig(data_dir=test_data_dir, fidelity="fast", encode_dtype="engine")
+    )  # modes as they are
 
 
 @pytest.fixture(scope="session")

@@ -19,28 +19,7 @@ import pytest
 from tests.test_layout import REPO
 
 # {file: findings} when the linter was introduced; the owners of these files clean them.
-NOT_YET_CLEAN: dict[str, int] = {
-    "engine/ops.py": 3,
-    "tests/app/conftest.py": 11,
-    "tests/app/replicas.py": 11,
-    "tests/app/soak.py": 15,
-    "tests/conftest.py": 4,
-    "tests/deploy/test_compose.py": 5,
-    "tests/engine/batching.py": 2,
-    "tests/engine/helpers.py": 4,
-    "tests/engine/test_chunk_heads.py": 7,
-    "tests/engine/test_decode_batch.py": 2,
-    "tests/engine/test_encoder.py": 6,
-    "tests/engine/test_engine_summary.py": 1,
-    "tests/engine/test_fidelity_exact.py": 5,
-    "tests/engine/test_kernels.py": 17,
-    "tests/engine/test_ops.py": 7,
-    "tests/engine/test_prompt.py": 1,
-    "tests/engine/test_requests.py": 2,
-    "tests/engine/test_smollm2.py": 2,
-    "tests/engine/test_teacher_forced.py": 1,
-    "tests/engine/test_work.py": 4,
-}
+NOT_YET_CLEAN: dict[str, int] = {}
 
 
 def findings() -> Counter[str]:

@@ -22,18 +22,30 @@ ADMIN_TOKEN = "test-admin-token"
 LOCAL_CLIENT = ("127.0.0.1", 50000)
 
 DOCS = [
-    SourceDocument("test:lighthouse", "Hollin Point Lighthouse",
-                   "The Hollin Point Lighthouse was first lit on 3 November 1811. Its tower is 31 metres tall. "
-                   "The lamp burned whale oil, then paraffin from 1868, and was electrified in 1954."),
-    SourceDocument("test:mill", "Saltcote Tide Mill",
-                   "The Saltcote Tide Mill was built in 1734. A tide mill stores sea water in a pond at high tide "
-                   "and lets it out through the wheel when the tide falls. It was restored in 2006."),
-    SourceDocument("test:bees", "The waggle dance",
-                   "A honeybee tells her sisters where flowers are by dancing. The direction of the waggle run "
-                   "shows the direction of the food relative to the Sun; its length shows the distance."),
-    SourceDocument("test:ferry", "The Guillemot ferry",
-                   "The Guillemot ferry crosses to Skarra island in about forty minutes. It runs from April to "
-                   "October, twice a day, and carries up to 80 passengers but no cars."),
+    SourceDocument(
+        "test:lighthouse",
+        "Hollin Point Lighthouse",
+        "The Hollin Point Lighthouse was first lit on 3 November 1811. Its tower is 31 metres "
+        "tall. The lamp burned whale oil, then paraffin from 1868, and was electrified in 1954.",
+    ),
+    SourceDocument(
+        "test:mill",
+        "Saltcote Tide Mill",
+        "The Saltcote Tide Mill was built in 1734. A tide mill stores sea water in a pond at high "
+        "tide and lets it out through the wheel when the tide falls. It was restored in 2006.",
+    ),
+    SourceDocument(
+        "test:bees",
+        "The waggle dance",
+        "A honeybee tells her sisters where flowers are by dancing. The direction of the waggle "
+        "run shows the direction of the food relative to the Sun; its length shows the distance.",
+    ),
+    SourceDocument(
+        "test:ferry",
+        "The Guillemot ferry",
+        "The Guillemot ferry crosses to Skarra island in about forty minutes. It runs from April "
+        "to October, twice a day, and carries up to 80 passengers but no cars.",
+    ),
 ]
 
 
@@ -46,13 +58,25 @@ def free_port() -> int:
 def make_settings(data_dir, **overrides):
     from app.settings import Settings
 
-    values = dict(data_dir=data_dir, store_tiers=("cpu", "disk"), store_cpu_bytes=64 << 20,
-                  store_disk_bytes=256 << 20, admin_token=ADMIN_TOKEN, workers=2, queue_size=6,
-                  chunk_tokens=48, chunk_overlap=8, default_max_tokens=8, max_tokens_limit=64,
-                  max_upload_bytes=4096, max_question_chars=300, epic_tokens=4,
-                  default_mode="cacheblend",  # the tests name the mode they expect
-                  fidelity="fast",  # ... and see it as it is (the guard: tests/app/test_guard_api.py)
-                  allowed_hosts=("testserver",))  # the in-process client's Host, beside the loopback names
+    values = dict(
+        data_dir=data_dir,
+        store_tiers=("cpu", "disk"),
+        store_cpu_bytes=64 << 20,
+        store_disk_bytes=256 << 20,
+        admin_token=ADMIN_TOKEN,
+        workers=2,
+        queue_size=6,
+        chunk_tokens=48,
+        chunk_overlap=8,
+        default_max_tokens=8,
+        max_tokens_limit=64,
+        max_upload_bytes=4096,
+        max_question_chars=300,
+        epic_tokens=4,
+        default_mode="cacheblend",  # the tests name the mode they expect
+        fidelity="fast",  # ... and see it as it is (the guard: tests/app/test_guard_api.py)
+        allowed_hosts=("testserver",),
+    )  # the in-process client's Host, beside the loopback names
     values.update(overrides)
     return Settings(**values)
 
@@ -69,7 +93,9 @@ def start_services(tiny_loaded, embedder, data_dir, docs=DOCS, **overrides):
     from engine.engine import Engine
 
     settings = make_settings(data_dir, **overrides)
-    services = Services.start(settings, engine=Engine(settings.engine_config(), tiny_loaded), embedder=embedder)
+    services = Services.start(
+        settings, engine=Engine(settings.engine_config(), tiny_loaded), embedder=embedder
+    )
     for doc in docs:
         services.ingestor.ingest(doc)
     return services
@@ -100,8 +126,15 @@ def live_url(services):
     from app.main import create_app
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(services=services), host="127.0.0.1", port=port,
-                                          log_level="warning", lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(services=services),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="on",
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

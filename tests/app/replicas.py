@@ -34,8 +34,14 @@ def fresh_database():
 
     for user in ("root", "postgres"):
         try:
-            admin = psycopg.connect(host=PG_HOST, port=PG_PORT, dbname=PG_ADMIN_DATABASE, user=user,
-                                    connect_timeout=3, autocommit=True)
+            admin = psycopg.connect(
+                host=PG_HOST,
+                port=PG_PORT,
+                dbname=PG_ADMIN_DATABASE,
+                user=user,
+                connect_timeout=3,
+                autocommit=True,
+            )
             break
         except psycopg.Error as exc:
             reason = str(exc).strip().splitlines()[0]
@@ -73,7 +79,8 @@ def redis_prefix():
 
 
 def save_tiny_checkpoint(tokenizer, directory: Path) -> Path:
-    """The tests' tiny random-weight Llama as a Hugging Face checkpoint `kvmosaic serve` can load."""
+    """The tests' tiny random-weight Llama as a Hugging Face checkpoint `kvmosaic serve` can
+    load."""
     from tests.conftest import build_tiny_model
 
     build_tiny_model(len(tokenizer)).save_pretrained(directory)
@@ -94,17 +101,24 @@ class Replica:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "Replica":
+    def start(self) -> Replica:
         log = open(Path(self.env["KVMOSAIC_DATA_DIR"]) / f"{self.name}.log", "ab")
-        self.process = subprocess.Popen([KVMOSAIC, "serve", "--port", str(self.port)], cwd=REPO,
-                                        env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            [KVMOSAIC, "serve", "--port", str(self.port)],
+            cwd=REPO,
+            env={**os.environ, **self.env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         return self
 
     def wait_ready(self, timeout: float = 240.0) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise AssertionError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
+                raise AssertionError(
+                    f"{self.name} exited with {self.process.returncode}:\n{self.log()}"
+                )
             try:
                 response = httpx.get(f"{self.url}/readyz", timeout=5)
                 if response.status_code == 200:
@@ -128,8 +142,11 @@ class Replica:
         return path.read_text(errors="replace")[-6000:] if path.exists() else ""
 
     def ask(self, question: str, top_k: int = 3) -> dict:
-        response = httpx.post(f"{self.url}/ask", json={"question": question, "top_k": top_k, "max_tokens": 1,
-                                                        "mode": "cacheblend"}, timeout=120)
+        response = httpx.post(
+            f"{self.url}/ask",
+            json={"question": question, "top_k": top_k, "max_tokens": 1, "mode": "cacheblend"},
+            timeout=120,
+        )
         assert response.status_code == 200, response.text
         return response.json()
 
@@ -138,17 +155,34 @@ class Replica:
 
     def redis_hits(self) -> float:
         text = httpx.get(f"{self.url}/metrics", timeout=10).text
-        match = re.search(r'kvmosaic_cache_lookups_total\{result="hit",tier="redis"\} ([0-9.e+]+)', text)
+        match = re.search(
+            r'kvmosaic_cache_lookups_total\{result="hit",tier="redis"\} ([0-9.e+]+)', text
+        )
         return float(match.group(1)) if match else 0.0
 
 
-def replica_env(data_dir: Path, database_url: str, prefix: str, model_dir: Path, **extra: str) -> dict[str, str]:
+def replica_env(
+    data_dir: Path, database_url: str, prefix: str, model_dir: Path, **extra: str
+) -> dict[str, str]:
     data_dir.mkdir(parents=True, exist_ok=True)
-    env = {"KVMOSAIC_DATA_DIR": str(data_dir), "KVMOSAIC_DATABASE_URL": database_url,
-           "KVMOSAIC_STORE_TIERS": "cpu,redis", "KVMOSAIC_REDIS_URL": REDIS_URL, "KVMOSAIC_REDIS_PREFIX": prefix,
-           "KVMOSAIC_MODEL_PATH": str(model_dir), "KVMOSAIC_INDEX_POLL_S": "0.2", "KVMOSAIC_CHUNK_TOKENS": "48",
-           "KVMOSAIC_CHUNK_OVERLAP": "8", "KVMOSAIC_DEFAULT_MAX_TOKENS": "1", "KVMOSAIC_WORKERS": "1",
-           "KVMOSAIC_NUM_THREADS": "1", "KVMOSAIC_DEFAULT_MODE": "cacheblend", "KVMOSAIC_LOG_LEVEL": "warning",
-           "KVMOSAIC_MAX_UPLOAD_BYTES": "4000000", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {
+        "KVMOSAIC_DATA_DIR": str(data_dir),
+        "KVMOSAIC_DATABASE_URL": database_url,
+        "KVMOSAIC_STORE_TIERS": "cpu,redis",
+        "KVMOSAIC_REDIS_URL": REDIS_URL,
+        "KVMOSAIC_REDIS_PREFIX": prefix,
+        "KVMOSAIC_MODEL_PATH": str(model_dir),
+        "KVMOSAIC_INDEX_POLL_S": "0.2",
+        "KVMOSAIC_CHUNK_TOKENS": "48",
+        "KVMOSAIC_CHUNK_OVERLAP": "8",
+        "KVMOSAIC_DEFAULT_MAX_TOKENS": "1",
+        "KVMOSAIC_WORKERS": "1",
+        "KVMOSAIC_NUM_THREADS": "1",
+        "KVMOSAIC_DEFAULT_MODE": "cacheblend",
+        "KVMOSAIC_LOG_LEVEL": "warning",
+        "KVMOSAIC_MAX_UPLOAD_BYTES": "4000000",
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
     env.update(extra)
     return env

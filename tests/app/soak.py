@@ -3,7 +3,7 @@ cleared underneath, with the process's RSS sampled throughout.
 
 Used by tests/app/test_soak.py (tiny model, bounded) and by hand for the real model:
 
-    python -m tests.app.soak --seconds 100 --clients 3            # SmolLM2: docs/benchmarks/memory.md
+    python -m tests.app.soak --seconds 100 --clients 3          # SmolLM2: docs/benchmarks/memory.md
     python -m tests.app.soak --seconds 100 --malloc-arenas 0 --trim-interval 0   # glibc defaults
 
 Every `full` answer must equal the one computed before the load (greedy decoding, same
@@ -43,12 +43,18 @@ class SoakResult:
 
     def summary(self) -> dict:
         thirds = [self.rss_mib(a, b) for a, b in ((0, 1 / 3), (1 / 3, 2 / 3), (2 / 3, 1))]
-        return {"requests": self.requests, "errors": len(self.errors), "full_mismatches": len(self.full_mismatches),
-                "admin_actions": self.admin_actions,
-                "rss_mib_first": round(self.rss_samples[0][1] / 2**20, 1) if self.rss_samples else None,
-                "rss_mib_max_per_third": [round(max(t), 1) if t else None for t in thirds],
-                "rss_mib_median_per_third": [round(statistics.median(t), 1) if t else None for t in thirds],
-                "rss_mib_last": round(self.rss_samples[-1][1] / 2**20, 1) if self.rss_samples else None}
+        return {
+            "requests": self.requests,
+            "errors": len(self.errors),
+            "full_mismatches": len(self.full_mismatches),
+            "admin_actions": self.admin_actions,
+            "rss_mib_first": round(self.rss_samples[0][1] / 2**20, 1) if self.rss_samples else None,
+            "rss_mib_max_per_third": [round(max(t), 1) if t else None for t in thirds],
+            "rss_mib_median_per_third": [
+                round(statistics.median(t), 1) if t else None for t in thirds
+            ],
+            "rss_mib_last": round(self.rss_samples[-1][1] / 2**20, 1) if self.rss_samples else None,
+        }
 
 
 def reference_answers(base_url: str, questions: list[str], max_tokens: int) -> dict[str, str]:
@@ -56,20 +62,41 @@ def reference_answers(base_url: str, questions: list[str], max_tokens: int) -> d
         return {q: _ask(client, q, "full", max_tokens, False)["answer"] for q in questions}
 
 
-def run_soak(base_url: str, questions: list[str], reference: dict[str, str], seconds: float,
-             clients: int = 3, max_tokens: int = 8, admin_token: str | None = None,
-             admin_every_s: float = 2.0, rss_every_s: float = 1.0, seed: int = 0) -> SoakResult:
+def run_soak(
+    base_url: str,
+    questions: list[str],
+    reference: dict[str, str],
+    seconds: float,
+    clients: int = 3,
+    max_tokens: int = 8,
+    admin_token: str | None = None,
+    admin_every_s: float = 2.0,
+    rss_every_s: float = 1.0,
+    seed: int = 0,
+) -> SoakResult:
     """Drive the server for `seconds`; returns what happened (see the module docstring)."""
     result, lock = SoakResult(), threading.Lock()
     stop = threading.Event()
     started = time.monotonic()
-    workers = [threading.Thread(target=_client_loop, args=(base_url, questions, reference, max_tokens, seed + i,
-                                                           stop, result, lock), daemon=True)
-               for i in range(clients)]
-    workers.append(threading.Thread(target=_sample_rss, args=(started, rss_every_s, stop, result), daemon=True))
+    workers = [
+        threading.Thread(
+            target=_client_loop,
+            args=(base_url, questions, reference, max_tokens, seed + i, stop, result, lock),
+            daemon=True,
+        )
+        for i in range(clients)
+    ]
+    workers.append(
+        threading.Thread(target=_sample_rss, args=(started, rss_every_s, stop, result), daemon=True)
+    )
     if admin_token:
-        workers.append(threading.Thread(target=_admin_loop, args=(base_url, admin_token, admin_every_s, stop,
-                                                                  result, lock), daemon=True))
+        workers.append(
+            threading.Thread(
+                target=_admin_loop,
+                args=(base_url, admin_token, admin_every_s, stop, result, lock),
+                daemon=True,
+            )
+        )
     for worker in workers:
         worker.start()
     time.sleep(seconds)
@@ -110,16 +137,22 @@ def _client_loop(base_url, questions, reference, max_tokens, seed, stop, result,
             with lock:
                 result.requests += 1
                 if mode == "full" and answer["answer"] != reference[question]:
-                    result.full_mismatches.append(f"{question!r}: {answer['answer']!r} != {reference[question]!r}")
+                    result.full_mismatches.append(
+                        f"{question!r}: {answer['answer']!r} != {reference[question]!r}"
+                    )
 
 
 def _admin_loop(base_url, token, every_s, stop, result, lock) -> None:
     """Evict the cpu tier, evict by policy, evict one chunk, clear everything: in turn."""
     headers = {"Authorization": f"Bearer {token}"}
-    actions = itertools.cycle([("POST", "/admin/evict", {"tier": "cpu"}),
-                               ("POST", "/admin/evict", {"tier": "cpu", "bytes": 1, "policy": "lfu"}),
-                               ("POST", "/admin/evict", {"chunk_id": 1}),
-                               ("DELETE", "/admin/cache", None)])
+    actions = itertools.cycle(
+        [
+            ("POST", "/admin/evict", {"tier": "cpu"}),
+            ("POST", "/admin/evict", {"tier": "cpu", "bytes": 1, "policy": "lfu"}),
+            ("POST", "/admin/evict", {"chunk_id": 1}),
+            ("DELETE", "/admin/cache", None),
+        ]
+    )
     with httpx.Client(base_url=base_url, timeout=300, headers=headers) as client:
         while not stop.wait(every_s):
             method, path, body = next(actions)
@@ -127,7 +160,9 @@ def _admin_loop(base_url, token, every_s, stop, result, lock) -> None:
             with lock:
                 result.admin_actions += 1
                 if response.status_code != 200:
-                    result.errors.append(f"{method} {path}: {response.status_code} {response.text[:200]}")
+                    result.errors.append(
+                        f"{method} {path}: {response.status_code} {response.text[:200]}"
+                    )
 
 
 def _sample_rss(started: float, every_s: float, stop: threading.Event, result: SoakResult) -> None:
@@ -140,13 +175,20 @@ def _sample_rss(started: float, every_s: float, stop: threading.Event, result: S
 
 # -- by hand: the real model ---------------------------------------------------------------------
 
-QUESTIONS = ["When was the Hollin Point Lighthouse first lit?", "Who built the Long Arm?",
-             "What does the Port Ellery harbour master do in winter?", "When was the tide mill built?",
-             "How long does the ferry take to Skarra?", "What is the Port Ellery festival called?"]
+QUESTIONS = [
+    "When was the Hollin Point Lighthouse first lit?",
+    "Who built the Long Arm?",
+    "What does the Port Ellery harbour master do in winter?",
+    "When was the tide mill built?",
+    "How long does the ferry take to Skarra?",
+    "What is the Port Ellery festival called?",
+]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=100)
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=16)
@@ -173,7 +215,9 @@ def soak_real_model(args) -> dict:
         overrides["trim_interval_s"] = args.trim_interval
     services = Services.start(Settings(**overrides))
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(services=services), port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(services=services), port=port, log_level="warning")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
@@ -181,15 +225,23 @@ def soak_real_model(args) -> dict:
     url = f"http://127.0.0.1:{port}"
     try:
         reference = reference_answers(url, QUESTIONS, args.max_tokens)
-        result = run_soak(url, QUESTIONS, reference, args.seconds, args.clients, args.max_tokens, "soak")
+        result = run_soak(
+            url, QUESTIONS, reference, args.seconds, args.clients, args.max_tokens, "soak"
+        )
         idle_rss = _rss_after_idle(url, services)
     finally:
         server.should_exit = True
         thread.join(timeout=30)
         services.close()
-    return {**result.summary(), **idle_rss, "errors_sample": result.errors[:3],
-            "settings": {"malloc_arenas": services.settings.malloc_arenas,
-                         "trim_interval_s": services.settings.trim_interval_s}}
+    return {
+        **result.summary(),
+        **idle_rss,
+        "errors_sample": result.errors[:3],
+        "settings": {
+            "malloc_arenas": services.settings.malloc_arenas,
+            "trim_interval_s": services.settings.trim_interval_s,
+        },
+    }
 
 
 def _rss_after_idle(url: str, services) -> dict:

@@ -28,8 +28,11 @@ def interpolate(value):
         return [interpolate(v) for v in value]
     if not isinstance(value, str):
         return value
-    return re.sub(r"\$\{(\w+)(?::([-?])([^}]*))?\}",
-                  lambda m: m.group(3) if m.group(2) == "-" else f"<{m.group(1)}>", value)
+    return re.sub(
+        r"\$\{(\w+)(?::([-?])([^}]*))?\}",
+        lambda m: m.group(3) if m.group(2) == "-" else f"<{m.group(1)}>",
+        value,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +51,12 @@ def test_topology(compose):
         assert "image" in service or "build" in service, name
         for dependency, rule in service.get("depends_on", {}).items():
             assert dependency in services and rule["condition"] in CONDITIONS, (name, dependency)
-    assert services["kvmosaic"]["depends_on"]["init"]["condition"] == "service_completed_successfully"
-    assert (DEPLOY / services["init"]["build"]["context"] / services["init"]["build"]["dockerfile"]).is_file()
+    assert (
+        services["kvmosaic"]["depends_on"]["init"]["condition"] == "service_completed_successfully"
+    )
+    assert (
+        DEPLOY / services["init"]["build"]["context"] / services["init"]["build"]["dockerfile"]
+    ).is_file()
 
 
 def test_health_checks_and_volumes(compose):
@@ -74,12 +81,19 @@ def test_replicas_share_postgres_and_redis_with_settings_the_server_reads(compos
 
     env = compose["services"]["kvmosaic"]["environment"]
     assert compose["services"]["init"]["environment"] == env
-    assert env["KVMOSAIC_DATABASE_URL"].startswith("postgresql+psycopg://") and "@postgres:5432/" in env["KVMOSAIC_DATABASE_URL"]
-    assert "redis" in env["KVMOSAIC_STORE_TIERS"].split(",") and env["KVMOSAIC_REDIS_URL"].startswith("redis://redis:")
+    assert (
+        env["KVMOSAIC_DATABASE_URL"].startswith("postgresql+psycopg://")
+        and "@postgres:5432/" in env["KVMOSAIC_DATABASE_URL"]
+    )
+    assert "redis" in env["KVMOSAIC_STORE_TIERS"].split(",") and env[
+        "KVMOSAIC_REDIS_URL"
+    ].startswith("redis://redis:")
     fields = set(Settings.model_fields)
     unknown = [k for k in env if k.removeprefix("KVMOSAIC_").lower() not in fields]
     assert not unknown, f"settings the server does not read: {unknown}"
-    settings = Settings(**{k.removeprefix("KVMOSAIC_").lower(): v for k, v in env.items() if "<" not in v})
+    settings = Settings(
+        **{k.removeprefix("KVMOSAIC_").lower(): v for k, v in env.items() if "<" not in v}
+    )
     assert settings.store_redis_bytes < 7 * 2**30  # below Redis' maxmemory (7gb)
     redis_command = compose["services"]["redis"]["command"]
     assert redis_command[redis_command.index("--maxmemory-policy") + 1] == "noeviction"
@@ -97,6 +111,11 @@ def test_docker_compose_config():
     if probe.returncode != 0:
         pytest.skip("docker has no compose plugin here")
     env = {**os.environ, "KVMOSAIC_ADMIN_TOKEN": "a", "KVMOSAIC_WRITE_TOKEN": "w"}
-    done = subprocess.run(["docker", "compose", "-f", str(COMPOSE), "config", "--quiet"], capture_output=True,
-                          text=True, env=env, timeout=60)
+    done = subprocess.run(
+        ["docker", "compose", "-f", str(COMPOSE), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr

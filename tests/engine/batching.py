@@ -10,7 +10,7 @@ BUDGETS = [14, 6, 10, 3]  # requests leave the batch at different steps
 
 
 def prefill(engine, chunks, i, mode):
-    return engine.prefill(chunks[i % 2:], QUESTIONS[i], mode=mode, max_new_tokens=BUDGETS[i])
+    return engine.prefill(chunks[i % 2 :], QUESTIONS[i], mode=mode, max_new_tokens=BUDGETS[i])
 
 
 def decode_alone(engine, chunks, mode, params=None):
@@ -38,7 +38,9 @@ class StepRecorder:
         return self.real(stack, caches, tokens, **options)
 
 
-def decode_joined(engine, chunks, mode, steps: StepRecorder, params=None, cancel: int | None = None):
+def decode_joined(
+    engine, chunks, mode, steps: StepRecorder, params=None, cancel: int | None = None
+):
     """Request 0 decodes alone for three steps; then 1-3 join together; 3 leaves first (budget 3).
 
     `cancel`: that request is cancelled right after the first joint step. Returns every
@@ -48,7 +50,9 @@ def decode_joined(engine, chunks, mode, steps: StepRecorder, params=None, cancel
     streams = {}
 
     def start(i):
-        streams[i] = engine.generate(results[i], params or SamplingParams(max_new_tokens=BUDGETS[i]))
+        streams[i] = engine.generate(
+            results[i], params or SamplingParams(max_new_tokens=BUDGETS[i])
+        )
 
     base = len(steps.sizes)
     steps.actions[base + 2] = lambda: [start(i) for i in range(1, len(QUESTIONS))]

@@ -7,10 +7,25 @@ import torch
 from engine.plan import ChunkInput
 
 PASSAGES = [
-    ("Ada", "Ada Lovelace wrote the first published algorithm for Babbage's Analytical Engine in 1843."),
-    ("Tea", "Green tea is made from leaves that are steamed or pan-fired soon after picking, so they do not oxidise."),
-    ("Rivers", "The Danube flows through ten countries and four capital cities before it reaches the Black Sea."),
-    ("Bees", "A honey bee colony keeps its brood near 35 degrees Celsius by clustering and fanning its wings."),
+    (
+        "Ada",
+        "Ada Lovelace wrote the first published algorithm for Babbage's Analytical Engine in 1843.",
+    ),
+    (
+        "Tea",
+        "Green tea is made from leaves that are steamed or pan-fired soon after picking, so they "
+        "do not oxidise.",
+    ),
+    (
+        "Rivers",
+        "The Danube flows through ten countries and four capital cities before it reaches the "
+        "Black Sea.",
+    ),
+    (
+        "Bees",
+        "A honey bee colony keeps its brood near 35 degrees Celsius by clustering and fanning "
+        "its wings.",
+    ),
 ]
 QUESTION = "Who wrote the first published algorithm?"
 

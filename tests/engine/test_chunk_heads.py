@@ -1,4 +1,5 @@
-"""The opening rows of chunks cached in another context are recomputed first by the blending modes."""
+"""The opening rows of chunks cached in another context are recomputed first by the blending
+modes."""
 
 from __future__ import annotations
 
@@ -14,8 +15,14 @@ from tests.engine.helpers import QUESTION, chunk_inputs
 
 def _request(engine, chunks, config=None) -> PlanRequest:
     layout = engine.prompts.layout([tuple(c.token_ids) for c in chunks], QUESTION)
-    return PlanRequest(layout, tuple(chunks), engine.prefix_kv, 0.15, config or engine.config,
-                       engine.loaded.spec.num_layers)
+    return PlanRequest(
+        layout,
+        tuple(chunks),
+        engine.prefix_kv,
+        0.15,
+        config or engine.config,
+        engine.loaded.spec.num_layers,
+    )
 
 
 def test_heads_cover_chunks_cached_elsewhere_only(tiny_engine):
@@ -26,21 +33,27 @@ def test_heads_cover_chunks_cached_elsewhere_only(tiny_engine):
     spans = request.layout.chunk_spans
     expected = torch.zeros_like(heads)
     for i in (1, 3):  # chunk 0's base variant is exact first in the prompt
-        expected[spans[i][0]:spans[i][0] + 3] = True
+        expected[spans[i][0] : spans[i][0] + 3] = True
     assert torch.equal(heads, expected)
     assert not bool(request.chunk_heads(0).any())
     longest = max(end - start for start, end in spans)
-    assert int(request.chunk_heads(longest + 5).sum()) == sum(spans[i][1] - spans[i][0] for i in (1, 3))
+    assert int(request.chunk_heads(longest + 5).sum()) == sum(
+        spans[i][1] - spans[i][0] for i in (1, 3)
+    )
 
 
 def test_a_variant_computed_after_the_same_chunks_has_no_head(tiny_engine):
     chunks = chunk_inputs(tiny_engine)[:2]
     exact_second = dataclasses.replace(chunks[1].kv, context=(chunks[0].chunk_id,))
-    request = _request(tiny_engine, [chunks[0], ChunkInput(chunks[1].chunk_id, chunks[1].token_ids, exact_second)])
+    request = _request(
+        tiny_engine, [chunks[0], ChunkInput(chunks[1].chunk_id, chunks[1].token_ids, exact_second)]
+    )
     assert not bool(request.chunk_heads(4).any())
-    swapped = _request(tiny_engine, [ChunkInput(chunks[1].chunk_id, chunks[1].token_ids, exact_second), chunks[0]])
+    swapped = _request(
+        tiny_engine, [ChunkInput(chunks[1].chunk_id, chunks[1].token_ids, exact_second), chunks[0]]
+    )
     start = swapped.layout.chunk_spans[0][0]
-    assert swapped.chunk_heads(4)[start:start + 4].all()  # first here, but computed after chunk 0
+    assert swapped.chunk_heads(4)[start : start + 4].all()  # first here, but computed after chunk 0
 
 
 @pytest.mark.parametrize("mode", ["cacheblend", "cachecraft"])
@@ -48,17 +61,23 @@ def test_blending_modes_recompute_every_head_row_through_every_layer(tiny_engine
     chunks = chunk_inputs(tiny_engine)
     layers = tiny_engine.loaded.spec.num_layers
     config = dataclasses.replace(tiny_engine.config, blend_head_tokens=2, focus_layer=None)
-    result = tiny_engine.prefill(chunks, QUESTION, mode=mode, ratio=0.5, fidelity="fast", config=config)
+    result = tiny_engine.prefill(
+        chunks, QUESTION, mode=mode, ratio=0.5, fidelity="fast", config=config
+    )
     heads = _request(tiny_engine, chunks, config).chunk_heads(2)
     assert bool((result.layers_computed[heads] == layers).all())
     none = dataclasses.replace(config, blend_head_tokens=0)
-    plain = tiny_engine.prefill(chunks, QUESTION, mode=mode, ratio=0.5, fidelity="fast", config=none)
+    plain = tiny_engine.prefill(
+        chunks, QUESTION, mode=mode, ratio=0.5, fidelity="fast", config=none
+    )
     assert int(plain.layers_computed.sum()) == int(result.layers_computed.sum())  # the same budget
 
 
 def test_ratio_zero_keeps_no_head_rows(tiny_engine):
     chunks = chunk_inputs(tiny_engine)
-    config = EngineConfig(data_dir=tiny_engine.config.data_dir, blend_head_tokens=4, fidelity="fast")
+    config = EngineConfig(
+        data_dir=tiny_engine.config.data_dir, blend_head_tokens=4, fidelity="fast"
+    )
     result = tiny_engine.prefill(chunks, QUESTION, mode="cacheblend", ratio=0.0, config=config)
     heads = _request(tiny_engine, chunks, config).chunk_heads(4)
     assert bool((result.layers_computed[heads] < tiny_engine.loaded.spec.num_layers).all())

@@ -10,8 +10,14 @@ import torch
 from engine.decode import decode_batch, decode_step
 from tests.engine.helpers import QUESTION, chunk_inputs
 
-QUESTIONS = [QUESTION, "Where does the Danube flow?", "What is green tea?", "How warm is a hive?",
-             "Who was Babbage?", "Which sea does the river reach?"]
+QUESTIONS = [
+    QUESTION,
+    "Where does the Danube flow?",
+    "What is green tea?",
+    "How warm is a hive?",
+    "Who was Babbage?",
+    "Which sea does the river reach?",
+]
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +27,7 @@ def prefilled(tiny_engine):
     results = []
     for i, question in enumerate(QUESTIONS):
         mode = ("full", "naive", "cacheblend")[i % 3]
-        result = tiny_engine.prefill(chunks[i % 2:], question, mode=mode, max_new_tokens=8)
+        result = tiny_engine.prefill(chunks[i % 2 :], question, mode=mode, max_new_tokens=8)
         results.append((result.cache, int(result.logits.argmax())))
     return results
 
@@ -41,7 +47,9 @@ def test_batched_rows_are_bitwise_the_invariant_lone_step(tiny_engine, prefilled
         alone = clone(cache)
         lone_logits = decode_batch(tiny_engine.stack, [alone], [token], invariant=True)[0]
         assert torch.equal(batched[i], lone_logits)
-        assert torch.equal(caches[i].data[:, :, :, :cache.length + 1], alone.data[:, :, :, :cache.length + 1])
+        assert torch.equal(
+            caches[i].data[:, :, :, : cache.length + 1], alone.data[:, :, :, : cache.length + 1]
+        )
         assert caches[i].length == cache.length + 1
 
 
@@ -72,7 +80,9 @@ def test_rows_of_a_remainder_block_are_checked_too():
     from engine.decode import _rows_agree
 
     def remainder_kernel(x, weight):
-        out = torch.stack([row @ weight.T for row in x])  # row by row: no count-dependent rounding of its own
+        out = torch.stack(
+            [row @ weight.T for row in x]
+        )  # row by row: no count-dependent rounding of its own
         if x.shape[0] > 1 and x.shape[0] % 2:
             out[-1] += 1e-3
         return out

@@ -10,10 +10,15 @@ from engine.errors import InvalidRequest, PromptTooLong
 
 
 def _chunks(engine):
-    texts = ["The tide mill at Saltcote ground grain for two centuries.",
-             "Guillemots nest on the cliffs of Skarra Island every spring, and the ferry slows near them.",
-             "A short one.",
-             " ".join(f"Line {i} of a longer passage about breakwaters and storms." for i in range(12))]
+    texts = [
+        "The tide mill at Saltcote ground grain for two centuries.",
+        (
+            "Guillemots nest on the cliffs of Skarra Island every spring, and the ferry slows "
+            "near them."
+        ),
+        "A short one.",
+        " ".join(f"Line {i} of a longer passage about breakwaters and storms." for i in range(12)),
+    ]
     return [engine.chunk_ids(t) for t in texts]
 
 
@@ -24,9 +29,15 @@ def test_packed_kv_equals_one_chunk_at_a_time(tiny_engine, batch_tokens):
     assert len(packed) == len(chunks)
     for ids, kv in zip(chunks, packed):
         alone = tiny_engine.encode_chunk(ids)
-        assert kv.token_ids == tuple(ids) and kv.kv.shape == alone.kv.shape and kv.kv.is_contiguous()
-        assert (kv.base_position, kv.fingerprint, kv.prefix_digest, kv.context) == \
-            (alone.base_position, alone.fingerprint, alone.prefix_digest, ())
+        assert (
+            kv.token_ids == tuple(ids) and kv.kv.shape == alone.kv.shape and kv.kv.is_contiguous()
+        )
+        assert (kv.base_position, kv.fingerprint, kv.prefix_digest, kv.context) == (
+            alone.base_position,
+            alone.fingerprint,
+            alone.prefix_digest,
+            (),
+        )
         torch.testing.assert_close(kv.kv, alone.kv, rtol=1e-5, atol=1e-5)
 
 
@@ -34,7 +45,9 @@ def test_packed_chunks_never_see_each_other(tiny_engine):
     """Changing one chunk leaves the KV of the chunks packed beside it unchanged."""
     chunks = _chunks(tiny_engine)
     before = tiny_engine.encode_chunks(chunks)
-    after = tiny_engine.encode_chunks([chunks[0], tiny_engine.chunk_ids("Something else entirely."), *chunks[2:]])
+    after = tiny_engine.encode_chunks(
+        [chunks[0], tiny_engine.chunk_ids("Something else entirely."), *chunks[2:]]
+    )
     for i in (0, 2, 3):
         torch.testing.assert_close(after[i].kv, before[i].kv, rtol=1e-6, atol=1e-6)
 
@@ -62,12 +75,18 @@ def test_bfloat16_encoding_is_close_to_the_engines_and_served_in_its_dtype(tiny_
     chunks = _chunks(exact)
     for a, b in zip(exact.encode_chunks(chunks), rounded.encode_chunks(chunks)):
         assert b.kv.dtype == a.kv.dtype == torch.float32 and b.kv.shape == a.kv.shape
-        assert (b.fingerprint, b.prefix_digest, b.base_position) == (a.fingerprint, a.prefix_digest, a.base_position)
+        assert (b.fingerprint, b.prefix_digest, b.base_position) == (
+            a.fingerprint,
+            a.prefix_digest,
+            a.base_position,
+        )
         assert not torch.equal(a.kv, b.kv)  # really computed in bfloat16 ...
         relative = float((a.kv - b.kv).norm() / a.kv.norm())
         assert relative < 0.05, relative  # ... to bfloat16's rounding, not another model
     assert next(rounded.encoder.stack.layers.parameters()).dtype == torch.bfloat16
-    assert next(exact.stack.layers.parameters()).dtype == torch.float32  # the engine's own model is untouched
+    assert (
+        next(exact.stack.layers.parameters()).dtype == torch.float32
+    )  # the engine's own model is untouched
 
 
 def test_auto_encode_dtype_is_bfloat16_only_for_float32_on_an_amx_cpu(tiny_loaded, tmp_path):

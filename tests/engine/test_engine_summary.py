@@ -8,7 +8,9 @@ import engine.engine as engine_module
 def test_the_summary_names_dtype_device_kernels_and_threads(tiny_engine):
     summary = tiny_engine.summary
     assert summary.startswith("float32 on cpu, linear kernel ")
-    assert f"decode attention {tiny_engine.stack.decode_attention}" in summary and summary.endswith(" threads")
+    assert f"decode attention {tiny_engine.stack.decode_attention}" in summary and summary.endswith(
+        " threads"
+    )
 
 
 def test_the_bfloat16_hint_appears_on_a_float32_cpu_engine_with_amx_only(tiny_engine, monkeypatch):

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from engine import EngineConfig, ops
-from engine.engine import Engine
 from engine.decode import SamplingParams
+from engine.engine import Engine
 from engine.kv import ChunkKV
 from engine.plan import ChunkInput
 from tests.engine.helpers import PASSAGES, QUESTION, chunk_inputs, kl
@@ -30,8 +30,14 @@ def true_context_chunks(engine, chunks, question) -> list[ChunkInput]:
     for i, (chunk, (start, end)) in enumerate(zip(chunks, full.layout.chunk_spans)):
         rows = full.cache.rows(start, end)
         ops.rope_shift_(rows[:, 0], base - start, engine.stack.inv_freq)
-        kv = ChunkKV(chunk.token_ids, rows, base, engine.fingerprint, engine.prompts.prefix_digest,
-                     context=tuple(c.chunk_id for c in chunks[:i]))
+        kv = ChunkKV(
+            chunk.token_ids,
+            rows,
+            base,
+            engine.fingerprint,
+            engine.prompts.prefix_digest,
+            context=tuple(c.chunk_id for c in chunks[:i]),
+        )
         moved.append(ChunkInput(chunk.chunk_id, chunk.token_ids, kv))
     return moved
 
@@ -46,7 +52,9 @@ def test_full_equals_hugging_face_forward(tiny_engine):
 def test_naive_with_true_context_kv_equals_full(tiny_engine):
     chunks = chunk_inputs(tiny_engine, cached=False)
     full = tiny_engine.prefill(chunks, QUESTION, mode="full")
-    naive = tiny_engine.prefill(true_context_chunks(tiny_engine, chunks, QUESTION), QUESTION, mode="naive")
+    naive = tiny_engine.prefill(
+        true_context_chunks(tiny_engine, chunks, QUESTION), QUESTION, mode="naive"
+    )
     torch.testing.assert_close(naive.logits, full.logits, rtol=1e-4, atol=1e-4)
     assert naive.recomputed_tokens == 0
 
@@ -66,8 +74,12 @@ def test_mode_that_recomputes_everything_equals_full(tiny_engine, mode):
     result = tiny_engine.prefill(chunks, QUESTION, mode=mode, ratio=1.0)
     torch.testing.assert_close(result.logits, full.logits, rtol=1e-4, atol=1e-4)
     layout = full.layout
-    torch.testing.assert_close(result.cache.data[:, :, :, :layout.total_len],
-                               full.cache.data[:, :, :, :layout.total_len], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        result.cache.data[:, :, :, : layout.total_len],
+        full.cache.data[:, :, :, : layout.total_len],
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 def test_cacheblend_recomputes_the_requested_share(tiny_engine):
@@ -94,17 +106,24 @@ def test_recomputed_interior_rows_never_see_later_tokens(tiny_engine, mode, rati
     prefix as one block of queries. (At r < 1 the global top-k could pick other rows.)
     """
     original = chunk_inputs(tiny_engine)
-    changed_passages = PASSAGES[:2] + [("Other", "Completely different words about volcanoes and lava.")] + PASSAGES[3:]
+    changed_passages = (
+        PASSAGES[:2]
+        + [("Other", "Completely different words about volcanoes and lava.")]
+        + PASSAGES[3:]
+    )
     changed = chunk_inputs(tiny_engine, changed_passages)
     first = tiny_engine.prefill(original, QUESTION, mode=mode, ratio=ratio)
     second = tiny_engine.prefill(changed, QUESTION, mode=mode, ratio=ratio)
     start, end = first.layout.chunk_spans[1]
     assert first.chunks[1].recomputed > 0
-    torch.testing.assert_close(first.cache.data[:, :, :, :end], second.cache.data[:, :, :, :end],
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        first.cache.data[:, :, :, :end], second.cache.data[:, :, :, :end], rtol=0, atol=1e-6
+    )
     later = first.layout.chunk_spans[2]
-    assert not torch.equal(first.cache.data[-1, :, :, later[0]:later[1]][..., :4, :],
-                           second.cache.data[-1, :, :, later[0]:later[1]][..., :4, :])
+    assert not torch.equal(
+        first.cache.data[-1, :, :, later[0] : later[1]][..., :4, :],
+        second.cache.data[-1, :, :, later[0] : later[1]][..., :4, :],
+    )
 
 
 def test_epic_recomputes_first_tokens_of_each_chunk(tiny_engine):
@@ -126,9 +145,10 @@ def test_greedy_decode_from_full_reuse_equals_hugging_face_generate(tiny_engine)
     list(tiny_engine.generate(result, SamplingParams(max_new_tokens=12)))
     prompt = result.layout.token_tensor()[None]
     with torch.no_grad():
-        reference = tiny_engine.loaded.model.generate(prompt, max_new_tokens=12, do_sample=False,
-                                                      eos_token_id=None, pad_token_id=0)
-    expected = reference[0, prompt.shape[1]:].tolist()
+        reference = tiny_engine.loaded.model.generate(
+            prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+    expected = reference[0, prompt.shape[1] :].tolist()
     eos = set(tiny_engine.loaded.eos_token_ids)
     cut = next((i for i, t in enumerate(expected) if t in eos), len(expected))
     assert result.generated_ids == expected[:cut]
@@ -139,7 +159,9 @@ def test_both_selections_equal_full_at_ratio_one_and_differ_below(tiny_loaded, t
     from engine import EngineConfig
     from engine.engine import Engine
 
-    engine = Engine(EngineConfig(data_dir=tmp_path, selection=selection, fidelity="fast"), tiny_loaded)
+    engine = Engine(
+        EngineConfig(data_dir=tmp_path, selection=selection, fidelity="fast"), tiny_loaded
+    )
     chunks = chunk_inputs(engine)
     full = engine.prefill(chunks, QUESTION, mode="full")
     everything = engine.prefill(chunks, QUESTION, mode="cacheblend", ratio=1.0)
@@ -153,7 +175,9 @@ def test_epic_recomputing_every_chunk_token_equals_full(tiny_engine):
     (so a worse KL than naive at small k is the partial state, not a defect)."""
     chunks = chunk_inputs(tiny_engine)
     longest = max(len(c.token_ids) for c in chunks)
-    engine = Engine(EngineConfig(data_dir=tiny_engine.config.data_dir, epic_tokens=longest), tiny_engine.loaded)
+    engine = Engine(
+        EngineConfig(data_dir=tiny_engine.config.data_dir, epic_tokens=longest), tiny_engine.loaded
+    )
     full = engine.prefill(chunks, QUESTION, mode="full")
     epic = engine.prefill(chunks, QUESTION, mode="epic", fidelity="fast")
     assert epic.recompute_share == 1.0

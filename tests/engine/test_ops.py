@@ -24,7 +24,8 @@ def inv_freq(head_dim: int, theta: float = 10000.0) -> torch.Tensor:
 
 
 def cache_view(dtype, layers=3, kv_heads=3, capacity=40, head_dim=16, start=5, end=29, seed=0):
-    """(backing [layers, 2, kv_heads, capacity, head_dim], K of layer 1 rows start..end as a view)."""
+    """(backing [layers, 2, kv_heads, capacity, head_dim], K of layer 1 rows start..end as a
+    view)."""
     torch.manual_seed(seed)
     data = torch.randn(layers, 2, kv_heads, capacity, head_dim).to(dtype)
     return data, data[1, 0, :, start:end]
@@ -68,10 +69,11 @@ def reference_deviation(fresh: torch.Tensor, cached: torch.Tensor) -> torch.Tens
 
 
 def reference_top_rows(scores: torch.Tensor, count: int, eligible) -> list[int]:
-    """Best first: higher score (NaN highest), then the earlier row; the first `count`, ascending."""
+    """Best first: higher score (NaN highest), then the earlier row; the first `count`,
+    ascending."""
     rows = [t for t in range(scores.numel()) if eligible is None or bool(eligible[t])]
     key = lambda t: (math.inf if math.isnan(float(scores[t])) else float(scores[t]), -t)  # noqa: E731
-    best = sorted(rows, key=key, reverse=True)[:max(0, count)]
+    best = sorted(rows, key=key, reverse=True)[: max(0, count)]
     return sorted(best)
 
 
@@ -124,7 +126,9 @@ def test_rope_shift_composes_with_fresh_rope():
     for delta in (1, 250, 3000, -7):
         k = fresh_rope(x, base, freqs).float()
         shifted = ops.rope_shift_twin_(k, delta, freqs)
-        torch.testing.assert_close(shifted.double(), fresh_rope(x, base + delta, freqs), rtol=0, atol=2e-5)
+        torch.testing.assert_close(
+            shifted.double(), fresh_rope(x, base + delta, freqs), rtol=0, atol=2e-5
+        )
 
 
 def test_rope_shift_dispatcher_equals_twin_on_cpu():
@@ -140,12 +144,17 @@ def test_rope_shift_dispatcher_equals_twin_on_cpu():
 @pytest.mark.parametrize("kv_heads,tokens,head_dim", [(3, 17, 64), (1, 5, 8), (2, 1, 16)])
 def test_kv_deviation_matches_reference(dtype, kv_heads, tokens, head_dim):
     torch.manual_seed(3)
-    fresh = torch.randn(tokens, kv_heads, head_dim).to(dtype).transpose(0, 1)  # as project_kv makes it
-    _, cached_all = cache_view(dtype, kv_heads=kv_heads, capacity=tokens + 9, head_dim=head_dim, start=4,
-                               end=4 + tokens)
+    fresh = (
+        torch.randn(tokens, kv_heads, head_dim).to(dtype).transpose(0, 1)
+    )  # as project_kv makes it
+    _, cached_all = cache_view(
+        dtype, kv_heads=kv_heads, capacity=tokens + 9, head_dim=head_dim, start=4, end=4 + tokens
+    )
     got = ops.kv_deviation_twin(fresh, cached_all)
     assert got.dtype == torch.float32 and got.shape == (tokens,)
-    torch.testing.assert_close(got.double(), reference_deviation(fresh, cached_all), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        got.double(), reference_deviation(fresh, cached_all), rtol=1e-5, atol=1e-5
+    )
     torch.testing.assert_close(ops.kv_deviation(fresh, cached_all), got, rtol=0, atol=0)
 
 
@@ -214,7 +223,9 @@ def test_scatter_rows_matches_a_loop(dtype, src_dtype):
     data, _ = cache_view(dtype)
     torch.manual_seed(5)
     index = torch.tensor([3, 0, 31, 12])
-    src = torch.randn(4, 3, 16).to(src_dtype or dtype).transpose(0, 1)  # [kv_heads, 4, head_dim], strided
+    src = (
+        torch.randn(4, 3, 16).to(src_dtype or dtype).transpose(0, 1)
+    )  # [kv_heads, 4, head_dim], strided
     expected = data.clone()
     for j, row in enumerate(index.tolist()):
         expected[1, 1, :, row] = src[:, j].to(dtype)

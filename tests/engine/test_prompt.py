@@ -21,13 +21,15 @@ def test_layout_spans_and_segments_cover_the_sequence(builder):
     assert layout.total_len == len(layout.token_tensor())
     seg = layout.segment_ids()
     assert seg[:a0].eq(-1).all() and seg[a0:a1].eq(0).all() and seg[b0:b1].eq(1).all()
-    assert seg[layout.question_span[0]:].eq(2).all()
+    assert seg[layout.question_span[0] :].eq(2).all()
 
 
 def test_prefix_and_suffix_follow_the_chat_template(builder, smol_tokenizer):
     layout = builder.layout([builder.chunk_ids("Passage.")], "Why?")
     text = smol_tokenizer.decode(layout.token_tensor())
-    assert text.startswith("<|im_start|>system\nBe helpful.<|im_end|>\n<|im_start|>user\nRead the passages.")
+    assert text.startswith(
+        "<|im_start|>system\nBe helpful.<|im_end|>\n<|im_start|>user\nRead the passages."
+    )
     assert text.endswith("Question: Why?<|im_end|>\n<|im_start|>assistant\n")
 
 

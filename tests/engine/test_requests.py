@@ -1,4 +1,5 @@
-"""Bad input gets a clear exception; a failed RoPE self-check refuses reuse and falls back to full."""
+"""Bad input gets a clear exception; a failed RoPE self-check refuses reuse and falls back to
+full."""
 
 from __future__ import annotations
 
@@ -62,7 +63,9 @@ def test_kv_with_wrong_row_count_is_refused(tiny_engine):
         tiny_engine.prefill([ChunkInput(0, chunk.token_ids[:-1], chunk.kv)], QUESTION)
 
 
-@pytest.mark.parametrize("params", [dict(max_new_tokens=0), dict(temperature=-1.0), dict(top_p=0.0)])
+@pytest.mark.parametrize(
+    "params", [dict(max_new_tokens=0), dict(temperature=-1.0), dict(top_p=0.0)]
+)
 def test_bad_sampling_parameters_are_refused(params):
     with pytest.raises(InvalidRequest):
         SamplingParams(**params)

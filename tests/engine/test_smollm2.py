@@ -29,18 +29,25 @@ def test_fingerprint_is_stable_across_loads(smol_engine, test_data_dir):
 def test_full_equals_hugging_face_forward(smol_engine):
     result = smol_engine.prefill(chunk_inputs(smol_engine, cached=False), QUESTION, mode="full")
     with torch.no_grad():
-        reference = smol_engine.loaded.model(result.layout.token_tensor()[None]).logits[0, -1].float()
+        reference = (
+            smol_engine.loaded.model(result.layout.token_tensor()[None]).logits[0, -1].float()
+        )
     torch.testing.assert_close(result.logits, reference, rtol=1e-3, atol=1e-3)
 
 
 def test_greedy_decode_at_full_ratio_equals_generate(smol_engine):
-    result = smol_engine.prefill(chunk_inputs(smol_engine), QUESTION, mode="cacheblend", ratio=1.0,
-                                 max_new_tokens=16)
+    result = smol_engine.prefill(
+        chunk_inputs(smol_engine), QUESTION, mode="cacheblend", ratio=1.0, max_new_tokens=16
+    )
     list(smol_engine.generate(result, SamplingParams(max_new_tokens=16)))
     prompt = result.layout.token_tensor()[None]
     with torch.no_grad():
         reference = smol_engine.loaded.model.generate(prompt, max_new_tokens=16, do_sample=False)
-    expected = [t for t in reference[0, prompt.shape[1]:].tolist() if t not in smol_engine.loaded.eos_token_ids]
+    expected = [
+        t
+        for t in reference[0, prompt.shape[1] :].tolist()
+        if t not in smol_engine.loaded.eos_token_ids
+    ]
     assert result.generated_ids == expected
 
 

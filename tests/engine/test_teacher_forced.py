@@ -21,7 +21,9 @@ def chunks(tiny_engine):
 
 def greedy(engine, chunks, mode):
     """A prefill by `mode` and its greedy answer ids (the prefill's cache then holds them)."""
-    result = engine.prefill(chunks, QUESTION, mode=mode, max_new_tokens=ANSWER_TOKENS + 1, fidelity="fast")
+    result = engine.prefill(
+        chunks, QUESTION, mode=mode, max_new_tokens=ANSWER_TOKENS + 1, fidelity="fast"
+    )
     list(engine.generate(result, SamplingParams(max_new_tokens=ANSWER_TOKENS)))
     return result, list(result.generated_ids)
 

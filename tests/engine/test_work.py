@@ -17,8 +17,12 @@ def test_work_of_weights_rows_by_the_keys_they_see():
 
 def test_meter_sums_runs_across_threads():
     meter = WorkMeter()
-    workers = [threading.Thread(target=lambda: [meter.add(torch.ones(4, dtype=torch.long)) for _ in range(50)])
-               for _ in range(4)]
+    workers = [
+        threading.Thread(
+            target=lambda: [meter.add(torch.ones(4, dtype=torch.long)) for _ in range(50)]
+        )
+        for _ in range(4)
+    ]
     for w in workers:
         w.start()
     for w in workers:
@@ -33,13 +37,16 @@ def test_engine_meters_prefills_and_chunk_encodes(tiny_engine: Engine):
     kv = tiny_engine.encode_chunk(tiny_engine.chunk_ids("A short passage about tide mills."))
     encoded = meter.snapshot() - before
     assert (encoded.runs, encoded.layer_rows) == (1, kv.num_tokens * layers)
-    result = tiny_engine.prefill([ChunkInput(0, kv.token_ids, kv)], "When was it built?", mode="full")
+    result = tiny_engine.prefill(
+        [ChunkInput(0, kv.token_ids, kv)], "When was it built?", mode="full"
+    )
     full = meter.snapshot() - before - encoded
     assert full.runs == 1 and full.layer_rows == result.layout.total_len * layers
     assert full == work_of(result.layers_computed)
     before = meter.snapshot()
-    naive = tiny_engine.prefill([ChunkInput(0, kv.token_ids, kv)], "When was it built?", mode="naive",
-                                fidelity="fast")
+    naive = tiny_engine.prefill(
+        [ChunkInput(0, kv.token_ids, kv)], "When was it built?", mode="naive", fidelity="fast"
+    )
     assert meter.snapshot() - before == work_of(naive.layers_computed)
     assert work_of(naive.layers_computed).layer_rows < full.layer_rows
 
@@ -62,7 +69,10 @@ def test_work_on_a_marked_thread_is_also_background():
 
 
 def test_batched_chunk_encodes_are_metered_like_single_ones(tiny_engine: Engine):
-    chunks = [tiny_engine.chunk_ids("A short passage about tide mills."), tiny_engine.chunk_ids("Bees dance.")]
+    chunks = [
+        tiny_engine.chunk_ids("A short passage about tide mills."),
+        tiny_engine.chunk_ids("Bees dance."),
+    ]
     meter = tiny_engine.runner.meter
     before = meter.snapshot()
     for ids in chunks:
