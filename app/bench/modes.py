@@ -85,7 +85,7 @@ def parse_mode(text: str) -> ModeSpec:
         key = ALIASES.get(key.strip(), key.strip())
         if key not in Settings.model_fields:
             raise InvalidRequest(
-                f"mode {mode}: {key!r} is not a setting (see the README's Settings)"
+                f"mode {mode}: {key!r} is not a setting (`kvmosaic settings` lists them)"
             )
         if key in LOAD_SETTINGS:
             raise InvalidRequest(

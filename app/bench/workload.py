@@ -53,7 +53,7 @@ BASELINES = ("full", "prefix")
 
 @dataclass(frozen=True)
 class WorkloadOptions:
-    """Everything a run depends on (the CLI's flags; README "Benchmarks")."""
+    """Everything a run depends on (the CLI's flags; docs/benchmarks/README.md)."""
 
     corpus: Path
     modes: tuple[ModeSpec, ...]

@@ -44,7 +44,7 @@ def run_ingest_command(args) -> int:
     from app.bench.corpus import load_corpus
     from app.bench.ingest import IngestOptions, format_ingest_table, run_ingest_bench
     from app.bench.workload import Server
-    from app.cli.bench import settings_overrides
+    from app.cli.common import settings_overrides
     from app.settings import Settings
     from engine.engine import Engine
     from engine.errors import InvalidRequest

@@ -11,8 +11,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "cacheblend" / "musique_s.json"
 DEFAULT_MODES = "full,prefix,cacheblend-paper,cacheblend,cachecraft"
-# --quick: about 3 minutes on an idle 2-core machine; a first run adds ~30 s to ingest its corpus.
-# (records 3, 12 requests, 4 modes and 16 tokens took 4 min 45 s: a third less work here.)
+# --quick: a few minutes on a 2-core machine, for a first look (docs/benchmarks/README.md)
 QUICK = dict(records=3, requests=12, modes="full,cacheblend,cachecraft", max_tokens=8)
 
 
@@ -36,7 +35,7 @@ def add_workload_parser(kinds, add_engine_arguments) -> None:
     p.add_argument(
         "--seed", type=int, default=0, help="generated trace and open-loop arrivals: seed"
     )
-    # defaults: on MuSiQue 100-111 about 72% of retrieved chunks were seen before (Cache-Craft: 75%)
+    # defaults: the share of retrieved chunks seen before is near Cache-Craft's production figure
     p.add_argument(
         "--zipf", type=float, default=1.2, help="generated trace: Zipf exponent of popularity (1.2)"
     )
@@ -179,7 +178,7 @@ def _default(key: str):
 def run_workload_command(args) -> int:
     from app.bench.report import format_answers, format_table, write_json, write_report
     from app.bench.workload import Server, run_workload
-    from app.cli.bench import settings_overrides
+    from app.cli.common import settings_overrides
     from app.settings import Settings
     from engine.engine import Engine
     from engine.threads import in_own_thread, single_threaded

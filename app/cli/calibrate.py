@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.cli.bench import (
+from app.cli.common import (
     add_dataset_arguments,
     add_engine_arguments,
     add_warmup_arguments,

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from engine.config import SELECTIONS
+
 
 def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", type=Path, default=None, help="overrides KVMOSAIC_DATA_DIR")
@@ -30,3 +32,99 @@ def setting_errors(exc: ValidationError) -> list[str]:
         given = f"={error['input']!r}" if not isinstance(error["input"], dict) else ""
         lines.append(f"{variable}{given}: {error['msg']}")
     return lines
+
+
+def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which records of a {question, answers, ctxs} dataset a benchmark runs, and how many
+    passages."""
+    parser.add_argument(
+        "--dataset", type=Path, required=True, help="JSON list of {question, answers, ctxs}"
+    )
+    parser.add_argument("--start", type=int, default=0, help="first record (default 0)")
+    parser.add_argument("--n", type=int, default=20, help="number of records (default 20)")
+    parser.add_argument("--chunks", type=int, default=6, help="passages per prompt (default 6)")
+
+
+def add_warmup_arguments(
+    parser: argparse.ArgumentParser, default: int = 0, help: str | None = None
+) -> None:
+    """Variant warm-up: untimed requests in other orders leave variants before timing."""
+    parser.add_argument(
+        "--warmup-orders",
+        type=int,
+        default=default,
+        help=help
+        or f"untimed requests in other orders before timing, adding a warm row per mode "
+        f"that leaves variants, with its cost (default {default}: cold only)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the warm-up orders")
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Engine options; each defaults to its `KVMOSAIC_*` setting (`kvmosaic settings`)."""
+    parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument(
+        "--model", default=None, help="local Hugging Face checkpoint (default: embedded SmolLM2)"
+    )
+    parser.add_argument("--device", default=None, help="cpu or cuda[:n]")
+    parser.add_argument("--dtype", default=None, help="auto, float32, float16 or bfloat16")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument(
+        "--check-layers", default=None, help="cacheblend check layers, e.g. 1 or 1,2,3"
+    )
+    parser.add_argument(
+        "--check-multipliers", default=None, help="ratio multiplier per check layer, e.g. 2,1.5,1"
+    )
+    parser.add_argument("--deviation", choices=["value", "key"], default=None)
+    parser.add_argument(
+        "--selection", choices=SELECTIONS, default=None, help="how check layers rank rows"
+    )
+    parser.add_argument(
+        "--blend-head-tokens",
+        type=int,
+        default=None,
+        help="opening rows of each chunk cached in another context recomputed first",
+    )
+    parser.add_argument("--epic-tokens", type=int, default=None)
+    parser.add_argument("--craft-alpha", type=float, default=None)
+    parser.add_argument("--craft-novelty", choices=["true", "false"], default=None)
+    parser.add_argument(
+        "--focus-layer", default=None, help="early termination from this layer (off: never)"
+    )
+    parser.add_argument("--focus-threshold", type=float, default=None)
+
+
+# command-line option -> Settings field
+_OVERRIDES = {
+    "data_dir": "data_dir",
+    "model": "model_path",
+    "device": "device",
+    "dtype": "dtype",
+    "threads": "num_threads",
+    "check_layers": "check_layers",
+    "check_multipliers": "check_multipliers",
+    "deviation": "deviation",
+    "selection": "selection",
+    "epic_tokens": "epic_tokens",
+    "blend_head_tokens": "blend_head_tokens",
+    "craft_alpha": "craft_alpha",
+    "craft_novelty": "craft_novelty",
+    "focus_layer": "focus_layer",
+    "focus_threshold": "focus_threshold",
+}
+
+
+def settings_overrides(args) -> dict:
+    """The Settings fields that the command line's engine options set (those given)."""
+    return {
+        field: getattr(args, option)
+        for option, field in _OVERRIDES.items()
+        if getattr(args, option, None) is not None
+    }
+
+
+def engine_config(args):
+    """Settings from the environment, with the options given on the command line on top."""
+    from app.settings import Settings
+
+    return Settings(**settings_overrides(args)).engine_config()

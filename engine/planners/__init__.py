@@ -1,59 +1,39 @@
 """Recompute planners, one per mode, created by name.
 
-Adding a mode is one new module with a `@register`-ed `BasePlanner` subclass plus one import
-line below.
+Adding a mode is one new module with a `@register`-ed `BasePlanner` subclass
+(`engine/planners/registry.py`) plus one import line below.
 """
 
 from __future__ import annotations
 
-from engine.config import EngineConfig
-from engine.errors import UnknownMode
-from engine.planners.base import BasePlanner
+from engine.planners.registry import (
+    PLANNERS,
+    create_planner,
+    exact_reuse_planner,
+    planner_class,
+    planner_names,
+    reference_mode,
+    reference_planner,
+    register,
+)
 
-PLANNERS: dict[str, type[BasePlanner]] = {}
-
-
-def register(cls: type[BasePlanner]) -> type[BasePlanner]:
-    PLANNERS[cls.name] = cls
-    return cls
-
-
-def planner_names() -> list[str]:
-    return list(PLANNERS)
-
-
-def planner_class(name: str) -> type[BasePlanner]:
-    """The registered planner of mode `name` (its class attributes are the mode's policy)."""
-    if name not in PLANNERS:
-        raise UnknownMode(f"unknown mode {name!r}; known modes: {', '.join(PLANNERS)}")
-    return PLANNERS[name]
-
-
-def create_planner(name: str, config: EngineConfig) -> BasePlanner:
-    return planner_class(name)(config)
-
-
-def reference_mode() -> str:
-    """The mode of the plain prefill every reuse mode stands in for (the one reusing no cache)."""
-    return next(name for name, cls in PLANNERS.items() if not cls.reuses_cache)
-
-
-def reference_planner(config: EngineConfig) -> BasePlanner:
-    """The reference prefill's planner (the fallback when reuse is off)."""
-    return PLANNERS[reference_mode()](config)
-
-
-def exact_reuse_planner(config: EngineConfig) -> BasePlanner:
-    """The planner that reuses only an exact prefix and computes the rest (`exact_reuse`)."""
-    return next(cls for cls in PLANNERS.values() if cls.exact_reuse)(config)
-
+__all__ = [
+    "PLANNERS",
+    "create_planner",
+    "exact_reuse_planner",
+    "planner_class",
+    "planner_names",
+    "reference_mode",
+    "reference_planner",
+    "register",
+]
 
 # one line per mode, in the order `planner_names()` lists them
 # isort: off
-from engine.planners import full  # noqa: E402,F401
-from engine.planners import prefix  # noqa: E402,F401
-from engine.planners import naive  # noqa: E402,F401
-from engine.planners import epic  # noqa: E402,F401
-from engine.planners import cacheblend  # noqa: E402,F401
-from engine.planners import cachecraft  # noqa: E402,F401
+from engine.planners import full  # noqa: F401
+from engine.planners import prefix  # noqa: F401
+from engine.planners import naive  # noqa: F401
+from engine.planners import epic  # noqa: F401
+from engine.planners import cacheblend  # noqa: F401
+from engine.planners import cachecraft  # noqa: F401
 # isort: on

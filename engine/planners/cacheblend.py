@@ -17,8 +17,8 @@ import torch
 
 from engine.config import EngineConfig
 from engine.plan import CachedSpan, LayerView, Plan, PlanRequest, positions
-from engine.planners import register
 from engine.planners.base import BasePlanner
+from engine.planners.registry import register
 from engine.planners.selection import keep_best
 
 

@@ -43,9 +43,9 @@ from engine.plan import (
     QueryView,
     positions,
 )
-from engine.planners import register
 from engine.planners.base import BasePlanner, VariantUse, VariantYield
 from engine.planners.cacheblend import blend_schedule
+from engine.planners.registry import register
 from engine.planners.selection import keep_best
 
 

@@ -10,8 +10,8 @@ chunk's length epic equals full (tests/engine/test_fidelity_exact.py).
 """
 
 from engine.plan import Plan, PlanRequest, positions
-from engine.planners import register
 from engine.planners.base import BasePlanner
+from engine.planners.registry import register
 
 
 @register

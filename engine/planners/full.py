@@ -3,8 +3,8 @@
 import torch
 
 from engine.plan import Plan, PlanRequest
-from engine.planners import register
 from engine.planners.base import BasePlanner
+from engine.planners.registry import register
 
 
 @register

@@ -4,8 +4,8 @@ Cross-chunk attention is lost entirely, so this is the lower bound on fidelity.
 """
 
 from engine.plan import Plan, PlanRequest, positions
-from engine.planners import register
 from engine.planners.base import BasePlanner
+from engine.planners.registry import register
 
 
 @register

@@ -16,8 +16,8 @@ import torch
 
 from engine.kv import ChunkId, KVSource
 from engine.plan import CachedSpan, Plan, PlanRequest
-from engine.planners import register
 from engine.planners.base import BasePlanner, VariantUse, VariantYield
+from engine.planners.registry import register
 
 
 @register
