@@ -139,7 +139,7 @@ class Engine:
 
     @property
     def dtype_hint(self) -> str | None:
-        """The bfloat16 hint of a float32 engine on an AMX-BF16 CPU (docs/benchmarks/bfloat16.md)."""
+        """The bfloat16 hint of a float32 engine on AMX-BF16 (docs/benchmarks/bfloat16.md)."""
         if (
             self.loaded.device.type == "cpu"
             and self.loaded.dtype == torch.float32
