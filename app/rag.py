@@ -174,6 +174,7 @@ class RagService:
     def query(
         self,
         question: str,
+        *,
         top_k: int | None = None,
         mode: str | None = None,
         ratio: float | None = None,

@@ -127,7 +127,9 @@ def run_cell(
     services = open_services(data_dir, spec)
     try:
         queries = [
-            services.rag.query(r.question, r.top_k, spec.mode, None, max_tokens, temperature=0.0)
+            services.rag.query(
+                r.question, top_k=r.top_k, mode=spec.mode, max_tokens=max_tokens, temperature=0.0
+            )
             for r in trace
         ]
         return _measure(

@@ -43,15 +43,15 @@ def modes(services: ServicesDep) -> ModesResponse:
 async def ask(body: AskRequest, services: ServicesDep, request: Request):
     """Retrieve, prefill by mode reusing chunk KV, decode; report per chunk and per stage."""
     query = services.rag.query(
-        body.question,
-        body.top_k,
-        body.mode,
-        body.ratio,
-        body.max_tokens,
-        body.temperature,
-        body.top_p,
-        body.seed,
-        body.fidelity,
+        question=body.question,
+        top_k=body.top_k,
+        mode=body.mode,
+        ratio=body.ratio,
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        fidelity=body.fidelity,
     )
     tokenizer = services.engine.loaded.tokenizer if body.explain else None
     if not body.stream:

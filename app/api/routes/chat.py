@@ -50,15 +50,15 @@ def models(services: ServicesDep) -> ModelList:
 )
 async def chat_completions(body: ChatRequest, services: ServicesDep, request: Request):
     query = services.rag.query(
-        body.question(),
-        body.top_k,
-        body.mode,
-        body.ratio,
-        body.max_completion_tokens or body.max_tokens,
-        body.temperature or 0.0,
-        body.top_p or 1.0,
-        body.seed,
-        body.fidelity,
+        question=body.question(),
+        top_k=body.top_k,
+        mode=body.mode,
+        ratio=body.ratio,
+        max_tokens=body.max_completion_tokens or body.max_tokens,
+        temperature=body.temperature or 0.0,
+        top_p=body.top_p or 1.0,
+        seed=body.seed,
+        fidelity=body.fidelity,
     )
     head = {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
