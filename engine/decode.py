@@ -176,7 +176,10 @@ def pick_token(
 ) -> int:
     if params.temperature == 0.0:
         return int(torch.argmax(logits))
-    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    # float64 and the maximum taken out first: a temperature as small as 5e-324 is still a
+    # number there (in float32 it is 0, and the division gives NaN probabilities)
+    scaled = (logits.double() - logits.max().double()) / params.temperature
+    probs = torch.softmax(scaled, dim=-1)
     if params.top_p < 1.0:
         probs = _nucleus(probs, params.top_p)
     return int(torch.multinomial(probs, 1, generator=generator))

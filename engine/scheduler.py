@@ -279,20 +279,33 @@ class DecodeScheduler:
     def _loop(self) -> None:
         # its own count, whatever helper threads set (engine/threads.py)
         use_threads(self.num_threads)
-        while (work := self._next_work()) is not None:
-            if isinstance(work, _Job):
-                work.run()
-            else:
-                self._step(work)
-        error = EngineClosed("the engine is shutting down")
+        try:
+            while (work := self._next_work()) is not None:
+                if isinstance(work, _Job):
+                    work.run()
+                else:
+                    self._step(work)
+        except BaseException as error:
+            # a bug here must not leave callers waiting on a dead thread: they get the error,
+            # and the next request starts a fresh thread
+            log.exception("the decode scheduler failed")
+            self._fail_all(error, restartable=True)
+            return
         with self._cond:
-            if not self._closed:
-                return
+            if self._closed:
+                self._fail_all(EngineClosed("the engine is shutting down"))
+
+    def _fail_all(self, error: BaseException, restartable: bool = False) -> None:
+        """Fail every request and job still queued or decoding; with `restartable`, forget this
+        thread so that the next request starts another."""
+        with self._cond:
             for seq in [*self._active, *self._waiting]:
                 seq.fail(error)
             for job in self._jobs:
                 job.fail(error)
             self._active, self._waiting, self._jobs = [], deque(), deque()
+            if restartable and self._thread is threading.current_thread():
+                self._thread = None
 
     def _next_work(self) -> _Job[Any] | list[_Sequence] | None:
         """Wait for work: the oldest job first; else, when no prefill turn is held or awaited,
@@ -330,9 +343,19 @@ class DecodeScheduler:
             self._active.append(self._waiting.popleft())
             rows += seq.rows
 
+    @staticmethod
+    def _advance(seq: _Sequence) -> bool:
+        """`seq.advance()`; an error fails that request alone (the thread serves the others)."""
+        try:
+            return seq.advance()
+        except Exception as error:
+            log.exception("picking a token failed")
+            seq.fail(error)
+            return False
+
     def _step(self, batch: Sequence[_Sequence]) -> None:
         """One token for every request of the batch (see the module docstring)."""
-        going = [seq for seq in batch if not seq.cancelled and seq.advance()]
+        going = [seq for seq in batch if not seq.cancelled and self._advance(seq)]
         if going:
             try:
                 logits = decode_batch(

@@ -53,6 +53,17 @@ def operations(schema) -> list:
     return [result.ok() for result in schema.get_all_operations()]
 
 
+def typed_part(case) -> bool:
+    """A multipart body with a number or boolean generated for a part: on the wire every part
+    is text, so `-1.1` arrives as the text "-1.1" (valid, accepted); no server can refuse it as
+    the wrong type. Every other check still applies to such a case."""
+    return (
+        case.media_type == "multipart/form-data"
+        and isinstance(case.body, dict)
+        and any(not isinstance(value, str | bytes) for value in case.body.values())
+    )
+
+
 def run_operation(operation, mode) -> None:
     """MAX_EXAMPLES generated cases of one operation, each sent and validated by every check."""
 
@@ -66,7 +77,8 @@ def run_operation(operation, mode) -> None:
         phases=[Phase.explicit, Phase.generate],
     )
     def run(case):
-        case.call_and_validate(headers=AUTH)
+        excluded = [schemathesis.checks.negative_data_rejection] if typed_part(case) else []
+        case.call_and_validate(headers=AUTH, excluded_checks=excluded)
 
     run()
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine import EngineConfig, InvalidRequest, PromptTooLong, UnknownMode
-from engine.decode import SamplingParams
+from engine.decode import SamplingParams, pick_token
 from engine.engine import Engine
 from engine.kv import ChunkKV
 from engine.plan import ChunkInput
@@ -105,3 +105,8 @@ def test_failed_selfcheck_refuses_reuse_and_uses_full(tiny_loaded, monkeypatch, 
     assert "self-check failed" in result.fallback_reason
     full = engine.prefill(chunk_inputs(engine), QUESTION, mode="full")
     torch.testing.assert_close(result.logits, full.logits)
+
+
+def test_a_tiny_temperature_picks_the_top_token():
+    logits = torch.tensor([0.5, 3.0, -1.0, 2.9])
+    assert pick_token(logits, SamplingParams(temperature=5e-324), None) == 1

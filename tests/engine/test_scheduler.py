@@ -262,3 +262,46 @@ def test_pending_calls_fail_when_the_scheduler_closes(lively_loaded, tmp_path_fa
     assert len(outcome) == 1
     with pytest.raises(EngineClosed):
         engine.scheduler.call(lambda: "refused")
+
+
+def test_a_request_whose_token_pick_fails_gets_the_error_and_the_others_go_on(
+    engines, chunks, monkeypatch
+):
+    engine = engines["batched"]
+    real_pick = scheduler_module.pick_token
+    calls = []
+
+    def failing_once(logits, params, generator):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("probability tensor contains nan")
+        return real_pick(logits, params, generator)
+
+    monkeypatch.setattr(scheduler_module, "pick_token", failing_once)
+    with pytest.raises(RuntimeError, match="nan"):
+        list(engine.generate(prefill(engine, chunks, 0, "naive"), SamplingParams(max_new_tokens=4)))
+    result = prefill(engine, chunks, 1, "naive")
+    list(engine.generate(result, SamplingParams(max_new_tokens=4)))
+    assert len(result.generated_ids) == 4
+
+
+def test_a_failing_scheduler_thread_fails_its_waiters_and_a_new_one_serves(
+    lively_loaded, tmp_path_factory, chunks, monkeypatch
+):
+    engine = make_engine(lively_loaded, tmp_path_factory)
+    real_admit = scheduler_module.DecodeScheduler._admit
+    failures = []
+
+    def admit_failing_once(self):
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("a scheduler bug")
+        real_admit(self)
+
+    monkeypatch.setattr(scheduler_module.DecodeScheduler, "_admit", admit_failing_once)
+    with pytest.raises(RuntimeError, match="scheduler bug"):
+        list(engine.generate(prefill(engine, chunks, 0, "naive"), SamplingParams(max_new_tokens=4)))
+    result = prefill(engine, chunks, 1, "naive")  # a fresh scheduler thread runs it
+    list(engine.generate(result, SamplingParams(max_new_tokens=4)))
+    assert len(result.generated_ids) == 4
+    engine.close()
