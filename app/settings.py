@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from app.store.config import Codec, Policy, StoreConfig, Tier, VariantCodec
+from app.store.codec_names import Codec, VariantCodec
+from app.store.config import Policy, StoreConfig, Tier
 from engine import EngineConfig
 from engine.config import (
     FIELD_BOUNDS,

@@ -14,21 +14,8 @@ from app.cli.common import (
     add_warmup_arguments,
     engine_config,
 )
+from app.store.codec_names import CODEC_NAMES
 from engine.config import FIDELITIES
-
-# app.store.quant.CODECS (a test keeps them equal), named here so that parsing imports no torch
-STORE_CODECS = (
-    "float16",
-    "bfloat16",
-    "float32",
-    "int8",
-    "int4",
-    "k4v3",
-    "h4v3",
-    "h4v3c",
-    "ch4v3",
-    "ch4v3c",
-)
 
 
 def add_parser(subparsers) -> None:
@@ -208,7 +195,7 @@ def add_store_parser(kinds) -> None:
         "--storage-dtype",
         dest="codec",
         default="float16",
-        choices=STORE_CODECS,
+        choices=CODEC_NAMES,
         help="KV codec of the entries",
     )
     store.add_argument(

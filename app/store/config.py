@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
+from app.store.codec_names import Codec, VariantCodec
 from app.store.codecs import CODECS, get_codec
 from engine.config import described
 
@@ -19,23 +20,6 @@ Tier = Literal["gpu", "cpu", "disk", "redis"]
 KNOWN_TIERS: tuple[str, ...] = get_args(Tier)
 Policy = Literal["lru", "lfu", "value"]
 KNOWN_POLICIES: tuple[str, ...] = get_args(Policy)
-# The registered codecs (app/store/codecs/registry.py; tests/app/store check the two agree).
-Codec = Literal[
-    "float16", "bfloat16", "float32", "int8", "int4", "k4v3", "h4v3", "h4v3c", "ch4v3", "ch4v3c"
-]
-VariantCodec = Literal[
-    "auto",
-    "float16",
-    "bfloat16",
-    "float32",
-    "int8",
-    "int4",
-    "k4v3",
-    "h4v3",
-    "h4v3c",
-    "ch4v3",
-    "ch4v3c",
-]
 
 
 @dataclass(frozen=True)

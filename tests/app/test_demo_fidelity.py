@@ -1,12 +1,15 @@
-"""The default mode answers demo-corpus questions as full prefill does, cold and warm (SmolLM2).
+"""The default mode answers demo-corpus questions as correctly as full prefill, cold and warm.
 
-The whole shipped demo corpus is ingested into a fresh store; every question is asked by
-`full`, then by the server's default mode and fidelity twice: cold (the first pass, variants
-accumulating as a server's would) and warm (a second pass once background builds are done).
-The answers must match full's: ROUGE-L >= 0.9 on average and for the lighthouse question,
-whose blended answer went wrong before the fidelity guard ("12 January 1987"). The first-token
-check alone reached a mean ROUGE-L of 0.43 (the answers open with a confident "The ..." and
-drift later); the check while decoding (engine/guard.py) is what brings them back.
+The yardstick of docs/benchmarks/fidelity.md, on real text (SmolLM2): the whole shipped demo
+corpus is ingested into a fresh store; every question (each with its gold answer from the
+corpus) is asked by `full`, then by `full` again with the same retrieved chunks in reverse
+order (the retriever's order is one arbitrary choice: full's own stability floor), then by the
+server's default mode and fidelity twice: cold (the first pass, variants accumulating as a
+server's would) and warm (a second pass once background builds are done).
+Each pass of the default mode must be right on at least as many questions as full prefill in
+the worse of its two orders, deviate from full's answers no more than the reordered full does
+(mean ROUGE-L), and keep the lighthouse answer, which blending got wrong before the fidelity
+guard ("12 January 1987" for 1811).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from engine.bench.accuracy import score_answer
 from engine.bench.metrics import rouge_l
+from engine.decode import SamplingParams
 from retrieval.sources import load_sources
 from tests.app.conftest import make_settings
 
@@ -24,20 +29,28 @@ pytestmark = pytest.mark.slow
 
 CORPUS = Path(__file__).resolve().parents[2] / "app" / "demo_corpus"
 LIGHTHOUSE = "When was the Hollin Point Lighthouse first lit?"
-QUESTIONS = [
-    LIGHTHOUSE,
-    "Who designed the Hollin Point Lighthouse?",
-    "Who was the last keeper of the Hollin Point Lighthouse?",
-    "How long is the Long Arm breakwater?",
-    "When was the Saltcote Tide Mill restored?",
-    "How long does the Guillemot ferry take to cross to Skarra?",
-    "How many pairs of puffins nest on Skarra?",
-    "When did the Lantern Tide festival begin?",
-    "How many boats does the fishers' cooperative have today?",
-    "What is Ellery cake made of?",
-    "How many people live in Port Ellery?",
-    "What does the Saltcote library keep from the lighthouse?",
-]
+GOLDS = {  # each question's answer as the corpus states it
+    LIGHTHOUSE: ["1811", "3 November 1811"],
+    "Who designed the Hollin Point Lighthouse?": ["Robert Skene", "Skene"],
+    "Who was the last keeper of the Hollin Point Lighthouse?": ["Ida Marrin"],
+    "How long is the Long Arm breakwater?": ["640 metres", "640 meters", "640 m"],
+    "When was the Saltcote Tide Mill restored?": ["2006"],
+    "How long does the Guillemot ferry take to cross to Skarra?": [
+        "forty minutes",
+        "40 minutes",
+    ],
+    "How many pairs of puffins nest on Skarra?": ["4,000", "4000", "four thousand"],
+    "When did the Lantern Tide festival begin?": ["1958"],
+    "How many boats does the fishers' cooperative have today?": ["11", "eleven"],
+    "What is Ellery cake made of?": ["oats, treacle and ginger", "oats"],
+    "How many people live in Port Ellery?": ["2,300", "2300"],
+    "What does the Saltcote library keep from the lighthouse?": [
+        "tide logbooks",
+        "logbooks",
+    ],
+}
+QUESTIONS = list(GOLDS)
+
 MAX_TOKENS = 24
 
 
@@ -71,16 +84,40 @@ def answer(services, question: str, mode: str | None = None):
     return services.rag.ask(services.rag.query(question, mode=mode))
 
 
-def test_default_mode_answers_like_full_cold_and_warm(demo_services):
-    full = {q: answer(demo_services, q, "full").text for q in QUESTIONS}
+def reversed_full(services, reply, question: str) -> str:
+    """Full prefill of `reply`'s chunks in reverse order, decoded as the server decodes."""
+    loaded = services.chunk_cache.load(list(reversed(reply.retrieved)), "full")
+    try:
+        result = services.engine.prefill(
+            loaded.inputs, question, mode="full", max_new_tokens=MAX_TOKENS
+        )
+    finally:
+        loaded.release()
+    return "".join(services.engine.generate(result, SamplingParams(max_new_tokens=MAX_TOKENS)))
+
+
+def correct(texts: dict[str, str]) -> int:
+    return sum(int(score_answer(text, GOLDS[q]).contains) for q, text in texts.items())
+
+
+def mean_rouge(texts: dict[str, str], reference: dict[str, str]) -> float:
+    return statistics.fmean(rouge_l(texts[q], reference[q]) for q in QUESTIONS)
+
+
+def test_default_mode_is_as_correct_as_full_prefill_cold_and_warm(demo_services):
+    replies = {q: answer(demo_services, q, "full") for q in QUESTIONS}
+    full = {q: r.text for q, r in replies.items()}
+    assert all(len(r.retrieved) > 1 for r in replies.values())  # an order to change
+    reordered = {q: reversed_full(demo_services, r, q) for q, r in replies.items()}
     assert "1811" in full[LIGHTHOUSE]
-    passes = {}
+    least_correct = min(correct(full), correct(reordered))
+    floor = mean_rouge(reordered, full)
     for name in ("cold", "warm"):
-        replies = {q: answer(demo_services, q) for q in QUESTIONS}
+        served = {q: answer(demo_services, q) for q in QUESTIONS}
         demo_services.chunk_cache.drain()  # background variant builds, before the next pass
-        passes[name] = {q: rouge_l(r.text, full[q]) for q, r in replies.items()}
-        assert all(r.result.guard is not None for r in replies.values())
-    for name, scores in passes.items():
-        misses = {q: round(s, 2) for q, s in scores.items() if s < 0.9}
-        assert scores[LIGHTHOUSE] >= 0.9, (name, misses)
-        assert statistics.fmean(scores.values()) >= 0.9, (name, misses)
+        assert all(r.result.guard is not None for r in served.values())
+        texts = {q: r.text for q, r in served.items()}
+        wrong = {q: t for q, t in texts.items() if not score_answer(t, GOLDS[q]).contains}
+        assert "1811" in texts[LIGHTHOUSE], (name, texts[LIGHTHOUSE])
+        assert correct(texts) >= least_correct, (name, least_correct, wrong)
+        assert mean_rouge(texts, full) >= floor, (name, floor, mean_rouge(texts, full))

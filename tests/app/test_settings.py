@@ -15,8 +15,9 @@ from pydantic import ValidationError
 from app.cli.common import setting_errors
 from app.cli.settings import literal_choices, reference
 from app.settings import ENGINE_DEFAULTS, Settings, engine_settings, parse_bytes
+from app.store.codec_names import Codec, VariantCodec
 from app.store.codecs import CODECS
-from app.store.config import KNOWN_POLICIES, KNOWN_TIERS, Codec, StoreConfig, VariantCodec
+from app.store.config import KNOWN_POLICIES, KNOWN_TIERS, StoreConfig
 from engine import EngineConfig
 from engine.config import (
     CRAFT_BUILDS,

@@ -7,8 +7,8 @@ import torch
 
 from app.bench.store import StoreBenchOptions, format_codec_sizes, run_overlap, run_throughput
 from app.cli import build_parser
-from app.cli.bench import STORE_CODECS
 from app.store import StoreConfig, TierUnavailable, create_store, create_tier
+from app.store.codec_names import CODEC_NAMES
 from app.store.codecs import CODECS
 from app.store.lazy import hidden_share
 
@@ -32,7 +32,7 @@ def test_config_rejects_bad_settings(bad):
 
 
 def test_every_codec_is_named_where_codecs_are_chosen():
-    assert STORE_CODECS == tuple(CODECS)
+    assert CODEC_NAMES == tuple(CODECS)
     assert build_parser().parse_args(["bench", "store", "--codec", "k4v3"]).codec == "k4v3"
     sizes = {line.split()[0]: line.split() for line in format_codec_sizes().splitlines()[1:]}
     # B/token, vs float16 @256 and @512
