@@ -112,12 +112,10 @@ class RagService:
             retrieved = retrieve_chunks(
                 self.retriever, self.catalog, self.engine, query.question, query.top_k
             )
-        raise_if_abandoned(
-            cancel, "prefill"
-        )  # a client gone while it waited or retrieved: no prefill
-        with clock(
-            "load"
-        ):  # order: the prompt's chunk order; plan: each chunk's variant; load: pin its KV
+        # a client gone while it waited or retrieved: no prefill
+        raise_if_abandoned(cancel, "prefill")
+        # order: the prompt's chunk order; plan: each chunk's variant; load: pin its KV
+        with clock("load"):
             ordered = self.chunk_cache.order(retrieved, query.mode, query.order)
             loaded = self.chunk_cache.load(ordered.retrieved, query.mode)
         try:
@@ -159,9 +157,8 @@ class RagService:
     ) -> tuple[str, str]:
         """Stream the answer; returns (text, finish reason: stop, length or cancelled)."""
         pieces = []
-        with closing(
-            self.engine.generate(result, sampling)
-        ) as stream:  # closing early cancels decoding
+        # closing early cancels decoding
+        with closing(self.engine.generate(result, sampling)) as stream:
             for piece in stream:
                 pieces.append(piece)
                 if on_piece is not None:

@@ -93,9 +93,8 @@ class Engine:
         )
         if self.selfcheck is not None:
             (log.info if self.selfcheck.ok else log.error)(self.selfcheck.message)
-        self.tokenization = tokenization_selfcheck(
-            self.prompts
-        )  # reports only (engine/selfcheck.py)
+        # reports only (engine/selfcheck.py)
+        self.tokenization = tokenization_selfcheck(self.prompts)
         (log.info if self.tokenization.ok else log.warning)(self.tokenization.message)
 
     @classmethod
@@ -130,10 +129,9 @@ class Engine:
     def summary(self) -> str:
         """What computes: dtype, device, kernels and threads, for the start-up line."""
         return (
-            f"{str(self.loaded.dtype).removeprefix('torch.')} on {self.loaded.device}, linear "
-            "kernel "
-            f"{linear_kernel_of(self.loaded.model)}, decode attention "
-            f"{self.stack.decode_attention}, "
+            f"{str(self.loaded.dtype).removeprefix('torch.')} on {self.loaded.device}, "
+            f"linear kernel {linear_kernel_of(self.loaded.model)}, "
+            f"decode attention {self.stack.decode_attention}, "
             f"{self.config.num_threads or DEFAULT_THREADS} threads"
         )
 
@@ -146,11 +144,10 @@ class Engine:
             and cpu_has_amx_bf16()
         ):
             return (
-                "this CPU has AMX-BF16: KVMOSAIC_DTYPE=bfloat16 serves about twice the requests "
-                "per second, "
-                "with answers that match full prefill's less often; with it, "
-                "KVMOSAIC_BATCH_INVARIANT=true "
-                "costs nothing measurable (docs/benchmarks/bfloat16.md)"
+                "this CPU has AMX-BF16: KVMOSAIC_DTYPE=bfloat16 serves more requests per "
+                "second, with answers that match full prefill's less often; with it, "
+                "KVMOSAIC_BATCH_INVARIANT=true costs nothing measurable "
+                "(docs/benchmarks/bfloat16.md)"
             )
         return None
 
@@ -200,9 +197,8 @@ class Engine:
                 lambda: self.encoder.encode([tuple(c) for c in chunks], batch_tokens)
             )
         ]
-        for kv in (
-            encoded
-        ):  # metered as if each chunk ran alone after the cached prefix, as encode_chunk does
+        # metered as if each chunk ran alone after the cached prefix, as encode_chunk does
+        for kv in encoded:
             rows = torch.zeros(self.prompts.prefix_len + kv.num_tokens, dtype=torch.long)
             rows[self.prompts.prefix_len :] = self.loaded.spec.num_layers
             self.runner.meter.add(rows)
