@@ -123,8 +123,6 @@ def test_figures_are_measurements_not_code_constants():
         [(t, FIGURE.search(t).group(0)) for t in constants if FIGURE.search(t)]
 
 
-# Pages linked before they are written (each by its owner, this session); remove once committed.
-PENDING_PAGES = frozenset({"docs/benchmarks/fidelity.md"})
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 
@@ -137,7 +135,6 @@ def test_relative_links_in_the_docs_resolve():
             if "://" in target or target.startswith("mailto:"):
                 continue
             path = (page.parent / target).resolve()
-            name = str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
-            if not path.exists() and name not in PENDING_PAGES:
+            if not path.exists():
                 broken.append(f"{page.relative_to(REPO)} -> {target}")
     assert not broken, "broken links:\n" + "\n".join(broken)
