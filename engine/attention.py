@@ -13,6 +13,11 @@ On the CPU a block of scattered rows splits its keys in two: the keys before the
 first row are visible to every row and run without a mask (the masked kernel is ~20% slower
 per key); only the keys from the first row on are masked. The two partial results are merged
 by their log-sum-exp, which the CPU flash kernel returns.
+
+On a GPU a masked block folds its grouped-query heads into rows (no `enable_gqa`), so that
+the memory-efficient kernel takes it, and `prepare_device` turns cuDNN's attention off: it
+builds a plan for every new key length, and every block of every blend has its own
+(docs/benchmarks/gpu.md).
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ MIN_UNMASKED_HEAD = 128
 # The CPU flash kernel that also returns the log-sum-exp (a private ATen op: without it,
 # blocks are not split and run masked as a whole). Returns (output, log-sum-exp).
 _CPU_FLASH: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = getattr(
-    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None
+)
 
 
 class QueryLayout:
@@ -55,7 +61,7 @@ class QueryLayout:
         self.blocks: list[_Block] = []
         if self.pad is None:
             for start in range(0, self.num_rows, QUERY_BLOCK):
-                self.blocks.append(_Block(start, q_pos[start:start + QUERY_BLOCK], dtype))
+                self.blocks.append(_Block(start, q_pos[start : start + QUERY_BLOCK], dtype))
 
 
 class _Block:
@@ -79,7 +85,7 @@ class _Block:
     def mask_for(self, group: int) -> torch.Tensor:
         """The mask repeated for `group` query heads per key head: [group * rows, end - split]."""
         if group not in self._tiled:
-            assert self.mask is not None  # only split blocks tile, and a split block has > 1 row
+            assert self.mask is not None  # only blocks of > 1 row tile (split or folded)
             self._tiled[group] = self.mask.repeat(group, 1)
         return self._tiled[group]
 
@@ -95,8 +101,16 @@ def _block_mask(rows: torch.Tensor, first_key: int, dtype: torch.dtype) -> torch
     )
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: QueryLayout,
-                     scale: float) -> torch.Tensor:
+def prepare_device(device: torch.device) -> None:
+    """Process-wide SDPA set-up for an engine on `device`: on CUDA, no cuDNN attention (see the
+    module docstring); flash, memory-efficient and math stay. Nothing elsewhere."""
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: QueryLayout, scale: float
+) -> torch.Tensor:
     """Attention output of the layout's query rows. Returns [m, heads * head_dim].
 
     q: [heads, m, head_dim]; k, v: [kv_heads, num_keys, head_dim] (grouped-query heads allowed).
@@ -111,8 +125,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: 
     return out.transpose(0, 1).reshape(layout.num_rows, -1)
 
 
-def attend_each(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
-                scale: float) -> torch.Tensor:
+def attend_each(
+    q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], scale: float
+) -> torch.Tensor:
     """Decode attention of a batch: query row i attends to all of its own request's keys.
 
     q: [heads, m, head_dim] with m >= len(keys) (rows past len(keys) are padding and get a zero
@@ -124,7 +139,7 @@ def attend_each(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[
     heads, rows, head_dim = q.shape
     out = q.new_zeros(rows, heads, head_dim)
     for i, (k, v) in enumerate(zip(keys, values)):
-        out[i] = _one_row_attention(q[:, i:i + 1], k, v, scale)[:, 0]
+        out[i] = _one_row_attention(q[:, i : i + 1], k, v, scale)[:, 0]
     return out.reshape(rows, heads * head_dim)
 
 
@@ -144,14 +159,17 @@ def _one_row_attention(
     return out.reshape(heads, 1, head_dim)
 
 
-def _block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: _Block, scale: float,
-                     gqa: bool) -> torch.Tensor:
+def _block_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: _Block, scale: float, gqa: bool
+) -> torch.Tensor:
     """One block's output [heads, rows, head_dim]."""
     if block.split:
         return _split_block_attention(q, k, v, block, scale)
     # one row that sees every key: decode
     if block.stop - block.start == 1 and block.end == k.shape[1]:
-        return _one_row_attention(q[:, block.start:block.stop], k, v, scale)
+        return _one_row_attention(q[:, block.start : block.stop], k, v, scale)
+    if gqa and block.mask is not None and q.device.type != "cpu":
+        return _folded_block_attention(q, k, v, block, scale)
     return F.scaled_dot_product_attention(
         q[None, :, block.start : block.stop],
         k[None, :, : block.end],
@@ -162,8 +180,27 @@ def _block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: _
     )[0]
 
 
-def _split_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: _Block,
-                           scale: float) -> torch.Tensor:
+def _folded_block_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: _Block, scale: float
+) -> torch.Tensor:
+    """A masked block with grouped-query heads folded into its rows ([kv_heads, group * rows,
+    head_dim], the mask tiled to match), so that no kernel needs `enable_gqa` or repeated K/V."""
+    heads, kv_heads, head_dim = q.shape[0], k.shape[0], q.shape[2]
+    group, rows = heads // kv_heads, block.stop - block.start
+    folded = q[:, block.start : block.stop].reshape(kv_heads, group * rows, head_dim)[None]
+    out = F.scaled_dot_product_attention(
+        folded,
+        k[None, :, : block.end],
+        v[None, :, : block.end],
+        attn_mask=block.mask_for(group),
+        scale=scale,
+    )[0]
+    return out.reshape(heads, rows, head_dim)
+
+
+def _split_block_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: _Block, scale: float
+) -> torch.Tensor:
     """Keys [0, split) unmasked plus keys [split, end) masked, merged by log-sum-exp.
 
     Grouped-query heads are folded into the rows ([kv_heads, group * rows, head_dim]; query
@@ -173,7 +210,7 @@ def _split_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bl
     assert _CPU_FLASH is not None  # blocks split only where the kernel exists
     heads, kv_heads, head_dim = q.shape[0], k.shape[0], q.shape[2]
     group, rows = heads // kv_heads, block.stop - block.start
-    folded = q[:, block.start:block.stop].reshape(kv_heads, group * rows, head_dim)[None]
+    folded = q[:, block.start : block.stop].reshape(kv_heads, group * rows, head_dim)[None]
     head_out, head_lse = _CPU_FLASH(
         folded, k[None, :, : block.split], v[None, :, : block.split], scale=scale
     )
@@ -192,8 +229,9 @@ def _split_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bl
     return merged.to(q.dtype).reshape(heads, rows, head_dim)
 
 
-def _padded_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: int, scale: float,
-                   gqa: bool) -> torch.Tensor:
+def _padded_causal(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: int, scale: float, gqa: bool
+) -> torch.Tensor:
     if pad:
         q = torch.cat([q.new_zeros(q.shape[0], pad, q.shape[2]), q], dim=1)
     out = F.scaled_dot_product_attention(
@@ -202,8 +240,9 @@ def _padded_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: int, 
     return out[:, pad:]
 
 
-def attention_mass(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: float,
-                   block: int = 128) -> torch.Tensor:
+def attention_mass(
+    q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: float, block: int = 128
+) -> torch.Tensor:
     """Attention probability on every key, averaged over heads and query rows: [num_keys].
 
     q: [heads, m, head_dim]; k: [kv_heads, num_keys, head_dim]; q_pos: [m] ascending.
@@ -214,8 +253,9 @@ def attention_mass(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale:
     key_pos = torch.arange(k.shape[1], device=k.device)
     total = torch.zeros(k.shape[1], dtype=torch.float32, device=k.device)
     for start in range(0, q.shape[1], block):
-        rows = q_pos[start:start + block]
-        scores = (q[:, start:start + block].float() @ keys.transpose(1, 2)) * scale  # [heads, b, n]
+        rows = q_pos[start : start + block]
+        # [heads, b, n]
+        scores = (q[:, start : start + block].float() @ keys.transpose(1, 2)) * scale
         scores.masked_fill_(key_pos[None, None, :] > rows[None, :, None], float("-inf"))
         total += torch.softmax(scores, dim=-1).sum(dim=(0, 1))
     return total / (q.shape[0] * q.shape[1])

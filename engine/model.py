@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.attention import prepare_device
 from engine.errors import KvMosaicError
 from engine.families import check_architecture, check_model_type
 from engine.linear import linear_kernel_of, use_linear_kernel
@@ -101,6 +102,7 @@ def load_model(data_dir: Path, model_path: str | None, device: str, dtype: str,
     # PreTrainedModel.to is wrapped with functools.wraps, which typeshed types as unbound
     # (self first)
     model = model.to(device).eval().requires_grad_(False)  # type: ignore[arg-type]
+    prepare_device(torch.device(device))
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     log.info("loaded model from %s in %.2fs", source, time.perf_counter() - started)
     return wrap_model(model, tokenizer, linear_kernel)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention import QUERY_BLOCK, QueryLayout, attend_each, causal_attention
+from engine.attention import (
+    QUERY_BLOCK,
+    QueryLayout,
+    _folded_block_attention,
+    attend_each,
+    causal_attention,
+)
 
 
 def reference(q, k, v, q_pos, scale):
@@ -60,6 +66,29 @@ def test_blocks_far_from_the_start_split_their_keys_and_still_match(heads, kv_he
     layout = QueryLayout(q_pos, n, q.dtype)
     assert [b.split > 0 for b in layout.blocks] == [False, True, True]
     got = causal_attention(q, k, v, layout, 0.25)
+    torch.testing.assert_close(got, reference(q, k, v, q_pos, 0.25), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (6, 2)])
+def test_masked_blocks_with_heads_folded_into_rows_match_the_reference(
+    heads, kv_heads, monkeypatch
+):
+    """The GPU's path for masked blocks (`_folded_block_attention`), run here on the CPU, whose
+    blocks are built unsplit as a GPU's are."""
+    monkeypatch.setattr("engine.attention._CPU_FLASH", None)
+    torch.manual_seed(11)
+    n = 400
+    q_pos = torch.cat(
+        [torch.tensor([0, 5]), torch.randperm(n - 10)[: QUERY_BLOCK + 9].sort().values + 10]
+    )
+    q = torch.randn(heads, q_pos.numel(), 16)
+    k, v = torch.randn(kv_heads, n, 16), torch.randn(kv_heads, n, 16)
+    layout = QueryLayout(q_pos, n, q.dtype)
+    assert [b.split for b in layout.blocks] == [0, 0] and all(
+        b.mask is not None for b in layout.blocks
+    )
+    out = torch.cat([_folded_block_attention(q, k, v, b, 0.25) for b in layout.blocks], dim=1)
+    got = out.transpose(0, 1).reshape(q_pos.numel(), -1)
     torch.testing.assert_close(got, reference(q, k, v, q_pos, 0.25), rtol=1e-4, atol=1e-5)
 
 
