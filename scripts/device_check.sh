@@ -3,8 +3,10 @@
 #
 # 1. Here (a machine with the project's .venv), stage what the GPU machine cannot reach:
 #        bash scripts/device_check.sh stage
-#    It fills .device-stage/ (git-ignored, ~4 MB): the first MuSiQue records and the
-#    embedded SmolLM2's config and tokenizer. The weights (0.5 GB as safetensors, 98 MB as
+#    It fills .device-stage/ (git-ignored, ~26 MB): the first MuSiQue records, the
+#    embedded SmolLM2's config and tokenizer, and wheels of the packages `app.cli` imports
+#    that the GPU image lacks (pydantic and its kin, redis, opentelemetry-api, faiss-cpu; `WHEELS`),
+#    in this .venv's versions, for the image's Python 3.12. The weights (0.5 GB as safetensors, 98 MB as
 #    GGUF) exceed what one device call may carry (64 MiB), so there the model gets random
 #    weights of the same shape: TTFT is then meaningful, KL / top-1 / ROUGE-L are not.
 #    Set KVMOSAIC_MODEL_PATH there to a real checkpoint to measure fidelity too.
@@ -13,12 +15,13 @@
 #
 # Assumes the GPU machine's python3 has a CUDA torch, transformers, accelerate, safetensors,
 # tokenizers, tqdm and pytest, and nvcc on PATH (the nvidia-h200 image has all of them);
-# nothing is installed or downloaded. Results go to $OUT (at most 8 files come back):
+# the staged wheels are installed into /tmp (nothing is downloaded there). Results go to $OUT (at most 8 files come back):
 #   summary.txt (environment, step results, both tables), build.log, gpu-tests.log,
 #   kernels.json, fidelity.log, fidelity.json, fidelity-twins.json.
 # Steps: build the kernels -> gpu tests -> kernel timings vs PyTorch eager ->
-#   `kvmosaic bench fidelity` full vs cacheblend in fp16, with the kernels and with the
-#   twins (KVMOSAIC_KERNELS=off), so the TTFT ratio shows what the kernels add.
+#   `kvmosaic bench fidelity` full vs cacheblend@fast in fp16 (at `balanced` random weights
+#   tie so often that every request re-runs in full), with the kernels and with the twins
+#   (KVMOSAIC_KERNELS=off), so the TTFT ratio shows what the kernels add.
 # A dry run of the script's plumbing on a CPU machine (no GPU numbers, nothing meaningful):
 #   PYTHON=.venv/bin/python DEVICE=cpu DTYPE=float32 RECORDS=1 bash scripts/device_check.sh
 set -uo pipefail
@@ -29,9 +32,24 @@ RECORDS=${RECORDS:-5}
 DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-float16}
 
+# packages app.cli imports that the GPU image lacks (its KINDS.md list), staged as wheels
+WHEELS=(pydantic pydantic_core annotated-types typing-inspection pydantic-settings python-dotenv
+        redis hiredis opentelemetry-api typing_extensions faiss-cpu)
+
+stage_wheels() {
+  local pins=() name
+  for name in "${WHEELS[@]}"; do
+    pins+=("$name==$(.venv/bin/python -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$name")") || return 1
+  done
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d $STAGE/wheels "${pins[@]}"
+}
+
 stage() {
   local venv=.venv/bin/python
   mkdir -p $STAGE/model
+  stage_wheels || exit 1
   local checkpoint
   checkpoint=$($venv -c "from pathlib import Path; from engine.model import embedded_checkpoint
 print(embedded_checkpoint(Path('.cache/test-data')))") || exit 1
@@ -51,6 +69,10 @@ fi
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
+if [ -d $STAGE/wheels ] && ! $PY -c "import pydantic" 2>/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/kvmosaic-site \
+    $STAGE/wheels/*.whl && export PYTHONPATH=/tmp/kvmosaic-site
+fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export KVMOSAIC_KERNEL_CACHE=/tmp/kvmosaic-kernels
 SUMMARY=$OUT/summary.txt
@@ -113,7 +135,7 @@ DATASET=../shared/data/cacheblend/musique_s.json
 [ -f "$DATASET" ] || DATASET=$STAGE/musique_head.json
 MODEL=$(fidelity_model 2>>"$OUT/fidelity.log")
 note "model $MODEL, dataset $DATASET"
-FIDELITY=("${KVMOSAIC[@]}" bench fidelity --device "$DEVICE" --dtype "$DTYPE" --n "$RECORDS" --modes full,cacheblend
+FIDELITY=("${KVMOSAIC[@]}" bench fidelity --device "$DEVICE" --dtype "$DTYPE" --n "$RECORDS" --modes full,cacheblend@fast
           --model "$MODEL" --dataset "$DATASET" --data-dir /tmp/kvmosaic-data)
 for kernels in require off; do  # off: the PyTorch twins, to see what the kernels add to TTFT
   name=fidelity$([ $kernels = off ] && echo -twins)
