@@ -166,11 +166,12 @@ class Settings(BaseSettings):
         "projection for all of them; attention per chunk)."))
     default_top_k: int = Field(default=6, ge=1, le=20, description=(
         "Chunks retrieved when a request names no `top_k`."))
-    chunk_order: ChunkOrder = Field(default="retrieval", description=(
-        "Prompt order of the retrieved chunks: `retrieval` (the retriever's), or `cache-aware` "
-        "(the longest path of stored exact-context variants first, the rest in retrieval rank; "
-        "only modes that load context variants, prefix and cachecraft, are reordered; "
-        "see docs/chunk-order.md)"))
+    chunk_order: ChunkOrder = Field(default="cache-aware", description=(
+        "Prompt order of the retrieved chunks: `cache-aware` (the longest path of stored "
+        "exact-context variants first, the rest in retrieval rank; only modes that load context "
+        "variants, prefix and cachecraft, are reordered) or `retrieval` (the retriever's, as "
+        "vLLM's prefix caching sees it). cache-aware by measurement: more exact reuse where "
+        "questions recur, no loss where nothing does, accuracy kept (docs/chunk-order.md)."))
     # -- request limits -----------------------------------------------------------------------
     max_question_chars: int = Field(default=2000, ge=1, description=(
         "Longer questions are refused (422)."))

@@ -30,7 +30,11 @@ LOAD_SETTINGS = frozenset(
 )
 # Named configurations: what a paper describes, next to our defaults.
 # CacheBlend as published: deviation selection at one check layer, no fidelity guard.
-PRESETS = {"cacheblend-paper": "cacheblend:selection=deviation,check_layers=1,fidelity=fast"}
+# vLLM's automatic prefix caching: exact reuse of the leading chunks in the retriever's order.
+PRESETS = {
+    "cacheblend-paper": "cacheblend:selection=deviation,check_layers=1,fidelity=fast",
+    "prefix-apc": "prefix:order=retrieval",
+}
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "cacheblend" / "musique_s.json"
-DEFAULT_MODES = "full,prefix,cacheblend-paper,cacheblend,cachecraft"
+DEFAULT_MODES = "full,prefix-apc,prefix,cacheblend-paper,cacheblend,cachecraft"
 # --quick: a few minutes on a 2-core machine, for a first look (docs/benchmarks/README.md)
 QUICK = dict(records=3, requests=12, modes="full,cacheblend,cachecraft", max_tokens=8)
 
@@ -55,7 +55,7 @@ def add_workload_parser(kinds, add_engine_arguments) -> None:
         "--modes",
         default=DEFAULT_MODES,
         help="mode specs, e.g. full,cacheblend:selection=deviation,check_layers=1 "
-        f"(preset cacheblend-paper; default {DEFAULT_MODES})",
+        f"(presets cacheblend-paper, prefix-apc; default {DEFAULT_MODES})",
     )
     p.add_argument(
         "--concurrency", default="1,4", help="closed-loop clients, comma-separated (default 1,4)"

@@ -103,11 +103,17 @@ def _wait_for(lines: queue.Queue, text: str, timeout: float) -> None:
     raise AssertionError(f"server never printed {text!r}; output:\n{''.join(seen)}")
 
 
+def best_match(report: dict) -> str:
+    """The document of the chunk the retriever ranked first (the list is in prompt order, which
+    the cache-aware order may change)."""
+    return min(report["chunks"], key=lambda c: c["rank"])["document"]
+
+
 def test_ready_and_answers(server):
     url, _, _ = server
     assert httpx.get(f"{url}/readyz").json()["ready"] is True
     body = httpx.post(f"{url}/ask", json={"question": QUESTION, "top_k": 3}, timeout=300).json()
-    assert body["answer"].strip() and body["chunks"][0]["document"] == "Hollin Point Lighthouse"
+    assert body["answer"].strip() and best_match(body) == "Hollin Point Lighthouse"
     assert all(c["cached"] for c in body["chunks"]) and body["usage"]["completion_tokens"] <= 8
 
     with httpx.stream(
@@ -139,7 +145,7 @@ def test_openai_client_and_cli_against_the_server(server):
     )
     assert cli.returncode == 0, cli.stderr
     report = json.loads(cli.stdout[cli.stdout.index("{") :])
-    assert report["chunks"][0]["document"] == "The honeybee waggle dance"
+    assert best_match(report) == "The honeybee waggle dance"
 
 
 def test_sigterm_shuts_down_cleanly(server):

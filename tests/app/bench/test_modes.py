@@ -39,6 +39,16 @@ def test_preset_keeps_its_name():
     assert spec.overrides() == {"selection": "deviation", "check_layers": "1", "fidelity": "fast"}
 
 
+def test_the_prefix_caching_baseline_keeps_the_retrieval_order():
+    """`prefix-apc` is vLLM's prefix caching whatever the server's default chunk order."""
+    (spec,) = parse_modes("prefix-apc")
+    assert (spec.name, spec.mode, spec.overrides()) == (
+        "prefix-apc",
+        "prefix",
+        {"chunk_order": "retrieval"},
+    )
+
+
 @pytest.mark.parametrize(
     "text, message",
     [

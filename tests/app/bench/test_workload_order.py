@@ -14,7 +14,7 @@ from app.bench.workload import Server, WorkloadOptions, run_workload
 from tests.app.bench.test_workload import VALUES
 from tests.conftest import MUSIQUE_SLICE
 
-MODES = "prefix,prefix:order=cache-aware,cachecraft:order=cache-aware"
+MODES = "prefix-apc,prefix,cachecraft"  # the server's default order is cache-aware
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +46,11 @@ def test_every_cell_reports_how_its_context_tokens_were_served(run):
             s.served["exact"] <= run.oracle.exact_share + 1e-9
         )  # nothing serves more exactly than the oracle
         assert all(sum(r["served"]) > 0 for r in s.per_request)
-    full, prefix = cell(run, "full"), cell(run, "prefix")
+    full, apc = cell(run, "full"), cell(run, "prefix-apc")
     assert full.served["computed"] == 1.0 and full.reordered_share == 0.0
-    assert prefix.served["blended"] == 0.0 and prefix.served["exact"] > 0  # prefix never blends
-    assert prefix.reordered_share == 0.0  # retrieval order: the vLLM-APC baseline
-    assert cell(run, "prefix:order=cache-aware").served["blended"] == 0.0
+    assert apc.served["blended"] == 0.0 and apc.served["exact"] > 0  # prefix never blends
+    assert apc.reordered_share == 0.0  # retrieval order: the vLLM-APC baseline
+    assert cell(run, "prefix").served["blended"] == 0.0
 
 
 def test_the_table_and_the_json_carry_the_shares_and_the_oracle(run):
