@@ -185,9 +185,7 @@ def _folded_block_attention(
 ) -> torch.Tensor:
     """A masked block with grouped-query heads folded into its rows ([kv_heads, group * rows,
     head_dim], the mask tiled to match), so that no kernel needs `enable_gqa` or repeated K/V."""
-    heads, kv_heads, head_dim = q.shape[0], k.shape[0], q.shape[2]
-    group, rows = heads // kv_heads, block.stop - block.start
-    folded = q[:, block.start : block.stop].reshape(kv_heads, group * rows, head_dim)[None]
+    folded, group = _fold_heads(q, k, block)
     out = F.scaled_dot_product_attention(
         folded,
         k[None, :, : block.end],
@@ -195,7 +193,15 @@ def _folded_block_attention(
         attn_mask=block.mask_for(group),
         scale=scale,
     )[0]
-    return out.reshape(heads, rows, head_dim)
+    return out.reshape(q.shape[0], block.stop - block.start, q.shape[2])
+
+
+def _fold_heads(q: torch.Tensor, k: torch.Tensor, block: _Block) -> tuple[torch.Tensor, int]:
+    """The block's query rows with grouped-query heads folded into rows: ([1, kv_heads, group *
+    rows, head_dim], group); query head h uses key head h // group, row g * rows + r."""
+    heads, kv_heads, head_dim = q.shape[0], k.shape[0], q.shape[2]
+    group, rows = heads // kv_heads, block.stop - block.start
+    return q[:, block.start : block.stop].reshape(kv_heads, group * rows, head_dim)[None], group
 
 
 def _split_block_attention(
@@ -208,9 +214,7 @@ def _split_block_attention(
     `split` (its own position or an earlier one), so no row of the tail is fully masked.
     """
     assert _CPU_FLASH is not None  # blocks split only where the kernel exists
-    heads, kv_heads, head_dim = q.shape[0], k.shape[0], q.shape[2]
-    group, rows = heads // kv_heads, block.stop - block.start
-    folded = q[:, block.start : block.stop].reshape(kv_heads, group * rows, head_dim)[None]
+    folded, group = _fold_heads(q, k, block)
     head_out, head_lse = _CPU_FLASH(
         folded, k[None, :, : block.split], v[None, :, : block.split], scale=scale
     )
@@ -226,7 +230,7 @@ def _split_block_attention(
     merged = (head_out.float() * head_w[..., None] + tail_out.float() * tail_w[..., None]) / (
         head_w + tail_w
     )[..., None]
-    return merged.to(q.dtype).reshape(heads, rows, head_dim)
+    return merged.to(q.dtype).reshape(q.shape[0], block.stop - block.start, q.shape[2])
 
 
 def _padded_causal(

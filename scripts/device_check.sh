@@ -5,17 +5,19 @@
 #        bash scripts/device_check.sh stage
 #    It fills .device-stage/ (git-ignored, ~26 MB): the first MuSiQue records, the
 #    embedded SmolLM2's config and tokenizer, and wheels of the packages `app.cli` imports
-#    that the GPU image lacks (pydantic and its kin, redis, opentelemetry-api, faiss-cpu; `WHEELS`),
-#    in this .venv's versions, for the image's Python 3.12. The weights (0.5 GB as safetensors, 98 MB as
-#    GGUF) exceed what one device call may carry (64 MiB), so there the model gets random
-#    weights of the same shape: TTFT is then meaningful, KL / top-1 / ROUGE-L are not.
+#    that the GPU image lacks (pydantic and its kin, redis, opentelemetry-api, faiss-cpu;
+#    `WHEELS`), in this .venv's versions, for the image's Python 3.12. The weights (0.5 GB as
+#    safetensors, 98 MB as GGUF) exceed what one device call may carry (64 MiB), so there the
+#    model gets random weights of the same shape: TTFT is then meaningful, KL / top-1 /
+#    ROUGE-L are not.
 #    Set KVMOSAIC_MODEL_PATH there to a real checkpoint to measure fidelity too.
 # 2. There, with the device tool:
 #        run(command="bash scripts/device_check.sh", carry=[".device-stage"], timeout_s=540)
 #
 # Assumes the GPU machine's python3 has a CUDA torch, transformers, accelerate, safetensors,
 # tokenizers, tqdm and pytest, and nvcc on PATH (the nvidia-h200 image has all of them);
-# the staged wheels are installed into /tmp (nothing is downloaded there). Results go to $OUT (at most 8 files come back):
+# the staged wheels are installed into /tmp (nothing is downloaded there). Results go to $OUT
+# (at most 8 files come back):
 #   summary.txt (environment, step results, both tables), build.log, gpu-tests.log,
 #   kernels.json, fidelity.log, fidelity.json, fidelity-twins.json.
 # Steps: build the kernels -> gpu tests -> kernel timings vs PyTorch eager ->
@@ -37,9 +39,10 @@ WHEELS=(pydantic pydantic_core annotated-types typing-inspection pydantic-settin
         redis hiredis opentelemetry-api typing_extensions faiss-cpu)
 
 stage_wheels() {
-  local pins=() name
+  local pins=() name version
   for name in "${WHEELS[@]}"; do
-    pins+=("$name==$(.venv/bin/python -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$name")") || return 1
+    version=$(.venv/bin/python -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$name") || return 1
+    pins+=("$name==$version")
   done
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
