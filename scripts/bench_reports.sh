@@ -2,7 +2,7 @@
 # Regenerate the committed benchmark reports under docs/benchmarks/, each headed by the date,
 # the commit, the machine (from /proc/cpuinfo) and the command that produced it.
 #
-#   scripts/bench_reports.sh            # both reports (the workload run takes about 15 min on 2 cores)
+#   scripts/bench_reports.sh            # both reports (workload about 25 min, fidelity about 25 min on 2 cores)
 #   scripts/bench_reports.sh workload   # docs/benchmarks/workload/ (README.md, results.json, plots)
 #   scripts/bench_reports.sh fidelity   # docs/benchmarks/fidelity.md (+ fidelity.json)
 #
@@ -15,12 +15,15 @@ WORKLOAD_DIR=docs/benchmarks/workload
 WORKLOAD_CMD=(.venv/bin/kvmosaic bench workload --report "$WORKLOAD_DIR")
 FIDELITY_REPORT=docs/benchmarks/fidelity.md
 # answerable cases of report seeds (engine/bench/cases.py: tune on seeds 0-999, report on 1000-1999)
-# The committed report runs the default mode against full on 50 cases in both orders, what fits
-# an hour of an idle 2-vCPU machine; the 200 cases with the fast and ch4v3 rows take
-# several hours there (--n 200 --modes "full,cachecraft,cachecraft@fast,cachecraft[codec=ch4v3]").
+# The report runs the default mode against full on 200 cases in both orders, as shards of 50
+# cases: one shard per core at a time, each pinned to its core on one torch thread, then merged
+# into one table (`bench fidelity-merge`: the same figures as one run over all the cases).
 FIDELITY_CASES=(.venv/bin/python -m engine.bench.cases --seed 1000 --n 200 --out /tmp/kvmosaic-cases-1000.json)
-FIDELITY_CMD=(.venv/bin/kvmosaic bench fidelity --dataset /tmp/kvmosaic-cases-1000.json --n 50 --orders 2
-              --max-new-tokens 16 --modes "full,cachecraft" --json docs/benchmarks/fidelity.json)
+FIDELITY_N=200
+FIDELITY_SHARD=50
+FIDELITY_SHARD_CMD=(.venv/bin/kvmosaic bench fidelity --dataset /tmp/kvmosaic-cases-1000.json --orders 2
+                    --max-new-tokens 16 --modes "full,cachecraft" --threads 1)
+FIDELITY_MERGE=(.venv/bin/kvmosaic bench fidelity-merge --json docs/benchmarks/fidelity.json)
 # -----------------------------------------------------------------------------------------------
 
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -72,13 +75,34 @@ workload() {
   echo "bench_reports: wrote $report" >&2
 }
 
+# fidelity_shards DIR: run every shard of the report's cases into DIR/shard-START.json, shard k
+# on core k mod the core count, the shards of one core one after the other
+fidelity_shards() {
+  local dir=$1 cores core start pids=()
+  cores=$(nproc)
+  for ((core = 0; core < cores; core++)); do
+    (
+      for ((start = core * FIDELITY_SHARD; start < FIDELITY_N; start += cores * FIDELITY_SHARD)); do
+        taskset -c "$core" "${FIDELITY_SHARD_CMD[@]}" --start "$start" --n "$FIDELITY_SHARD" \
+          --json "$dir/shard-$start.json" > "$dir/shard-$start.out"
+      done
+    ) &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done  # a failed shard fails the report
+}
+
 fidelity() {
-  echo "bench_reports: ${FIDELITY_CASES[*]} && ${FIDELITY_CMD[*]}" >&2
+  local command="${FIDELITY_CASES[*]} && ${FIDELITY_SHARD_CMD[*]} --start S --n $FIDELITY_SHARD --json shard-S.json (S = 0, $FIDELITY_SHARD, ... < $FIDELITY_N; one shard per core at a time, taskset) && ${FIDELITY_MERGE[*]} shard-*.json"
+  echo "bench_reports: $command" >&2
   "${FIDELITY_CASES[@]}" >&2
-  local out
-  out=$("${FIDELITY_CMD[@]}")
-  { header "Fidelity benchmark" "${FIDELITY_CASES[*]} && ${FIDELITY_CMD[*]}"; fidelity_legend
+  local dir out
+  dir=$(mktemp -d)
+  fidelity_shards "$dir"
+  out=$("${FIDELITY_MERGE[@]}" "$dir"/shard-*.json)
+  { header "Fidelity benchmark" "$command"; fidelity_legend
     printf '```\n%s\n```\n' "$out"; } > "$FIDELITY_REPORT"
+  rm -rf "$dir"
   echo "bench_reports: wrote $FIDELITY_REPORT" >&2
 }
 

@@ -7,6 +7,7 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 
+from app.bench.bound import throughput_bounds
 from app.bench.served import SERVED_KINDS
 from app.bench.summary import CellSummary
 from app.bench.trace import write_trace
@@ -131,6 +132,10 @@ def run_json(run) -> dict:
         "snapshot": snapshot,
         "trace_stats": asdict(run.stats),
         "oracle": _oracle_json(run),
+        "bounds": [
+            {**asdict(b), "ratio": b.ratio}
+            for b in throughput_bounds(run.summaries, getattr(run, "oracle", None))
+        ],
         "environment": run.environment,
         "seconds": run.seconds,
         "floor": asdict(run.floor) if getattr(run, "floor", None) is not None else None,
@@ -162,6 +167,13 @@ def format_answers(run) -> str:
             f"{paired}"
         )
     return "\n".join(lines)
+
+
+def format_bounds(run) -> str:
+    """Per load, the throughput the oracle's work would allow against full's
+    (app/bench/bound.py)."""
+    bounds = throughput_bounds(run.summaries, getattr(run, "oracle", None))
+    return "\n".join(b.line() for b in bounds)
 
 
 def _oracle_json(run) -> dict | None:
@@ -232,6 +244,7 @@ def _markdown(run, command: str, plots: list[str]) -> str:
         "```",
         format_table(run.summaries),
         "",
+        *([format_bounds(run), ""] if format_bounds(run) else []),
         format_answers(run),
         "```",
         "",
@@ -250,7 +263,10 @@ def _markdown(run, command: str, plots: list[str]) -> str:
         "variant computed",
         "after exactly the chunks before it), blended (reused from another context's KV) and "
         "computed (every layer),",
-        "to read against the limit above; share of requests whose chunks the order stage moved "
+        "to read against the limit above (`bound`: the most req/s over full's that the oracle's "
+        "work allows, from a fit of CPU s/req to work over the cells of a load, "
+        "app/bench/bound.py); "
+        "share of requests whose chunks the order stage moved "
         "(`reord`);",
         "shares of requests the fidelity guard re-ran in full at the",
         "first token (`esc`) or moved to full prefill while decoding (`rep`); fidelity against "

@@ -61,11 +61,40 @@ def add_parser(subparsers) -> None:
     )
     fidelity.add_argument("--json", type=Path, default=None, help="also write the figures here")
     fidelity.set_defaults(handler=run_fidelity)
+    add_fidelity_merge_parser(kinds)
     add_kernels_parser(kinds)
     add_store_parser(kinds)
     add_workload_parser(kinds, add_engine_arguments)
     add_ingest_parser(kinds, add_engine_arguments)
     add_retrieval_parser(kinds)
+
+
+def add_fidelity_merge_parser(kinds) -> None:
+    merge = kinds.add_parser(
+        "fidelity-merge",
+        help="one fidelity report from shards: `bench fidelity --json` runs of the same rows over "
+        "disjoint --start/--n ranges",
+    )
+    merge.add_argument("shards", type=Path, nargs="+", help="the shards' JSON files")
+    merge.add_argument("--json", type=Path, default=None, help="also write the merged figures here")
+    merge.set_defaults(handler=run_fidelity_merge)
+
+
+def run_fidelity_merge(args) -> int:
+    from engine.bench.fidelity import format_table, write_report
+    from engine.bench.fidelity_merge import load_shard, merge_shards
+
+    options, summaries = merge_shards([load_shard(path) for path in args.shards])
+    ranges = ", ".join(f"{s['start']}..{s['start'] + s['n'] - 1}" for s in options["shards"])
+    print(
+        f"records {ranges} of {Path(options['dataset']).name} ({options['n']} in "
+        f"{len(options['shards'])} shards), {options['chunks']} chunks"
+    )
+    print(format_table(summaries))
+    if args.json:
+        write_report(options, summaries, args.json)
+        print(f"wrote {args.json}")
+    return 0
 
 
 def add_kernels_parser(kinds) -> None:

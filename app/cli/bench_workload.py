@@ -176,7 +176,13 @@ def _default(key: str):
 
 
 def run_workload_command(args) -> int:
-    from app.bench.report import format_answers, format_table, write_json, write_report
+    from app.bench.report import (
+        format_answers,
+        format_bounds,
+        format_table,
+        write_json,
+        write_report,
+    )
     from app.bench.workload import Server, run_workload
     from app.cli.common import settings_overrides
     from app.settings import Settings
@@ -207,6 +213,8 @@ def run_workload_command(args) -> int:
     single_threaded()  # this thread only coordinates from here on (engine/threads.py: stray pools)
     run = run_workload(options, server, say=lambda line: print(line, flush=True))
     print(format_table(run.summaries))
+    if bounds := format_bounds(run):
+        print(bounds)
     print(format_answers(run))
     command = "kvmosaic " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     if args.json:

@@ -249,7 +249,15 @@ def run_fidelity(
                 if m != REFERENCE
             }
         )
-    rows = [m for m in (REFERENCE, FLOOR) + modes[1:] if samples[m]]
+    return summarize_rows(samples, modes)
+
+
+def summarize_rows(
+    samples: Mapping[str, list[ModeSample]], modes: Sequence[str]
+) -> list[ModeSummary]:
+    """One summary per row that has samples: `full` first, then the floor, then the other
+    `modes` (each measured against full's samples in `samples[REFERENCE]`)."""
+    rows = [m for m in (REFERENCE, FLOOR, *modes[1:]) if samples.get(m)]
     return [_summarize(label, samples[label], samples[REFERENCE]) for label in rows]
 
 
@@ -700,8 +708,11 @@ def _signed(interval: Interval) -> str:
 
 
 def write_json(summaries: list[ModeSummary], options: FidelityOptions, path: Path) -> None:
-    payload = {
-        "options": {**asdict(options), "dataset": str(options.dataset)},
-        "modes": [asdict(s) for s in summaries],
-    }
+    write_report({**asdict(options), "dataset": str(options.dataset)}, summaries, path)
+
+
+def write_report(options: dict[str, Any], summaries: list[ModeSummary], path: Path) -> None:
+    """The report as JSON: `options` and every row's summary with its samples (which is what
+    lets shards be merged: engine/bench/fidelity_merge.py)."""
+    payload = {"options": options, "modes": [asdict(s) for s in summaries]}
     Path(path).write_text(json.dumps(payload, indent=2))
