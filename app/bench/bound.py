@@ -6,7 +6,9 @@ say what that buys in throughput, because every request also pays for what no re
 fitted over the run's cells as a line in its model work (a share of full's):
 cpu = overhead + prefill × work. At the oracle's rows that line is the least CPU a request
 costs in this run, and the fitted full cost over it bounds any mode's throughput against
-full's where the cores are the limit (every core busy, as at c=4 on a small machine). It is
+full's where the cores are the limit (every core busy, as at c=4 on a small machine). The
+oracle counts rows, and work counts FLOPs, in which a late row (attending to more) weighs more
+than an early one; the oracle's computed rows come late, so the bound errs high. It is
 an estimate from the run's own cells, printed as one; it needs at least `MIN_CELLS` cells
 whose work spans `MIN_SPREAD` of full's, and a positive prefill cost.
 """
