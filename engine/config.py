@@ -110,9 +110,10 @@ class EngineConfig:
         "SmolLM2-135M-Instruct). See docs/models.md.")
     device: str = described("cpu", "`cpu` or `cuda[:n]`.")
     dtype: str = described(
-        "auto", "The model's dtype: `auto` (float32 on the CPU, float16 on CUDA), `float32`, "
-        "`float16`, `bfloat16`. bfloat16 on a CPU with AMX serves more but its reused KV is no "
-        "longer bit-exact, so answers may differ from full prefill's "
+        "auto", "The model's dtype: `auto` (bfloat16 on a CPU with AMX-BF16, float32 on other "
+        "CPUs, float16 on CUDA), `float32`, `float16`, `bfloat16`. On AMX bfloat16 kept task "
+        "accuracy and stayed inside full prefill's reorder floor while serving more; its reused "
+        "KV is not bit-exact, so `float32` where answers must equal full prefill's to the bit "
         "(docs/benchmarks/bfloat16.md).")
     encode_dtype: str = described(
         "engine", "The dtype base KV is computed in (ingest, `Engine.encode_chunks`): `engine` "

@@ -19,28 +19,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
-from pathlib import Path
 
 import torch
 
 from engine.linear import fit_linear_kernel
-from engine.model import LoadedModel
+from engine.model import LoadedModel, cpu_has_amx_bf16
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-CPUINFO = Path("/proc/cpuinfo")
-
-
-@functools.cache
-def cpu_has_amx_bf16(cpuinfo: Path = CPUINFO) -> bool:
-    """True when the CPU flags list `amx_bf16` (Linux; False where /proc/cpuinfo is absent)."""
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return False
-    return any(
-        line.startswith("flags") and "amx_bf16" in line.split() for line in text.splitlines()
-    )
 
 
 def resolve_encode_dtype(name: str, loaded: LoadedModel, amx: bool | None = None) -> torch.dtype:

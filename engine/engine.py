@@ -23,14 +23,14 @@ from engine.busy import BusyGate
 from engine.config import EngineConfig
 from engine.decode import SamplingParams, TextStream, TokenIds, generate_ids, new_generator
 from engine.decode_attention import resolve_decode_attention
-from engine.encode_dtype import cpu_has_amx_bf16, model_in, resolve_encode_dtype
+from engine.encode_dtype import model_in, resolve_encode_dtype
 from engine.encoder import DEFAULT_BATCH_TOKENS, ChunkEncoder
 from engine.errors import InvalidRequest, PromptTooLong
 from engine.guard import AnswerCheck, Guarded, answer_check, check_fidelity, default_ratio, judge
 from engine.kv import ChunkKV, KVCache
 from engine.layers import DecoderStack
 from engine.linear import linear_kernel_of
-from engine.model import LoadedModel, load_model
+from engine.model import LoadedModel, cpu_has_amx_bf16, load_model
 from engine.plan import CachedSpan, ChunkInput, Plan, PlanRequest
 from engine.planners import create_planner, exact_reuse_planner, reference_planner
 from engine.planners.base import BasePlanner
@@ -144,8 +144,8 @@ class Engine:
             and cpu_has_amx_bf16()
         ):
             return (
-                "this CPU has AMX-BF16: KVMOSAIC_DTYPE=bfloat16 serves more requests per "
-                "second, with answers that match full prefill's less often; with it, "
+                "this CPU has AMX-BF16: KVMOSAIC_DTYPE=auto (bfloat16) serves more requests "
+                "per second, with answers that match full prefill's less often; with it, "
                 "KVMOSAIC_BATCH_INVARIANT=true costs nothing measurable "
                 "(docs/benchmarks/bfloat16.md)"
             )

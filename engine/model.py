@@ -10,6 +10,7 @@ Two sources, never the network:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -68,16 +69,34 @@ class LoadedModel:
         return next(self.model.parameters()).dtype
 
 
-def resolve_dtype(name: str, device: str) -> torch.dtype:
-    """"auto" is float32 on CPU and float16 on CUDA.
+CPUINFO = Path("/proc/cpuinfo")
 
-    float32 on the CPU for fidelity, not speed: on a CPU with AMX-BF16, bfloat16 serves about
-    twice the requests, but its products round differently with the number of rows, so even
-    prefix reuse stops being exact and blended answers match full prefill's less often
-    (docs/benchmarks/bfloat16.md). `Engine.dtype_hint` says so where it applies.
+
+@functools.cache
+def cpu_has_amx_bf16(cpuinfo: Path = CPUINFO) -> bool:
+    """True when the CPU flags list `amx_bf16` (Linux; False where /proc/cpuinfo is absent)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return False
+    return any(
+        line.startswith("flags") and "amx_bf16" in line.split() for line in text.splitlines()
+    )
+
+
+def resolve_dtype(name: str, device: str, amx: bool | None = None) -> torch.dtype:
+    """"auto" is float16 on CUDA, bfloat16 on a CPU with AMX-BF16 and float32 on other CPUs;
+    `amx` overrides the CPU check (tests).
+
+    bfloat16 where AMX makes its products native: it kept task accuracy and stayed inside full
+    prefill's own reorder floor on the answerable report cases, and serves more requests per
+    second (docs/benchmarks/bfloat16.md, "auto"). Elsewhere bfloat16 products are emulated.
     """
     if name == "auto":
-        return torch.float16 if device.startswith("cuda") else torch.float32
+        if device.startswith("cuda"):
+            return torch.float16
+        amx = cpu_has_amx_bf16() if amx is None else amx
+        return torch.bfloat16 if amx else torch.float32
     table = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
     if name not in table:
         raise ValueError(f"unknown dtype {name!r}; use one of auto, {', '.join(table)}")

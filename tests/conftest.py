@@ -14,6 +14,10 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# float32 wherever a test names no dtype, in this process and the servers it starts: on a CPU
+# with AMX-BF16, `auto` is bfloat16, whose products round differently with the row count, and
+# the exactness tests compare modes bit for bit (bfloat16 and `auto` have their own tests)
+os.environ.setdefault("KVMOSAIC_DTYPE", "float32")
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_DATA = Path(os.environ.get("KVMOSAIC_TEST_DATA", REPO / ".cache" / "test-data"))
@@ -106,8 +110,10 @@ def smol_engine(test_data_dir, smol_checkpoint):
     from engine.engine import Engine
 
     return Engine.load(
-        EngineConfig(data_dir=test_data_dir, fidelity="fast", encode_dtype="engine")
-    )  # modes as they are
+        EngineConfig(
+            data_dir=test_data_dir, dtype="float32", fidelity="fast", encode_dtype="engine"
+        )
+    )  # modes as they are, in float32 (the exactness tests compare bit for bit)
 
 
 @pytest.fixture(scope="session")

@@ -91,7 +91,8 @@ def test_bfloat16_encoding_is_close_to_the_engines_and_served_in_its_dtype(tiny_
 
 def test_auto_encode_dtype_is_bfloat16_only_for_float32_on_an_amx_cpu(tiny_loaded, tmp_path):
     from engine import EngineConfig
-    from engine.encode_dtype import cpu_has_amx_bf16, resolve_encode_dtype
+    from engine.encode_dtype import resolve_encode_dtype
+    from engine.model import cpu_has_amx_bf16
 
     assert resolve_encode_dtype("auto", tiny_loaded, amx=True) == torch.bfloat16
     assert resolve_encode_dtype("auto", tiny_loaded, amx=False) == torch.float32
@@ -105,3 +106,15 @@ def test_auto_encode_dtype_is_bfloat16_only_for_float32_on_an_amx_cpu(tiny_loade
     info.write_text("processor : 0\nflags : fpu avx512f avx512_bf16\n")
     assert not cpu_has_amx_bf16.__wrapped__(info)
     assert not cpu_has_amx_bf16.__wrapped__(tmp_path / "absent")
+
+
+def test_auto_dtype_is_bfloat16_on_an_amx_cpu_float32_on_others_and_float16_on_cuda():
+    from engine.model import resolve_dtype
+
+    assert resolve_dtype("auto", "cpu", amx=True) == torch.bfloat16
+    assert resolve_dtype("auto", "cpu", amx=False) == torch.float32
+    assert resolve_dtype("auto", "cuda:0", amx=True) == torch.float16
+    assert resolve_dtype("float32", "cpu", amx=True) == torch.float32
+    with pytest.raises(ValueError, match="unknown dtype"):
+        resolve_dtype("int8", "cpu")
+

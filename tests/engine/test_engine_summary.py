@@ -15,6 +15,6 @@ def test_the_summary_names_dtype_device_kernels_and_threads(tiny_engine):
 
 def test_the_bfloat16_hint_appears_on_a_float32_cpu_engine_with_amx_only(tiny_engine, monkeypatch):
     monkeypatch.setattr(engine_module, "cpu_has_amx_bf16", lambda: True)
-    assert "KVMOSAIC_DTYPE=bfloat16" in (tiny_engine.dtype_hint or "")
+    assert "KVMOSAIC_DTYPE=auto (bfloat16)" in (tiny_engine.dtype_hint or "")
     monkeypatch.setattr(engine_module, "cpu_has_amx_bf16", lambda: False)
     assert tiny_engine.dtype_hint is None
