@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 from app.cli.bench_ingest import add_ingest_parser
@@ -81,19 +82,28 @@ def add_fidelity_merge_parser(kinds) -> None:
 
 
 def run_fidelity_merge(args) -> int:
-    from engine.bench.fidelity import format_table, write_report
+    from engine.bench.fidelity import write_report
     from engine.bench.fidelity_merge import load_shard, merge_shards
 
     options, summaries = merge_shards([load_shard(path) for path in args.shards])
     ranges = ", ".join(f"{s['start']}..{s['start'] + s['n'] - 1}" for s in options["shards"])
-    print(
+    header = (
         f"records {ranges} of {Path(options['dataset']).name} ({options['n']} in "
         f"{len(options['shards'])} shards), {options['chunks']} chunks"
     )
+    return _print_fidelity(header, summaries, args.json, partial(write_report, options))
+
+
+def _print_fidelity(header: str, summaries, path: Path | None, write) -> int:
+    """Print a fidelity report's header line and table; `write(summaries, path)` when a path
+    is given."""
+    from engine.bench.fidelity import format_table
+
+    print(header)
     print(format_table(summaries))
-    if args.json:
-        write_report(options, summaries, args.json)
-        print(f"wrote {args.json}")
+    if path:
+        write(summaries, path)
+        print(f"wrote {path}")
     return 0
 
 
@@ -112,7 +122,7 @@ def add_kernels_parser(kinds) -> None:
 
 
 def run_fidelity(args) -> int:
-    from engine.bench.fidelity import FidelityOptions, format_table, run_fidelity, write_json
+    from engine.bench.fidelity import FidelityOptions, run_fidelity, write_json
     from engine.engine import Engine
     from engine.threads import single_threaded
 
@@ -135,15 +145,13 @@ def run_fidelity(args) -> int:
     if args.store_codecs:
         return run_codec_fidelity(args, engine, options)
     summaries = run_fidelity(engine, options, codecs=_row_codecs(options.modes))
-    print(
+    header = (
         f"records {options.start}..{options.start + options.n - 1} of {options.dataset.name}, "
         f"{options.chunks} chunks, model {engine.fingerprint}, device {engine.device}"
     )
-    print(format_table(summaries))
-    if args.json:
-        write_json(summaries, options, args.json)
-        print(f"wrote {args.json}")
-    return 0
+    return _print_fidelity(
+        header, summaries, args.json, lambda rows, path: write_json(rows, options, path)
+    )
 
 
 def _row_codecs(labels) -> dict:
