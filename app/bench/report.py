@@ -244,7 +244,7 @@ def _markdown(run, command: str, plots: list[str]) -> str:
         "```",
         format_table(run.summaries),
         "",
-        *([format_bounds(run), ""] if format_bounds(run) else []),
+        *([bounds, ""] if (bounds := format_bounds(run)) else []),
         format_answers(run),
         "```",
         "",
