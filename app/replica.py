@@ -162,8 +162,11 @@ class IndexFollower:
                 vectors = [v if v is not None else next(fresh) for v in stored]
                 self.retriever.add([c.chunk_id for c in added], np.stack(vectors))
             self.retriever.cursor = max(self.retriever.cursor, cursor)
-            log.warning("vector index resynced with the catalog: %d rows removed, %d added",
-                        len(held - wanted), len(added))
+            log.warning(
+                "vector index resynced with the catalog: %d rows removed, %d added",
+                len(held - wanted),
+                len(added),
+            )
             return len(held - wanted) + len(added)
 
     def prune(self) -> int:

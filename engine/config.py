@@ -106,168 +106,255 @@ class EngineConfig:
 
     data_dir: Path = described(Path("data"), "Converted model, KV files, catalog and index.")
     model_path: str | None = described(
-        None, "A local Hugging Face Llama-family checkpoint (unset: the embedded "
-        "SmolLM2-135M-Instruct). See docs/models.md.")
+        None,
+        "A local Hugging Face Llama-family checkpoint (unset: the embedded "
+        "SmolLM2-135M-Instruct). See docs/models.md.",
+    )
     device: str = described("cpu", "`cpu` or `cuda[:n]`.")
     dtype: str = described(
-        "auto", "The model's dtype: `auto` (bfloat16 on a CPU with AMX-BF16, float32 on other "
+        "auto",
+        "The model's dtype: `auto` (bfloat16 on a CPU with AMX-BF16, float32 on other "
         "CPUs, float16 on CUDA), `float32`, `float16`, `bfloat16`. On AMX bfloat16 kept task "
         "accuracy and stayed inside full prefill's reorder floor while serving more; its reused "
         "KV is not bit-exact, so `float32` where answers must equal full prefill's to the bit "
-        "(docs/benchmarks/bfloat16.md).")
+        "(docs/benchmarks/bfloat16.md).",
+    )
     encode_dtype: str = described(
-        "engine", "The dtype base KV is computed in (ingest, `Engine.encode_chunks`): `engine` "
+        "engine",
+        "The dtype base KV is computed in (ingest, `Engine.encode_chunks`): `engine` "
         "(the engine's own), or by a copy of the model in `float32`, `bfloat16`, `float16`; "
         "`auto` = `bfloat16` when the engine runs float32 on a CPU with AMX-BF16, else `engine`. "
         "Opt in: bfloat16 ingests faster, but its base variants are not exact, so `prefix` reuse "
         "and the guard's repairs stop equalling full prefill at near-ties; the copy costs one more "
-        "model in memory (docs/benchmarks/bfloat16.md).")
+        "model in memory (docs/benchmarks/bfloat16.md).",
+    )
     linear_kernel: str = described(
-        "auto", "Kernel of the model's linear layers and of the MiniLM embedder "
+        "auto",
+        "Kernel of the model's linear layers and of the MiniLM embedder "
         "(engine/linear.py): `torch` (PyTorch's own: MKL for float32 on x86), `onednn`, or "
         "`auto` = `onednn` for a bfloat16 model on the CPU, and for a float32 one unless the "
         "CPU is Intel's and torch has MKL, where the op exists and a probe agrees with `torch`; "
         "else `torch`. Results differ in the last bits, so the kernel is part of the model "
         "fingerprint (KV cached under one is recomputed under the other). Measure a new machine "
         "with `python -m engine.bench.linear` before trusting `auto` there "
-        "(docs/benchmarks/kernels.md).")
+        "(docs/benchmarks/kernels.md).",
+    )
     decode_attention: str = described(
-        "auto", "Attention of a decode step (engine/decode_attention.py): `native`, a C kernel "
+        "auto",
+        "Attention of a decode step (engine/decode_attention.py): `native`, a C kernel "
         "compiled with `cc` on first use (engine/cpu/, cached under ~/.cache/kvmosaic/kernels) "
         "that attends every row of a step in one call per layer, each request's keys split in "
         "blocks over the cores; `torch`, PyTorch's SDPA per request; `auto` = `native` for a "
         "float32 or bfloat16 model on the CPU with head_dim 16, 32, 64 or 128 where the kernel "
         "builds and agrees with `torch` on a probe, else `torch`. Prefill never runs it, so "
-        "cached KV and the model fingerprint do not depend on it (docs/benchmarks/kernels.md).")
+        "cached KV and the model fingerprint do not depend on it (docs/benchmarks/kernels.md).",
+    )
     num_threads: int | None = bounded(
-        None, ge=1, doc="torch CPU threads of the thread that computes (unset: torch's default, "
+        None,
+        ge=1,
+        doc="torch CPU threads of the thread that computes (unset: torch's default, "
         "`OMP_NUM_THREADS`, else the cores); helper threads run single-threaded "
-        "(engine/threads.py).")
+        "(engine/threads.py).",
+    )
     system_prompt: str = described(DEFAULT_SYSTEM_PROMPT, "The system prefix of every prompt.")
     instruction: str = described(DEFAULT_INSTRUCTION, "The instruction before the passages.")
     check_layers: tuple[int, ...] = described(
-        (1, 2, 6), "`cacheblend` and `cachecraft` check layers, comma-separated: layers below the "
+        (1, 2, 6),
+        "`cacheblend` and `cachecraft` check layers, comma-separated: layers below the "
         "first run fully; at each check layer the rows of highest deviation stay active "
         "(several: gradual filtering; `1` alone is CacheBlend's single check, a little faster and "
         "much less faithful). The last check six layers deep keeps the rows that still deviate "
-        "there (docs/benchmarks/recompute.md).")
+        "there (docs/benchmarks/recompute.md).",
+    )
     check_ratio_multipliers: tuple[float, ...] = described(
-        (3.0, 2.0, 1.0), "Ratio multiplier per check layer: the default keeps `3r` rows at "
-        "layer 1, `2r` at layer 2 and `r` from layer 6 on.")
+        (3.0, 2.0, 1.0),
+        "Ratio multiplier per check layer: the default keeps `3r` rows at "
+        "layer 1, `2r` at layer 2 and `r` from layer 6 on.",
+    )
     recompute_ratio: float = bounded(
-        0.13, ge=0.0, le=1.0, doc="r: the blending modes' share of context tokens recomputed at "
+        0.13,
+        ge=0.0,
+        le=1.0,
+        doc="r: the blending modes' share of context tokens recomputed at "
         "`fast` (and at `balanced` when `guard_recompute_ratio` is off); a request's `ratio` wins "
         "at every level. r trades first-token deviation for TTFT, and nothing cheaper bought the "
-        "same (docs/benchmarks/recompute.md).")
-    deviation: str = described("value", "Which cached tensor the check layers' deviation "
-                               "compares: `value` or `key`.")
+        "same (docs/benchmarks/recompute.md).",
+    )
+    deviation: str = described(
+        "value", "Which cached tensor the check layers' deviation compares: `value` or `key`."
+    )
     selection: str = described(
-        "question_weighted", "How check layers rank rows: `deviation` (CacheBlend) or "
+        "question_weighted",
+        "How check layers rank rows: `deviation` (CacheBlend) or "
         "`question_weighted` (deviation times the question's attention to the row; "
-        "engine/planners/selection.py).")
+        "engine/planners/selection.py).",
+    )
     blend_head_tokens: int = bounded(
-        8, ge=0, doc="`cacheblend` and `cachecraft`: the first k rows of every chunk cached in "
+        8,
+        ge=0,
+        doc="`cacheblend` and `cachecraft`: the first k rows of every chunk cached in "
         "another context are recomputed first, inside the ratio's budget (such rows opened their "
         "chunk's own pass right after the system prefix; in the prompt they follow another "
-        "passage); 0: by score only (docs/benchmarks/recompute.md).")
-    epic_tokens: int = bounded(16, ge=0, doc="`epic`: leading tokens of each chunk recomputed "
-                                       "in every layer.")
+        "passage); 0: by score only (docs/benchmarks/recompute.md).",
+    )
+    epic_tokens: int = bounded(
+        16, ge=0, doc="`epic`: leading tokens of each chunk recomputed in every layer."
+    )
     craft_alpha: float = bounded(
-        1.0, ge=0.0, doc="`cachecraft`: α of CFO = clamp(α·CCI·(1 − β′·ν), 0, 1). CCI lies in "
+        1.0,
+        ge=0.0,
+        doc="`cachecraft`: α of CFO = clamp(α·CCI·(1 − β′·ν), 0, 1). CCI lies in "
         "[0.5, 1), so at 1 the whole range up to the full-recompute branch is reachable and a "
         "variant from an unrelated context (high CFO) loses to the blend fix of the base variant. "
-        "Fit it with `kvmosaic calibrate`.")
+        "Fit it with `kvmosaic calibrate`.",
+    )
     craft_novelty: bool = described(
-        True, "`cachecraft`: scale β′ by ν, the share of the new preceding chunks the variant has "
-        "seen (engine/cachecraft/scores.py); false: the paper's formula.")
+        True,
+        "`cachecraft`: scale β′ by ν, the share of the new preceding chunks the variant has "
+        "seen (engine/cachecraft/scores.py); false: the paper's formula.",
+    )
     craft_reuse_below: float = bounded(
-        0.02, ge=0.0, le=1.0, doc="`cachecraft`: a CFO below this reuses the chunk as is (at most "
-        "`craft_full_above`).")
+        0.02,
+        ge=0.0,
+        le=1.0,
+        doc="`cachecraft`: a CFO below this reuses the chunk as is (at most `craft_full_above`).",
+    )
     craft_full_above: float = bounded(
-        0.7, ge=0.0, le=1.0, doc="`cachecraft`: a CFO above this recomputes the whole chunk.")
+        0.7, ge=0.0, le=1.0, doc="`cachecraft`: a CFO above this recomputes the whole chunk."
+    )
     craft_stats_layers: tuple[int, ...] = described(
-        (0, 1), "`cachecraft`: layers whose attention a new variant's statistics average over "
-        "(measured after the answer, every row of the first layers recomputed in the new context).")
+        (0, 1),
+        "`cachecraft`: layers whose attention a new variant's statistics average over "
+        "(measured after the answer, every row of the first layers recomputed in the new context).",
+    )
     craft_build_after: int = bounded(
-        1, ge=0, doc="`cachecraft`: build a request's exact variants (one more prefill of its "
+        1,
+        ge=0,
+        doc="`cachecraft`: build a request's exact variants (one more prefill of its "
         "prompt from the first inexact chunk on) only when its chunk set, in any order, came up at "
-        "least this many times before in the last `craft_traffic_window` requests; 0: always.")
+        "least this many times before in the last `craft_traffic_window` requests; 0: always.",
+    )
     craft_traffic_window: int = bounded(256, ge=1, doc="Requests the recent traffic remembers.")
     craft_build: str = described(
-        "background", "How a recurring set's exact variants are made: `background` (a builder "
+        "background",
+        "How a recurring set's exact variants are made: `background` (a builder "
         "thread prefills the prompt again after the answer, only while no request runs or waits) "
         "or `inline` (the recurring request itself computes its chunks exactly from the first "
-        "inexact one on, like `prefix`, and keeps them).")
+        "inexact one on, like `prefix`, and keeps them).",
+    )
     craft_exact_tail: float = bounded(
-        0.35, ge=0.0, le=1.0, doc="`cachecraft` under `balanced`: when the chunks after the "
+        0.35,
+        ge=0.0,
+        le=1.0,
+        doc="`cachecraft` under `balanced`: when the chunks after the "
         "leading exact ones hold at most this share of the context's tokens, they are computed "
         "fully, so the state is full prefill's (nothing to check or repair) at that share of its "
-        "cost; 0: never (engine/planners/cachecraft.py, docs/benchmarks/recompute.md).")
+        "cost; 0: never (engine/planners/cachecraft.py, docs/benchmarks/recompute.md).",
+    )
     craft_max_variants: int = bounded(
-        5, ge=1, doc="Variants kept per chunk: the base and the most valuable others (mean work "
-        "saved per use × (uses + 1) / bytes).")
+        5,
+        ge=1,
+        doc="Variants kept per chunk: the base and the most valuable others (mean work "
+        "saved per use × (uses + 1) / bytes).",
+    )
     focus_layer: int | None = bounded(
-        10, ge=0, doc="`cachecraft` early termination: first layer from which chunks the "
+        10,
+        ge=0,
+        doc="`cachecraft` early termination: first layer from which chunks the "
         "question ignores stop recomputing (none: never). On because on answerable cases it kept "
         "accuracy and the deviation from full while saving work (docs/benchmarks/guard.md, "
-        "calibration against the floor).")
+        "calibration against the floor).",
+    )
     focus_threshold: float = bounded(
-        0.5, ge=0.0, doc="A chunk is unfocused below this fraction of an even share of the "
-        "question's attention.")
+        0.5,
+        ge=0.0,
+        doc="A chunk is unfocused below this fraction of an even share of the "
+        "question's attention.",
+    )
     fidelity: str = described(
-        "balanced", "Fidelity level of requests that name none (engine/guard.py): `exact` "
+        "balanced",
+        "Fidelity level of requests that name none (engine/guard.py): `exact` "
         "(full prefill, token-identical), `balanced` (a request whose first token is uncertain is "
         "prefilled again in full; one that becomes uncertain while decoding goes on from a full "
         "prefill of the prompt and its answer so far), `fast` (the mode as is). See "
-        "docs/benchmarks/fidelity.md.")
+        "docs/benchmarks/fidelity.md.",
+    )
     guard_margin: float = bounded(
-        1.0, ge=0.0, doc="`balanced`: a first token whose log-probability margin over the "
+        1.0,
+        ge=0.0,
+        doc="`balanced`: a first token whose log-probability margin over the "
         "runner-up is below this (nats) is prefilled again as `full` would (inside TTFT; the "
-        "system prefix and the leading chunks exact in context are kept).")
+        "system prefix and the leading chunks exact in context are kept).",
+    )
     guard_recompute_ratio: float | None = bounded(
-        0.2, ge=0.0, le=1.0, doc="`balanced`: r of a request's first attempt when it names none "
+        0.2,
+        ge=0.0,
+        le=1.0,
+        doc="`balanced`: r of a request's first attempt when it names none "
         "(off: `recompute_ratio`, as `fast`). `fast` keeps `recompute_ratio`, so it stays as fast "
         "as plain blending; balanced spends more rows because no signal of a blend tells a far "
         "one from a near one (docs/benchmarks/guard.md). In `bench workload` mode specs a "
-        "balanced spec's r is `guard_recompute_ratio=`.")
+        "balanced spec's r is `guard_recompute_ratio=`.",
+    )
     guard_answer_margin: float = bounded(
-        0.5, ge=0.0, doc="`balanced`: the first later answer token whose margin is below this "
+        0.5,
+        ge=0.0,
+        doc="`balanced`: the first later answer token whose margin is below this "
         "(nats) stops the blended decode; the prompt plus the answer so far is prefilled in full "
         "and decoding goes on from there (after TTFT; at most once per request). The smallest "
         "threshold that keeps answers inside full prefill's reorder floor on the tuning cases "
-        "(docs/benchmarks/guard.md, calibration against the floor).")
+        "(docs/benchmarks/guard.md, calibration against the floor).",
+    )
     guard_answer_tokens: int = bounded(
-        64, ge=0, doc="`balanced`: answer tokens watched that way (0 or 1: no check while "
-        "decoding).")
+        64,
+        ge=0,
+        doc="`balanced`: answer tokens watched that way (0 or 1: no check while decoding).",
+    )
     guard_busy_repair_share: float | None = bounded(
-        0.7, ge=0.0, le=1.0, doc="`balanced` under load: while another request is being served, "
+        0.7,
+        ge=0.0,
+        le=1.0,
+        doc="`balanced` under load: while another request is being served, "
         "a request skips its blend and computes every row after its exact leading chunks at once "
         "(as `prefix`: exact, nothing repaired, its chunks kept as exact variants) when at least "
         "this share of the recent blended balanced requests needed a full prefill anyway (off: "
         "always blend). Skipping saves work when that share p exceeds 1 − b, b the blend's work "
         "over the exact prefill's; one such request in 8 blends anyway, so the share keeps "
-        "learning (engine/busy.py, docs/benchmarks/guard.md).")
-    selfcheck: bool = described(True, "Run the RoPE-shift self-check at start-up; a failure "
-                                "disables the reuse modes.")
+        "learning (engine/busy.py, docs/benchmarks/guard.md).",
+    )
+    selfcheck: bool = described(
+        True, "Run the RoPE-shift self-check at start-up; a failure disables the reuse modes."
+    )
     batching: bool = described(
-        True, "Continuous batching of decode (engine/scheduler.py): concurrent requests share each "
+        True,
+        "Continuous batching of decode (engine/scheduler.py): concurrent requests share each "
         "decode step; false: every request decodes alone on its worker thread, as one-row steps "
-        "(docs/benchmarks/batching.md).")
-    max_batch: int = bounded(8, ge=1, doc="Requests in one decode step; more wait for a place, "
-                             "first come first served.")
+        "(docs/benchmarks/batching.md).",
+    )
+    max_batch: int = bounded(
+        8, ge=1, doc="Requests in one decode step; more wait for a place, first come first served."
+    )
     max_batch_tokens: int = bounded(
-        65536, ge=1, doc="Cache rows (prompt + token budget) of the requests in one decode step; "
-        "a lone request always fits.")
+        65536,
+        ge=1,
+        doc="Cache rows (prompt + token budget) of the requests in one decode step; "
+        "a lone request always fits.",
+    )
     prefill_slots: int = bounded(
-        1, ge=1, doc="Prefills computing at once while batching. 1: every prefill, repair and "
+        1,
+        ge=1,
+        doc="Prefills computing at once while batching. 1: every prefill, repair and "
         "base-KV encoding runs on the decode scheduler's thread before its next step (one thread "
         "computes, which is what a CPU runs fastest); more: prefills run on their workers' "
-        "threads, and decode steps pause while any waits or runs.")
+        "threads, and decode steps pause while any waits or runs.",
+    )
     batch_invariant: bool = described(
-        False, "Pad a lone request's decode step like a batch's, so every token is bit-identical "
+        False,
+        "Pad a lone request's decode step like a batch's, so every token is bit-identical "
         "whatever it is batched with (engine/decode.py). A lone token costs more in float32 on "
         "CPU, nothing measurable in bfloat16 on AMX: set it with bfloat16 there "
-        "(docs/benchmarks/bfloat16.md).")
+        "(docs/benchmarks/bfloat16.md).",
+    )
 
     def __post_init__(self) -> None:
         """Refuse values out of their field's `Bounds`, unknown choices and inconsistent fields."""
@@ -289,14 +376,20 @@ class EngineConfig:
             raise ValueError("craft_stats_layers must be non-empty layers >= 0")
 
     def _check_choices(self) -> None:
-        for name, choices in (("deviation", DEVIATIONS), ("selection", SELECTIONS),
-                              ("craft_build", CRAFT_BUILDS), ("fidelity", FIDELITIES),
-                              ("encode_dtype", ENCODE_DTYPES), ("linear_kernel", LINEAR_KERNELS),
-                              ("decode_attention", DECODE_ATTENTIONS)):
+        for name, choices in (
+            ("deviation", DEVIATIONS),
+            ("selection", SELECTIONS),
+            ("craft_build", CRAFT_BUILDS),
+            ("fidelity", FIDELITIES),
+            ("encode_dtype", ENCODE_DTYPES),
+            ("linear_kernel", LINEAR_KERNELS),
+            ("decode_attention", DECODE_ATTENTIONS),
+        ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}")
 
 
 # {field name: its Bounds} of every bounded EngineConfig field (the settings check these too).
 FIELD_BOUNDS: Mapping[str, Bounds] = MappingProxyType(
-    {f.name: f.metadata[BOUNDS] for f in fields(EngineConfig) if BOUNDS in f.metadata})
+    {f.name: f.metadata[BOUNDS] for f in fields(EngineConfig) if BOUNDS in f.metadata}
+)

@@ -47,9 +47,15 @@ class StepCheck(Protocol):
     def fired(self, step: int, logits: torch.Tensor) -> bool: ...
 
 
-def generate_ids(stack: DecoderStack, cache: KVCache, first_logits: torch.Tensor,
-                 params: SamplingParams, eos_ids: tuple[int, ...], check: StepCheck | None = None,
-                 generator: torch.Generator | None = None) -> Generator[int, None, None]:
+def generate_ids(
+    stack: DecoderStack,
+    cache: KVCache,
+    first_logits: torch.Tensor,
+    params: SamplingParams,
+    eos_ids: tuple[int, ...],
+    check: StepCheck | None = None,
+    generator: torch.Generator | None = None,
+) -> Generator[int, None, None]:
     """Yield generated token ids; the EOS token that ends generation is not yielded.
 
     Appends to `cache` in place; stops early if the cache is full, or before picking a step's
@@ -105,14 +111,21 @@ def row_multiple(stack: DecoderStack, max_rows: int = DEFAULT_MAX_ROWS) -> int:
 @torch.inference_mode()
 def _measure_row_multiple(stack: DecoderStack, max_rows: int) -> int:
     # The layers' own modules, so the probe runs the kernel the model runs (engine/linear.py).
-    modules = [m for part in (stack.layers[0], stack.lm_head) if isinstance(part, torch.nn.Module)
-               for m in part.modules() if isinstance(m, (torch.nn.Linear, OneDnnLinear))]
+    modules = [
+        m
+        for part in (stack.layers[0], stack.lm_head)
+        if isinstance(part, torch.nn.Module)
+        for m in part.modules()
+        if isinstance(m, (torch.nn.Linear, OneDnnLinear))
+    ]
     linears = {tuple(m.weight.shape): m for m in modules}
     generator = torch.Generator().manual_seed(0)
     for multiple in ROW_MULTIPLES:
         padded = -(-max_rows // multiple) * multiple  # the most rows a batch of max_rows pads to
-        probes = [(m, torch.randn(padded, m.weight.shape[1], generator=generator).to(m.weight))
-                  for m in linears.values()]
+        probes = [
+            (m, torch.randn(padded, m.weight.shape[1], generator=generator).to(m.weight))
+            for m in linears.values()
+        ]
         if all(_rows_agree(m, x, multiple) for m, x in probes):
             return multiple
     return -(-max_rows // ROW_MULTIPLES[-1]) * ROW_MULTIPLES[-1]
@@ -126,7 +139,7 @@ def _rows_agree(
     (as the invariant lone step pads it). Every row is checked, not only the first block:
     kernels may treat the rows of a remainder block differently (bfloat16 on an AVX-512 EPYC
     agreed on row 0 at every count but not on the last rows of 3, 5 or 6)."""
-    lone = [linear(torch.cat([x[i:i + 1], x[:multiple - 1]]))[0] for i in range(x.shape[0])]
+    lone = [linear(torch.cat([x[i : i + 1], x[: multiple - 1]]))[0] for i in range(x.shape[0])]
     for rows in range(multiple, x.shape[0] + 1, multiple):
         out = linear(x[:rows])
         if not all(torch.equal(out[i], lone[i]) for i in range(rows)):
@@ -135,8 +148,13 @@ def _rows_agree(
 
 
 @torch.inference_mode()
-def decode_batch(stack: DecoderStack, caches: Sequence[KVCache], tokens: Sequence[int],
-                 invariant: bool = False, max_rows: int = DEFAULT_MAX_ROWS) -> torch.Tensor:
+def decode_batch(
+    stack: DecoderStack,
+    caches: Sequence[KVCache],
+    tokens: Sequence[int],
+    invariant: bool = False,
+    max_rows: int = DEFAULT_MAX_ROWS,
+) -> torch.Tensor:
     """One token for each request, at position caches[i].length; returns logits [n, vocab].
 
     The rows share every linear layer (q/k/v/o, MLP, lm_head) as one matrix product; each
@@ -238,8 +256,9 @@ class TextStream:
         self._ids.close()
 
 
-def stream_text(tokenizer: PreTrainedTokenizerBase, ids: Iterator[int],
-                collected: list[int] | None = None) -> Generator[str, None, None]:
+def stream_text(
+    tokenizer: PreTrainedTokenizerBase, ids: Iterator[int], collected: list[int] | None = None
+) -> Generator[str, None, None]:
     """Turn a stream of ids into text pieces; pieces concatenate to decode(all ids).
 
     Holds a piece back while it ends in an incomplete UTF-8 sequence. Every id is appended
@@ -253,11 +272,11 @@ def stream_text(tokenizer: PreTrainedTokenizerBase, ids: Iterator[int],
         if text.endswith("\ufffd"):
             continue
         if text.startswith(emitted) and len(text) > len(emitted):
-            yield text[len(emitted):]
+            yield text[len(emitted) :]
             emitted = text
     text = _decode(tokenizer, tokens)
     if len(text) > len(emitted) and text.startswith(emitted):
-        yield text[len(emitted):]
+        yield text[len(emitted) :]
 
 
 def _decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:

@@ -87,8 +87,14 @@ class NativeStepAttention:
                 )
         self.lib, self.caches, self.scale, self.dtype = lib, caches, scale, dtype
         self.cache_dtype = library.CACHE_DTYPES[str(dtype).removeprefix("torch.")]
-        self.meta = torch.tensor([[c.data.data_ptr() for c in caches], [c.capacity for c in caches],
-                                  [p + 1 for p in positions]], dtype=torch.int64)
+        self.meta = torch.tensor(
+            [
+                [c.data.data_ptr() for c in caches],
+                [c.capacity for c in caches],
+                [p + 1 for p in positions],
+            ],
+            dtype=torch.int64,
+        )
         self.kv_heads, self.head_dim = caches[0].data.shape[2], caches[0].data.shape[4]
 
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
@@ -142,8 +148,14 @@ def step_attention(
     return TorchStepAttention(caches, positions, scale)
 
 
-def resolve_decode_attention(name: str, device: torch.device, dtype: torch.dtype, num_heads: int,
-                             num_kv_heads: int, head_dim: int) -> str:
+def resolve_decode_attention(
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+) -> str:
     """`torch` or `native` for a model of these shapes; ValueError for an unknown name, or for
     `native` where it cannot run (with the reason)."""
     if name not in DECODE_ATTENTIONS:
@@ -161,8 +173,9 @@ def resolve_decode_attention(name: str, device: torch.device, dtype: torch.dtype
     return "torch"
 
 
-def _native_unusable(device: torch.device, dtype: torch.dtype, num_heads: int, num_kv_heads: int,
-                     head_dim: int) -> str | None:
+def _native_unusable(
+    device: torch.device, dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int
+) -> str | None:
     """Why the kernel cannot serve this model here, or None if it can."""
     group = num_heads // num_kv_heads
     if device.type != "cpu" or dtype not in NATIVE_DTYPES:
@@ -216,10 +229,12 @@ def native_agrees(
     with torch.inference_mode():
         for layer in (0, 1):
             # float32 q: no rounding
-            got = NativeStepAttention(lib, caches, positions, head_dim ** -0.5)(layer, q)
-            expected = TorchStepAttention(wide, positions, head_dim ** -0.5)(layer, q)
+            got = NativeStepAttention(lib, caches, positions, head_dim**-0.5)(layer, q)
+            expected = TorchStepAttention(wide, positions, head_dim**-0.5)(layer, q)
             if not torch.allclose(got, expected, atol=tolerance, rtol=tolerance):
-                log.warning("native decode attention disagrees with torch by %.3g",
-                            (got - expected).abs().max().item())
+                log.warning(
+                    "native decode attention disagrees with torch by %.3g",
+                    (got - expected).abs().max().item(),
+                )
                 return False
     return True

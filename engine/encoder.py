@@ -72,9 +72,13 @@ class ChunkEncoder:
                 break  # the last layer's attention and MLP feed no KV: skip them (~3% of a pass)
             q = stack.project_q(layer, x, cos, sin)  # [heads, rows, head_dim]
             prefix = self.prefix_kv.layer(layer)  # [2, kv_heads, P, head_dim]
-            attn = torch.cat([self._attend(q, k, v, prefix, start, end, layouts[end - start])
-                              # [rows, heads * head_dim]
-                              for start, end in zip(bounds[:-1], bounds[1:])])
+            attn = torch.cat(
+                [
+                    self._attend(q, k, v, prefix, start, end, layouts[end - start])
+                    # [rows, heads * head_dim]
+                    for start, end in zip(bounds[:-1], bounds[1:])
+                ]
+            )
             hidden = stack.finish_layer(layer, hidden, attn)
         return [
             ChunkKV(

@@ -1,9 +1,9 @@
 """The Engine facade: load once, encode chunks, prefill by mode, decode.
 
-    engine = Engine.load(EngineConfig())
-    kv = engine.encode_chunk(engine.chunk_ids("Some passage ..."))
-    result = engine.prefill([ChunkInput(1, kv.token_ids, kv)], "Question?", mode="cacheblend")
-    text = "".join(engine.generate(result, SamplingParams(max_new_tokens=32)))
+engine = Engine.load(EngineConfig())
+kv = engine.encode_chunk(engine.chunk_ids("Some passage ..."))
+result = engine.prefill([ChunkInput(1, kv.token_ids, kv)], "Question?", mode="cacheblend")
+text = "".join(engine.generate(result, SamplingParams(max_new_tokens=32)))
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ REFUSED_MODEL_TYPES: Mapping[str, str] = {
     "qwen2_moe": "its MLP is a mixture of experts, which the engine's row-wise steps do not run",
     "qwen3_moe": "its MLP is a mixture of experts, which the engine's row-wise steps do not run",
     "phi3": "it fuses q/k/v into one projection and uses longrope, whose frequencies switch "
-            "with the length",
+    "with the length",
 }
 
 
@@ -60,8 +60,10 @@ def check_architecture(config: PreTrainedConfig) -> str:
     rope = rope_parameters(config)
     _check_rope(config, rope)
     if rope["rope_type"] in BOUNDED_ROPE_TYPES:
-        return (f"{model_type}, rope {rope['rope_type']} (context kept to max_position_embeddings, "
-                f"{config.max_position_embeddings}, where its frequencies are fixed)")
+        return (
+            f"{model_type}, rope {rope['rope_type']} (context kept to max_position_embeddings, "
+            f"{config.max_position_embeddings}, where its frequencies are fixed)"
+        )
     return f"{model_type}, rope {rope['rope_type']}"
 
 
@@ -72,7 +74,8 @@ def check_model_type(model_type: str) -> None:
         raise UnsupportedModel(
             f"model type {model_type!r} is not supported: {reason}. Use a checkpoint of a "
             f"supported family ({_SUPPORTED}; docs/models.md), or serve this model without "
-            f"kvmosaic")
+            f"kvmosaic"
+        )
 
 
 def rope_parameters(config: PreTrainedConfig) -> dict[str, Any]:
@@ -114,7 +117,8 @@ def _check_sliding_window(config: PreTrainedConfig) -> None:
         f"prompts past the window would get answers the model never gives. Use a checkpoint "
         f"without a sliding window (e.g. Mistral-7B v0.2 or later: sliding_window null; Qwen: "
         f"use_sliding_window false), or set max_position_embeddings to at most {window} in its "
-        f"config.json, so that every prompt fits inside the window, where both agree")
+        f"config.json, so that every prompt fits inside the window, where both agree"
+    )
 
 
 def _check_rope(config: PreTrainedConfig, rope: Mapping[str, Any]) -> None:
@@ -124,10 +128,12 @@ def _check_rope(config: PreTrainedConfig, rope: Mapping[str, Any]) -> None:
             f"RoPE type {rope_type!r} is not supported: cached chunk KV moves to a new position "
             f"by re-rotating K, which equals a fresh RoPE only while the frequencies do not "
             f"depend on the sequence length or layer. Supported RoPE types: {_ROPES}; use a "
-            f"checkpoint with one of them")
+            f"checkpoint with one of them"
+        )
     default_share = getattr(config, "partial_rotary_factor", None) or 1.0
     share = float(rope.get("partial_rotary_factor", default_share))
     if share != 1.0:
         raise UnsupportedModel(
             f"partial_rotary_factor {share} is not supported: the engine rotates every "
-            f"dimension of a head; use a checkpoint whose RoPE covers the whole head")
+            f"dimension of a head; use a checkpoint whose RoPE covers the whole head"
+        )

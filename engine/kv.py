@@ -100,8 +100,15 @@ class KVCache:
     data: [layers, 2, kv_heads, capacity, head_dim]; rows [0, length) are valid.
     """
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         self.data = torch.empty(
             num_layers, 2, num_kv_heads, capacity, head_dim, dtype=dtype, device=device
         )

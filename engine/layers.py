@@ -36,8 +36,9 @@ class TokenEmbedding(Protocol):
 class RotaryEmbedding(Protocol):
     inv_freq: torch.Tensor  # [head_dim / 2]
 
-    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor,
-                 /) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def __call__(
+        self, x: torch.Tensor, position_ids: torch.Tensor, /
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class SelfAttention(Protocol):
@@ -81,7 +82,7 @@ class DecoderStack:
         self.lm_head = causal_lm.lm_head
         self.rotary = body.rotary_emb
         attn = self.layers[0].self_attn
-        self.scale = float(getattr(attn, "scaling", self.spec.head_dim ** -0.5))
+        self.scale = float(getattr(attn, "scaling", self.spec.head_dim**-0.5))
         # how decode steps attend: "torch" or "native", as resolved for this model
         # (engine/decode_attention.py; prefill never uses it)
         self.decode_attention = decode_attention
@@ -93,8 +94,9 @@ class DecoderStack:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(ids)
 
-    def rope_tables(self, positions: torch.Tensor,
-                    like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope_tables(
+        self, positions: torch.Tensor, like: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [m, head_dim] for the given positions, exactly as the model computes them."""
         cos, sin = self.rotary(like, positions[None])
         return cos[0], sin[0]
@@ -102,8 +104,9 @@ class DecoderStack:
     def input_norm(self, index: int, h: torch.Tensor) -> torch.Tensor:
         return self.layers[index].input_layernorm(h)
 
-    def project_kv(self, index: int, x: torch.Tensor, cos: torch.Tensor,
-                   sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def project_kv(
+        self, index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """K (after RoPE) and V of normed rows x: each [kv_heads, m, head_dim]."""
         attn = self.layers[index].self_attn
         k = self._heads(attn.k_proj(x), self.spec.num_kv_heads)
@@ -112,8 +115,9 @@ class DecoderStack:
         v = self._heads(attn.v_proj(x), self.spec.num_kv_heads)
         return _rope(k, cos, sin), v
 
-    def project_q(self, index: int, x: torch.Tensor, cos: torch.Tensor,
-                  sin: torch.Tensor) -> torch.Tensor:
+    def project_q(
+        self, index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
         """Q (after RoPE) of normed rows x: [heads, m, head_dim]."""
         attn = self.layers[index].self_attn
         q = self._heads(attn.q_proj(x), self.spec.num_heads)
@@ -121,8 +125,15 @@ class DecoderStack:
             q = attn.q_norm(q)
         return _rope(q, cos, sin)
 
-    def attend_and_mlp(self, index: int, h: torch.Tensor, q: torch.Tensor, keys: torch.Tensor,
-                       values: torch.Tensor, queries: QueryLayout) -> torch.Tensor:
+    def attend_and_mlp(
+        self,
+        index: int,
+        h: torch.Tensor,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        queries: QueryLayout,
+    ) -> torch.Tensor:
         """Finish layer `index` for rows h: attention over the cache, o_proj, residual, MLP."""
         return self.finish_layer(index, h, causal_attention(q, keys, values, queries, self.scale))
 

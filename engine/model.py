@@ -85,7 +85,7 @@ def cpu_has_amx_bf16(cpuinfo: Path = CPUINFO) -> bool:
 
 
 def resolve_dtype(name: str, device: str, amx: bool | None = None) -> torch.dtype:
-    """"auto" is float16 on CUDA, bfloat16 on a CPU with AMX-BF16 and float32 on other CPUs;
+    """ "auto" is float16 on CUDA, bfloat16 on a CPU with AMX-BF16 and float32 on other CPUs;
     `amx` overrides the CPU check (tests).
 
     bfloat16 where AMX makes its products native: it kept task accuracy and stayed inside full
@@ -103,8 +103,9 @@ def resolve_dtype(name: str, device: str, amx: bool | None = None) -> torch.dtyp
     return table[name]
 
 
-def load_model(data_dir: Path, model_path: str | None, device: str, dtype: str,
-               linear_kernel: str = "auto") -> LoadedModel:
+def load_model(
+    data_dir: Path, model_path: str | None, device: str, dtype: str, linear_kernel: str = "auto"
+) -> LoadedModel:
     """Load the embedded model (model_path None) or a local checkpoint directory, its linear
     layers on `linear_kernel` (engine/linear.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -113,7 +114,8 @@ def load_model(data_dir: Path, model_path: str | None, device: str, dtype: str,
     source = Path(model_path) if model_path else embedded_checkpoint(Path(data_dir))
     if not source.is_dir():
         raise KvMosaicError(
-            f"model path {source} is not a directory with a Hugging Face checkpoint")
+            f"model path {source} is not a directory with a Hugging Face checkpoint"
+        )
     _check_checkpoint_config(source)
     torch_dtype = resolve_dtype(dtype, device)
     started = time.perf_counter()
@@ -136,13 +138,15 @@ def _check_checkpoint_config(source: Path) -> None:
     config_file = source / "config.json"
     if not config_file.is_file():
         raise KvMosaicError(
-            f"model path {source} has no config.json: not a Hugging Face checkpoint")
+            f"model path {source} has no config.json: not a Hugging Face checkpoint"
+        )
     check_model_type(str(json.loads(config_file.read_text()).get("model_type")))
     check_architecture(AutoConfig.from_pretrained(source, local_files_only=True))
 
 
-def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-               linear_kernel: str = "auto") -> LoadedModel:
+def wrap_model(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, linear_kernel: str = "auto"
+) -> LoadedModel:
     """Check that `model` is a supported decoder (engine/families.py; UnsupportedModel if not),
     put its linear layers on `linear_kernel` (engine/linear.py; in place) and build its spec,
     EOS ids and fingerprint."""
@@ -186,8 +190,9 @@ def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -
 # fingerprint
 
 
-def model_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                      dtype: torch.dtype) -> str:
+def model_fingerprint(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype
+) -> str:
     """sha256 over config, tokenizer, dtype, a weights digest and the linear kernel; 16 hex digits.
 
     The weights digest hashes every parameter's name and shape and an evenly strided sample
@@ -196,8 +201,13 @@ def model_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     """
     h = hashlib.sha256()
     config = model.config.to_dict()
-    for volatile in ("_name_or_path", "transformers_version", "quantization_config", "dtype",
-                     "torch_dtype"):
+    for volatile in (
+        "_name_or_path",
+        "transformers_version",
+        "quantization_config",
+        "dtype",
+        "torch_dtype",
+    ):
         config.pop(volatile, None)
     h.update(json.dumps(config, sort_keys=True, default=str).encode())
     h.update(tokenizer_digest(tokenizer).encode())
@@ -272,8 +282,9 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
 
     log.warning("converting the embedded model %s to safetensors (once, ~30 s)", gguf.name)
     started = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                 dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The dequantized weights are plain float32; without this, save_pretrained refuses.
     model.hf_quantizer = None  # type: ignore[assignment]  # set by from_pretrained; PreTrainedModel does not declare it

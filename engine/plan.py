@@ -116,7 +116,7 @@ class PlanRequest:
         for i, (chunk, (start, end)) in enumerate(zip(self.chunks, self.layout.chunk_spans)):
             before = tuple(c.chunk_id for c in self.chunks[:i])
             if chunk.kv is not None and tuple(getattr(chunk.kv, "context", ()) or ()) != before:
-                heads[start:min(end, start + tokens)] = True
+                heads[start : min(end, start + tokens)] = True
         return heads
 
     def exact_chunks(self, layers_computed: torch.Tensor | None) -> list[bool]:
@@ -211,9 +211,13 @@ def positions(mask: torch.Tensor) -> torch.Tensor:
     return mask.nonzero().flatten()
 
 
-def exact_in_context(chunk_ids: Sequence[ChunkId], contexts: Sequence[tuple[ChunkId, ...] | None],
-                     spans: Sequence[tuple[int, int]], layers_computed: torch.Tensor | None,
-                     num_layers: int) -> list[bool]:
+def exact_in_context(
+    chunk_ids: Sequence[ChunkId],
+    contexts: Sequence[tuple[ChunkId, ...] | None],
+    spans: Sequence[tuple[int, int]],
+    layers_computed: torch.Tensor | None,
+    num_layers: int,
+) -> list[bool]:
     """Per chunk, whether its rows equal a full prefill's of the same prompt (to float
     tolerance): every chunk before it is exact, and either its cached KV is exact after
     exactly those chunks (contexts[i], from `engine.kv.exact_context`; None: no cached KV, or

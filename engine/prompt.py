@@ -124,20 +124,28 @@ class PromptBuilder:
         prompt's text, the sequence the model saw in training (and names the first boundary
         where they are not).
         """
-        texts = [self.prefix_text, *(_chunk_text(text, title) for title, text in chunks),
-                 self._question_text(question)]
+        texts = [
+            self.prefix_text,
+            *(_chunk_text(text, title) for title, text in chunks),
+            self._question_text(question),
+        ]
         names = ["system prefix", *(f"chunk {i + 1}" for i in range(len(chunks))), "question"]
         pieces = [list(self.prefix_ids), *(self._encode_piece(text) for text in texts[1:])]
         alone = [t for ids in pieces for t in ids]
         together = self._encode("".join(texts))
         if alone == together:
             return BoundaryCheck(True)
-        first = next((i for i, (a, b) in enumerate(zip(alone, together)) if a != b),
-                     min(len(alone), len(together)))
+        first = next(
+            (i for i, (a, b) in enumerate(zip(alone, together)) if a != b),
+            min(len(alone), len(together)),
+        )
         tokens = self.tokenizer.convert_ids_to_tokens
-        return BoundaryCheck(False, _boundary_at(first, [len(ids) for ids in pieces], names),
-                             tuple(tokens(alone[first:first + 3])),
-                             tuple(tokens(together[first:first + 3])))
+        return BoundaryCheck(
+            False,
+            _boundary_at(first, [len(ids) for ids in pieces], names),
+            tuple(tokens(alone[first : first + 3])),
+            tuple(tokens(together[first : first + 3])),
+        )
 
     def _question_text(self, question: str) -> str:
         question = question.strip()
@@ -150,8 +158,9 @@ class PromptBuilder:
             raise InvalidRequest("no chunks: a request needs at least one context chunk")
         if any(len(ids) == 0 for ids in chunk_ids):
             raise InvalidRequest("a chunk is empty after tokenization")
-        return PromptLayout(self.prefix_ids, tuple(tuple(c) for c in chunk_ids),
-                            self.question_ids(question))
+        return PromptLayout(
+            self.prefix_ids, tuple(tuple(c) for c in chunk_ids), self.question_ids(question)
+        )
 
     def _encode(self, text: str) -> list[int]:
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
@@ -168,8 +177,8 @@ class PromptBuilder:
         """
         anchor = self._anchor_ids
         ids = self._encode(_PIECE_ANCHOR + text)
-        if ids[:len(anchor)] == anchor:
-            return ids[len(anchor):]
+        if ids[: len(anchor)] == anchor:
+            return ids[len(anchor) :]
         return self._encode(text)
 
 
@@ -190,8 +199,9 @@ def _boundary_at(index: int, lengths: list[int], names: list[str]) -> str:
     return f"end of {names[-1]}"
 
 
-def _split_template(tokenizer: PreTrainedTokenizerBase, system_prompt: str,
-                    instruction: str) -> tuple[str, str]:
+def _split_template(
+    tokenizer: PreTrainedTokenizerBase, system_prompt: str, instruction: str
+) -> tuple[str, str]:
     """Render the chat template around markers; return (prefix text, suffix text with the
     question mark)."""
     user = f"{instruction}\n\n{_CONTEXT_MARK}Question: {_QUESTION_MARK}"
@@ -218,6 +228,7 @@ def _render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, st
     enable_thinking=False: templates with a reasoning switch (Qwen3) open the answer directly, as a
     RAG answer of a few words needs; templates without one ignore the variable.
     """
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                         enable_thinking=False)
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
     return cast(str, text)

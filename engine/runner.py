@@ -56,8 +56,14 @@ class _Rows:
 
     def keep(self, index: torch.Tensor, num_keys: int) -> _Rows:
         active = self.active[index]
-        return _Rows(active, active.cpu(), self.hidden[index], self.cos[index], self.sin[index],
-                     QueryLayout(active, num_keys, self.hidden.dtype))
+        return _Rows(
+            active,
+            active.cpu(),
+            self.hidden[index],
+            self.cos[index],
+            self.sin[index],
+            QueryLayout(active, num_keys, self.hidden.dtype),
+        )
 
     def with_hidden(self, hidden: torch.Tensor) -> _Rows:
         return _Rows(self.active, self.active_cpu, hidden, self.cos, self.sin, self.queries)
@@ -69,8 +75,14 @@ class LayerRunner:
         # every run's layer-rows, for benchmarks that charge all work
         self.meter = meter or WorkMeter()
 
-    def run(self, ids: torch.Tensor, plan: Plan, capacity: int, want_logits: bool = True,
-            last_layer: int | None = None) -> RunOutput:
+    def run(
+        self,
+        ids: torch.Tensor,
+        plan: Plan,
+        capacity: int,
+        want_logits: bool = True,
+        last_layer: int | None = None,
+    ) -> RunOutput:
         """Prefill `ids` [total] by `plan` into a new cache of `capacity` rows.
 
         `last_layer` stops after that layer (statistics passes); logits need every layer.
@@ -111,14 +123,15 @@ class LayerRunner:
         """
         compares = plan.selects_at(layer)
         for span in plan.cached_spans:
-            if not compares and bool(is_active[span.start:span.end].all()):
+            if not compares and bool(is_active[span.start : span.end].all()):
                 continue
-            rows = cache.data[layer, :, :, span.start:span.end]  # [2, kv_heads, n, head_dim]
+            rows = cache.data[layer, :, :, span.start : span.end]  # [2, kv_heads, n, head_dim]
             rows.copy_(span.source.layer(layer))
             ops.rope_shift_(rows[0], span.delta, self.stack.inv_freq)
 
-    def _run_layer(self, layer: int, cache: KVCache, plan: Plan, rows: _Rows, total: int,
-                   book: _Bookkeeping) -> _Rows:
+    def _run_layer(
+        self, layer: int, cache: KVCache, plan: Plan, rows: _Rows, total: int, book: _Bookkeeping
+    ) -> _Rows:
         stack, active = self.stack, rows.active
         x = stack.input_norm(layer, rows.hidden)
         k, v = stack.project_kv(layer, x, rows.cos, rows.sin)
@@ -147,8 +160,9 @@ class LayerRunner:
         hidden = stack.attend_and_mlp(layer, rows.hidden, q, keys, values, rows.queries)
         return rows.with_hidden(hidden)
 
-    def _attention_from(self, layer: int, x: torch.Tensor, rows: _Rows, keys: torch.Tensor,
-                        which: torch.Tensor) -> torch.Tensor:
+    def _attention_from(
+        self, layer: int, x: torch.Tensor, rows: _Rows, keys: torch.Tensor, which: torch.Tensor
+    ) -> torch.Tensor:
         """Attention mass [m] that the active rows `which` (bool [m]) put on each active row."""
         which = which.to(x.device)
         q = self.stack.project_q(layer, x[which], rows.cos[which], rows.sin[which])
@@ -198,7 +212,7 @@ def _check_plan(plan: Plan, total: int) -> None:
     """Every row must be computed from layer 0 or covered by a cached span; the last row active."""
     covered = torch.zeros(total, dtype=torch.bool)
     for span in plan.cached_spans:
-        covered[span.start:span.end] = True
+        covered[span.start : span.end] = True
     covered[plan.initial_active.cpu()] = True
     if not bool(covered.all()):
         raise AssertionError("plan leaves rows neither cached nor computed")

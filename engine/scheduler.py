@@ -65,9 +65,15 @@ IDLE_EXIT_S = 5.0
 class _Sequence:
     """One request's decode state. The scheduler thread alone calls `advance` and `fail`."""
 
-    def __init__(self, cache: KVCache, first_logits: torch.Tensor, params: SamplingParams,
-                 eos_ids: tuple[int, ...], check: StepCheck | None = None,
-                 generator: torch.Generator | None = None):
+    def __init__(
+        self,
+        cache: KVCache,
+        first_logits: torch.Tensor,
+        params: SamplingParams,
+        eos_ids: tuple[int, ...],
+        check: StepCheck | None = None,
+        generator: torch.Generator | None = None,
+    ):
         self.cache, self.logits, self.params, self.eos_ids = cache, first_logits, params, eos_ids
         self.check = check
         self.generator = (
@@ -172,8 +178,15 @@ class TokenStream:
 class DecodeScheduler:
     """Runs the decode steps of every submitted request on one thread; thread-safe."""
 
-    def __init__(self, stack: DecoderStack, max_batch: int = 8, max_batch_tokens: int = 65536,
-                 prefill_slots: int = 1, invariant: bool = False, num_threads: int | None = None):
+    def __init__(
+        self,
+        stack: DecoderStack,
+        max_batch: int = 8,
+        max_batch_tokens: int = 65536,
+        prefill_slots: int = 1,
+        invariant: bool = False,
+        num_threads: int | None = None,
+    ):
         if max_batch < 1 or max_batch_tokens < 1 or prefill_slots < 1:
             raise ValueError("max_batch, max_batch_tokens and prefill_slots must be >= 1")
         self.stack = stack
@@ -193,9 +206,15 @@ class DecodeScheduler:
 
     # -- the request side ----------------------------------------------------------------------
 
-    def submit(self, cache: KVCache, first_logits: torch.Tensor, params: SamplingParams,
-               eos_ids: tuple[int, ...], check: StepCheck | None = None,
-               generator: torch.Generator | None = None) -> TokenStream:
+    def submit(
+        self,
+        cache: KVCache,
+        first_logits: torch.Tensor,
+        params: SamplingParams,
+        eos_ids: tuple[int, ...],
+        check: StepCheck | None = None,
+        generator: torch.Generator | None = None,
+    ) -> TokenStream:
         """Queue a prefilled request at once; returns its generated token ids as they come.
 
         The EOS token that ends generation is not yielded. Closing the stream early (or

@@ -56,16 +56,24 @@ def rope_shift_selfcheck(stack: DecoderStack, num_tokens: int = 32) -> SelfCheck
     tolerance = TOLERANCE.get(dtype, 5e-2)
     if worst <= tolerance:
         return SelfCheckResult(
-            True, worst, f"RoPE shift self-check passed (max relative error {worst:.2e})")
-    return SelfCheckResult(False, worst, (
-        f"RoPE shift self-check failed: shifted keys differ from fresh ones by {worst:.2e} "
-        f"(tolerance {tolerance:.0e}); this model's rope type does not compose, so KV reuse "
-        f"is off"))
+            True, worst, f"RoPE shift self-check passed (max relative error {worst:.2e})"
+        )
+    return SelfCheckResult(
+        False,
+        worst,
+        (
+            f"RoPE shift self-check failed: shifted keys differ from fresh ones by {worst:.2e} "
+            f"(tolerance {tolerance:.0e}); this model's rope type does not compose, so KV reuse "
+            f"is off"
+        ),
+    )
 
 
 # Two passages and a question of the kind requests carry: titles, digits, punctuation.
-SAMPLE_CHUNKS = [("Ada", "Ada Lovelace wrote the first published algorithm in 1843."),
-                 ("Rivers", "The Danube flows through ten countries; it reaches the Black Sea.")]
+SAMPLE_CHUNKS = [
+    ("Ada", "Ada Lovelace wrote the first published algorithm in 1843."),
+    ("Rivers", "The Danube flows through ten countries; it reaches the Black Sea."),
+]
 SAMPLE_QUESTION = "Who wrote the first algorithm?"
 
 
@@ -74,13 +82,22 @@ def tokenization_selfcheck(prompts: PromptBuilder) -> SelfCheckResult:
     tokenized at once (max_error: 0 or 1); the message names the first boundary that differs."""
     check = prompts.boundaries(SAMPLE_CHUNKS, SAMPLE_QUESTION)
     if check.ok:
-        return SelfCheckResult(True, 0.0, "tokenization self-check passed: the prompt's pieces "
-                                          "tokenize alone as the whole prompt does")
-    return SelfCheckResult(False, 1.0, (
-        f"tokenization self-check: at the boundary {check.boundary} the pieces tokenized alone "
-        f"give {list(check.alone)} where the whole prompt gives {list(check.together)}; every "
-        f"mode runs on the pieces' ids, so modes stay comparable, but the prompt is not the "
-        f"tokenization of its text there (docs/models.md, chat templates)"))
+        return SelfCheckResult(
+            True,
+            0.0,
+            "tokenization self-check passed: the prompt's pieces "
+            "tokenize alone as the whole prompt does",
+        )
+    return SelfCheckResult(
+        False,
+        1.0,
+        (
+            f"tokenization self-check: at the boundary {check.boundary} the pieces tokenized alone "
+            f"give {list(check.alone)} where the whole prompt gives {list(check.together)}; every "
+            f"mode runs on the pieces' ids, so modes stay comparable, but the prompt is not the "
+            f"tokenization of its text there (docs/models.md, chat templates)"
+        ),
+    )
 
 
 def _layer0_keys(stack: DecoderStack, ids: torch.Tensor, start: int) -> torch.Tensor:

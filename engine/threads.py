@@ -78,6 +78,7 @@ def in_own_thread(fn: Callable[[], T], threads: int = DEFAULT_THREADS) -> T:
     """Run `fn` on a new thread that uses `threads` threads (`use_threads`), and return its
     result (or raise its error) here; the thread's OpenMP pool, if it formed one, ends with it.
     The caller's own count is neither read nor changed."""
+
     def pinned() -> T:
         use_threads(threads)
         return fn()

@@ -33,12 +33,18 @@ class WorkTotals:
     key_rows: int = 0
 
     def __add__(self, other: WorkTotals) -> WorkTotals:
-        return WorkTotals(self.runs + other.runs, self.layer_rows + other.layer_rows,
-                          self.key_rows + other.key_rows)
+        return WorkTotals(
+            self.runs + other.runs,
+            self.layer_rows + other.layer_rows,
+            self.key_rows + other.key_rows,
+        )
 
     def __sub__(self, other: WorkTotals) -> WorkTotals:
-        return WorkTotals(self.runs - other.runs, self.layer_rows - other.layer_rows,
-                          self.key_rows - other.key_rows)
+        return WorkTotals(
+            self.runs - other.runs,
+            self.layer_rows - other.layer_rows,
+            self.key_rows - other.key_rows,
+        )
 
 
 def work_of(layers_computed: torch.Tensor) -> WorkTotals:

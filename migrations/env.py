@@ -29,8 +29,12 @@ def database_url() -> str:
 
 def run_offline() -> None:
     url = database_url()
-    context.configure(url=url, target_metadata=target_metadata, literal_binds=True,
-                      render_as_batch=url.startswith("sqlite"))
+    context.configure(
+        url=url,
+        target_metadata=target_metadata,
+        literal_binds=True,
+        render_as_batch=url.startswith("sqlite"),
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -40,8 +44,11 @@ def run_online() -> None:
     engine = create_db_engine(url)
     try:
         with engine.connect() as connection:
-            context.configure(connection=connection, target_metadata=target_metadata,
-                              render_as_batch=url.startswith("sqlite"))
+            context.configure(
+                connection=connection,
+                target_metadata=target_metadata,
+                render_as_batch=url.startswith("sqlite"),
+            )
             with context.begin_transaction():
                 context.run_migrations()
     finally:

@@ -72,7 +72,7 @@ def synthetic(
         m = min(100_000, n - start)
         block = rng.normal(size=(m, options.latent)).astype(np.float32) @ mapping
         block += scale * rng.normal(size=(m, options.dim)).astype(np.float32)
-        out[start:start + m] = block / np.linalg.norm(block, axis=1, keepdims=True)
+        out[start : start + m] = block / np.linalg.norm(block, axis=1, keepdims=True)
     return out
 
 
@@ -90,8 +90,12 @@ def run_retrieval_bench(
     return rows
 
 
-def _measure(size: int, vectors: npt.NDArray[np.float32], queries: npt.NDArray[np.float32],
-             options: RetrievalBenchOptions) -> RetrievalRow:
+def _measure(
+    size: int,
+    vectors: npt.NDArray[np.float32],
+    queries: npt.NDArray[np.float32],
+    options: RetrievalBenchOptions,
+) -> RetrievalRow:
     ids = np.arange(size, dtype=np.int64)
     flat = faiss.IndexIDMap2(faiss.IndexFlatIP(options.dim))
     flat.add_with_ids(vectors, ids)

@@ -71,8 +71,13 @@ def ids_digest(ids: Iterable[int]) -> str:
 class VectorIndex:
     """Thread-safe add / remove / search over (id, unit vector) rows."""
 
-    def __init__(self, dim: int, embedder_name: str, index: faiss.Index | None = None,
-                 config: IndexConfig = IndexConfig()):
+    def __init__(
+        self,
+        dim: int,
+        embedder_name: str,
+        index: faiss.Index | None = None,
+        config: IndexConfig = IndexConfig(),
+    ):
         self.dim = dim
         self.embedder_name = embedder_name
         self.config = config
@@ -177,8 +182,14 @@ class VectorIndex:
         _atomic_write(directory / MANIFEST_FILE, json.dumps(manifest).encode())
 
     @classmethod
-    def load(cls, directory: Path, dim: int, embedder_name: str, expected_ids: Iterable[int],
-             config: IndexConfig = IndexConfig()) -> VectorIndex | None:
+    def load(
+        cls,
+        directory: Path,
+        dim: int,
+        embedder_name: str,
+        expected_ids: Iterable[int],
+        config: IndexConfig = IndexConfig(),
+    ) -> VectorIndex | None:
         """The saved index if it holds exactly `expected_ids` under this embedder; else None.
 
         A saved IVF index is used only while `config` still wants one (`approx_above`)."""
@@ -191,9 +202,13 @@ class VectorIndex:
             return None
         loaded = cls(dim, embedder_name, index, config)
         loaded._trained_rows = int(manifest.get("trained_rows") or len(loaded))
-        fresh = (manifest.get("embedder") == embedder_name and manifest.get("dim") == dim
-                 and index.d == dim and ids_digest(loaded.ids()) == ids_digest(expected_ids)
-                 and (not loaded.approximate or config.approx_above > 0))
+        fresh = (
+            manifest.get("embedder") == embedder_name
+            and manifest.get("dim") == dim
+            and index.d == dim
+            and ids_digest(loaded.ids()) == ids_digest(expected_ids)
+            and (not loaded.approximate or config.approx_above > 0)
+        )
         if not fresh:
             log.info("vector index at %s is stale; it will be rebuilt", directory)
         return loaded if fresh else None

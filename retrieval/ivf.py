@@ -73,8 +73,11 @@ def ids_of(index: faiss.Index) -> npt.NDArray[np.int64]:
     index = faiss.downcast_index(index)
     if isinstance(index, faiss.IndexIVF):
         lists = _lists(index)
-        parts = [faiss.rev_swig_ptr(lists.get_ids(i), lists.list_size(i)).copy()
-                 for i in range(index.nlist) if lists.list_size(i)]
+        parts = [
+            faiss.rev_swig_ptr(lists.get_ids(i), lists.list_size(i)).copy()
+            for i in range(index.nlist)
+            if lists.list_size(i)
+        ]
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
     return faiss.vector_to_array(cast(faiss.IndexIDMap2, index).id_map).astype(np.int64)
 

@@ -48,8 +48,13 @@ class Retriever:
     index (the caller sets it when it opens the index, `apply` advances it).
     """
 
-    def __init__(self, embedder: Embedder, index: VectorIndex, directory: Path | None = None,
-                 config: IndexConfig = IndexConfig()):
+    def __init__(
+        self,
+        embedder: Embedder,
+        index: VectorIndex,
+        directory: Path | None = None,
+        config: IndexConfig = IndexConfig(),
+    ):
         self.embedder = embedder
         self.index = index
         self.directory = directory
@@ -174,8 +179,11 @@ def _runs(updates: Sequence[IndexUpdate]) -> list[list[IndexUpdate]]:
     runs: list[list[IndexUpdate]] = []
     for update in updates:
         last = runs[-1] if runs else None
-        if (last is not None and (last[0].vector is None) == (update.vector is None)
-                and all(u.chunk_id != update.chunk_id for u in last)):
+        if (
+            last is not None
+            and (last[0].vector is None) == (update.vector is None)
+            and all(u.chunk_id != update.chunk_id for u in last)
+        ):
             last.append(update)
         else:
             runs.append([update])

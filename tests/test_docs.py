@@ -29,8 +29,10 @@ ROOTS = ("app", "engine", "retrieval")
 ALLOWED: frozenset[str] = frozenset()
 
 _NUMBER = r"(?<![\w.])\d{1,3}(?:,\d{3})+(?:\.\d+)?|(?<![\w.])\d+(?:\.\d+)?"
-_UNIT = (r"(?:ms|µs|us|ns|s|min|h|%|tokens/s|tok/s|req/s|rows/s|[KMGT]i?B/s|[KMGT]i?B"
-         r"|B/token|nats?)")
+_UNIT = (
+    r"(?:ms|µs|us|ns|s|min|h|%|tokens/s|tok/s|req/s|rows/s|[KMGT]i?B/s|[KMGT]i?B"
+    r"|B/token|nats?)"
+)
 FIGURE = re.compile(
     rf"(?:{_NUMBER})(?:(?:\s?(?:[-–]|to)\s?)(?:{_NUMBER}))?"  # a number or a range
     rf"(?:\s?(?:{_UNIT})(?![\w/])|[x×](?!\w))"  # with a unit; a factor (2.1x) without a space
@@ -54,8 +56,12 @@ def docstrings(tree: ast.Module, path: Path) -> list[Block]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
             body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                    and isinstance(body[0].value.value, str):
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
                 found.append(Block(path, body[0].lineno, body[0].value.value))
     return found
 
@@ -83,8 +89,12 @@ def blocks_of(path: Path) -> list[Block]:
 
 
 def source_files() -> list[Path]:
-    return sorted(path for root in ROOTS for path in (REPO / root).rglob("*.py")
-                  if "bench" not in path.relative_to(REPO).parts[:-1])
+    return sorted(
+        path
+        for root in ROOTS
+        for path in (REPO / root).rglob("*.py")
+        if "bench" not in path.relative_to(REPO).parts[:-1]
+    )
 
 
 def notebooks() -> dict[str, list[str]]:
@@ -102,8 +112,10 @@ def notebooks() -> dict[str, list[str]]:
 def test_no_docstring_or_comment_holds_measurements():
     found = {name: rows for name, rows in notebooks().items() if name not in ALLOWED}
     report = "\n".join(f"{name}:{row}" for name, rows in sorted(found.items()) for row in rows)
-    assert not found, ("blocks with more than one measured figure (move them to docs/benchmarks/"
-                       f"<topic>.md and link the page):\n{report}")
+    assert not found, (
+        "blocks with more than one measured figure (move them to docs/benchmarks/"
+        f"<topic>.md and link the page):\n{report}"
+    )
 
 
 def test_the_allow_list_only_names_files_that_still_need_it():
@@ -111,24 +123,54 @@ def test_the_allow_list_only_names_files_that_still_need_it():
 
 
 def test_figures_are_measurements_not_code_constants():
-    measured = ["TTFT 3.2 s", "1.5–2.9× faster", "2.1x", "40%", "46 tokens/s", "270 MB",
-                "5,760 B/token", "KL 0.063", "+0.0126 ± 0.0053", "36 -> 15 ms", "0.3 req/s"]
-    constants = ["r = 0.13", "CCI in [0.5, 1)", "[2, heads, tokens, head_dim]", "30 × 2 × 3 × 512",
-                 "1e-5", "0x1F", "2**20", "float16", "layers 1, 2 and 6", "k4v3", "head_dim 64",
-                 "max_tokens", "SmolLM2-135M", "arXiv 2402.02750", "1536 x 576"]
+    measured = [
+        "TTFT 3.2 s",
+        "1.5–2.9× faster",
+        "2.1x",
+        "40%",
+        "46 tokens/s",
+        "270 MB",
+        "5,760 B/token",
+        "KL 0.063",
+        "+0.0126 ± 0.0053",
+        "36 -> 15 ms",
+        "0.3 req/s",
+    ]
+    constants = [
+        "r = 0.13",
+        "CCI in [0.5, 1)",
+        "[2, heads, tokens, head_dim]",
+        "30 × 2 × 3 × 512",
+        "1e-5",
+        "0x1F",
+        "2**20",
+        "float16",
+        "layers 1, 2 and 6",
+        "k4v3",
+        "head_dim 64",
+        "max_tokens",
+        "SmolLM2-135M",
+        "arXiv 2402.02750",
+        "1536 x 576",
+    ]
     assert all(FIGURE.search(text) for text in measured), [
         t for t in measured if not FIGURE.search(t)
     ]
-    assert not any(FIGURE.search(text) for text in constants), \
-        [(t, FIGURE.search(t).group(0)) for t in constants if FIGURE.search(t)]
+    assert not any(FIGURE.search(text) for text in constants), [
+        (t, FIGURE.search(t).group(0)) for t in constants if FIGURE.search(t)
+    ]
 
 
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 
 def test_relative_links_in_the_docs_resolve():
-    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), REPO / "app" / "README.md",
-             REPO / "engine" / "README.md"]
+    pages = [
+        REPO / "README.md",
+        *sorted((REPO / "docs").rglob("*.md")),
+        REPO / "app" / "README.md",
+        REPO / "engine" / "README.md",
+    ]
     broken = []
     for page in pages:
         for target in LINK.findall(page.read_text()):

@@ -37,8 +37,11 @@ def top_level_imports(path: Path) -> set[str]:
             # `from pkg import submodule` imports the submodule; any other name comes from pkg
             # itself
             for alias in node.names:
-                found.add(f"{node.module}.{alias.name}" if is_module(f"{node.module}.{alias.name}")
-                          else node.module)
+                found.add(
+                    f"{node.module}.{alias.name}"
+                    if is_module(f"{node.module}.{alias.name}")
+                    else node.module
+                )
     return {name for name in found if name.split(".")[0] in PACKAGES}
 
 
@@ -67,14 +70,18 @@ def all_imports(package: str) -> dict[str, set[str]]:
 
 
 def test_the_engine_imports_neither_the_application_nor_retrieval():
-    offenders = {m: sorted(d for d in deps if d.split(".")[0] in ("app", "retrieval", "migrations"))
-                 for m, deps in all_imports("engine").items()}
+    offenders = {
+        m: sorted(d for d in deps if d.split(".")[0] in ("app", "retrieval", "migrations"))
+        for m, deps in all_imports("engine").items()
+    }
     assert {m: d for m, d in offenders.items() if d} == {}
 
 
 def test_retrieval_does_not_import_the_application():
-    offenders = {m: sorted(d for d in deps if d.split(".")[0] in ("app", "migrations"))
-                 for m, deps in all_imports("retrieval").items()}
+    offenders = {
+        m: sorted(d for d in deps if d.split(".")[0] in ("app", "migrations"))
+        for m, deps in all_imports("retrieval").items()
+    }
     assert {m: d for m, d in offenders.items() if d} == {}
 
 
@@ -94,8 +101,11 @@ def folder_graph() -> dict[str, set[str]]:
     `engine.cachecraft.choice` is the edge engine.planners → engine.cachecraft. A module right
     under a top-level package (`engine.runner`) is a node of its own. Imports inside one folder
     (a package's `__init__` registering its modules) are not edges."""
-    folders = {name for name in source_modules()
-               if "." in name and (REPO / name.replace(".", "/")).is_dir()}
+    folders = {
+        name
+        for name in source_modules()
+        if "." in name and (REPO / name.replace(".", "/")).is_dir()
+    }
 
     def folder(module: str) -> str:
         if module in folders or module in PACKAGES:

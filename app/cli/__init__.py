@@ -33,8 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     # Model loading draws a "Loading weights" bar per model; ours draw the bars that matter.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     from engine.errors import InvalidRequest, KvMosaicError
 
     try:

@@ -18,11 +18,17 @@ def add_parser(subparsers) -> None:
     )
     parser.add_argument("--top-k", type=int, default=None, help="chunks to retrieve")
     parser.add_argument("--ratio", type=float, default=None, help="recompute ratio for cacheblend")
-    parser.add_argument("--fidelity", choices=FIDELITIES, default=None,
-                        help="fidelity guard: fast, balanced or exact (default: KVMOSAIC_FIDELITY)")
+    parser.add_argument(
+        "--fidelity",
+        choices=FIDELITIES,
+        default=None,
+        help="fidelity guard: fast, balanced or exact (default: KVMOSAIC_FIDELITY)",
+    )
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--server", default=None, help="ask a running server, e.g. http://127.0.0.1:8000")
+    parser.add_argument(
+        "--server", default=None, help="ask a running server, e.g. http://127.0.0.1:8000"
+    )
     parser.add_argument("--json", action="store_true", help="print the full report as JSON")
     parser.set_defaults(handler=run)
 
@@ -93,8 +99,10 @@ def print_report(report: dict) -> None:
         print(guard_line(report["guard"]))
     for c in report["chunks"]:
         stop = f", stopped at layer {c['stopped_layer']}" if c["stopped_layer"] is not None else ""
-        print(f"  {c['score']:.3f}  {c['document'][:40]:40}  reused {c['reused']:4} recomputed "
-              f"{c['recomputed']:4}  variant {c['variant']}{stop}")
+        print(
+            f"  {c['score']:.3f}  {c['document'][:40]:40}  reused {c['reused']:4} recomputed "
+            f"{c['recomputed']:4}  variant {c['variant']}{stop}"
+        )
 
 
 def guard_line(guard: dict) -> str:

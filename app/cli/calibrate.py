@@ -23,8 +23,12 @@ def add_parser(subparsers) -> None:
         default=None,
         help="mean first-token KL to meet (default: cacheblend's on the same records)",
     )
-    parser.add_argument("--swap", type=int, default=2,
-                        help="chunks of each warm-up request taken from another record (default 2)")
+    parser.add_argument(
+        "--swap",
+        type=int,
+        default=2,
+        help="chunks of each warm-up request taken from another record (default 2)",
+    )
     add_warmup_arguments(
         parser,
         default=3,
@@ -60,8 +64,10 @@ def run(args) -> int:
     target = blend.mean_kl if args.target_kl is None else args.target_kl
     best, met = fit_alpha(points, target)
     if met:
-        print(f"fit: alpha {best.alpha:g} (mean KL {best.mean_kl:.4f} <= {target:.4f}, "
-              f"{best.recompute_share:.1%} recomputed); set KVMOSAIC_CRAFT_ALPHA={best.alpha:g}")
+        print(
+            f"fit: alpha {best.alpha:g} (mean KL {best.mean_kl:.4f} <= {target:.4f}, "
+            f"{best.recompute_share:.1%} recomputed); set KVMOSAIC_CRAFT_ALPHA={best.alpha:g}"
+        )
         return 0
     print(
         f"no alpha meets KL <= {target:.4f}; lowest KL at alpha {best.alpha:g} ({best.mean_kl:.4f})"

@@ -26,6 +26,11 @@ def run(args) -> int:
     settings = settings_from(args, host=args.host, port=args.port, workers=args.workers)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     app = create_app(settings, announce=f"http://{host}:{settings.port}/")
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                timeout_graceful_shutdown=10)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=10,
+    )
     return 0

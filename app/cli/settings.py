@@ -49,8 +49,10 @@ def reference() -> str:
         for name in names:
             field = Settings.model_fields[name]
             meaning = (field.description or "").replace("|", "\\|").replace("\n", " ")
-            out.append(f"| `KVMOSAIC_{name.upper()}` | {default_text(name, field.default)} "
-                       f"| {meaning}{choices_text(field.annotation, meaning)} |\n")
+            out.append(
+                f"| `KVMOSAIC_{name.upper()}` | {default_text(name, field.default)} "
+                f"| {meaning}{choices_text(field.annotation, meaning)} |\n"
+            )
     return "".join(out)
 
 
@@ -88,7 +90,7 @@ def default_text(name: str, default: Any) -> str:
 
 
 def choices_text(annotation: Any, meaning: str) -> str:
-    """" One of `a`, `b`." for a Literal field whose description does not name every choice."""
+    """ " One of `a`, `b`." for a Literal field whose description does not name every choice."""
     choices = literal_choices(annotation)
     if not choices or all(f"`{c}`" in meaning for c in choices):
         return ""

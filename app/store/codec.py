@@ -104,7 +104,7 @@ def parse_header(header: bytes, total_size: int | None) -> EntryLayout:
     if len(header) < 8 + length:
         raise CorruptEntry("entry truncated inside its header")
     try:
-        table = json.loads(header[8:8 + length])
+        table = json.loads(header[8 : 8 + length])
         info = table.pop("__metadata__")
         if info["format"] != FORMAT:
             raise CorruptEntry(f"unknown entry format {info['format']!r}")
@@ -175,7 +175,7 @@ def decode(data: bytes | bytearray | memoryview) -> KVEntry:
     """
     view = memoryview(data).cast("B")
     length = header_length(bytes(view[:8]))
-    layout = parse_header(bytes(view[:8 + length]), len(view))
+    layout = parse_header(bytes(view[: 8 + length]), len(view))
     for i, (start, end) in enumerate(layout.offsets):
         verify_layer(layout, i, view[start:end])
     start = layout.offsets[0][0]

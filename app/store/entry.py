@@ -103,9 +103,15 @@ class EntryMeta:
         return self.num_layers * self.codec.layer_bytes(self.layer_shape)
 
     def to_json(self) -> dict[str, object]:
-        return {"fingerprint": self.fingerprint, "prefix_digest": self.prefix_digest,
-                "token_ids_hash": self.token_ids_hash, "base_position": self.base_position,
-                "dtype": self.dtype, "shape": list(self.shape), "context": list(self.context)}
+        return {
+            "fingerprint": self.fingerprint,
+            "prefix_digest": self.prefix_digest,
+            "token_ids_hash": self.token_ids_hash,
+            "base_position": self.base_position,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "context": list(self.context),
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EntryMeta:
@@ -163,13 +169,25 @@ class EntryExpectation:
 def entry_from_chunk(chunk: ChunkKV, codec: str) -> KVEntry:
     """Encode a computed chunk KV into a storable entry by `codec` (on the CPU)."""
     payload = get_codec(codec).encode(chunk.kv)  # [layers, *payload_shape]
-    meta = EntryMeta(chunk.fingerprint, chunk.prefix_digest, token_ids_hash(chunk.token_ids),
-                     chunk.base_position, codec, kv_shape(chunk.kv.shape), tuple(chunk.context))
+    meta = EntryMeta(
+        chunk.fingerprint,
+        chunk.prefix_digest,
+        token_ids_hash(chunk.token_ids),
+        chunk.base_position,
+        codec,
+        kv_shape(chunk.kv.shape),
+        tuple(chunk.context),
+    )
     return KVEntry(meta, payload)
 
 
-def decode_layer(meta: EntryMeta, payload: torch.Tensor, layer: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu") -> torch.Tensor:
+def decode_layer(
+    meta: EntryMeta,
+    payload: torch.Tensor,
+    layer: int,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
     """Stored layer number `layer` as KV [2, kv_heads, tokens, head_dim] in `dtype` on `device`.
 
     The payload moves to `device` first, so a quantized layer crosses to a GPU compressed.
@@ -183,8 +201,9 @@ def decode_layer(meta: EntryMeta, payload: torch.Tensor, layer: int, dtype: torc
     return meta.codec.decode_layer(payload.to(device), meta.layer_shape, dtype, layer)
 
 
-def chunk_from_entry(entry: KVEntry, token_ids: Sequence[int], dtype: torch.dtype,
-                     device: torch.device | str = "cpu") -> ChunkKV:
+def chunk_from_entry(
+    entry: KVEntry, token_ids: Sequence[int], dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> ChunkKV:
     """The entry decoded as an in-memory ChunkKV in the engine's dtype and device."""
     if token_ids_hash(token_ids) != entry.meta.token_ids_hash:
         raise ValueError("token ids do not belong to this entry")

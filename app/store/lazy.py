@@ -64,10 +64,16 @@ def hidden_share(load_s: float, wait_s: float) -> float:
 class LazyChunkKV:
     """KVSource over an open store entry. Call `close()` when the request is done with it."""
 
-    def __init__(self, reader: EntryReader, executor: ThreadPoolExecutor, dtype: torch.dtype,
-                 device: torch.device | str = "cpu", prefetch: int = 2,
-                 fallback: Callable[[], ChunkKV] | None = None,
-                 on_corrupt: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        reader: EntryReader,
+        executor: ThreadPoolExecutor,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        prefetch: int = 2,
+        fallback: Callable[[], ChunkKV] | None = None,
+        on_corrupt: Callable[[str], None] | None = None,
+    ):
         meta = reader.meta
         self.num_tokens = meta.num_tokens
         self.base_position = meta.base_position
@@ -146,8 +152,12 @@ class LazyChunkKV:
         return tensor, time.perf_counter() - started
 
     def _switch_to_fallback(self, index: int, exc: CorruptEntry) -> torch.Tensor:
-        log.warning("stored KV layer %d is corrupt (%s); %s", index, exc,
-                    "recomputing the chunk" if self._fallback else "no fallback")
+        log.warning(
+            "stored KV layer %d is corrupt (%s); %s",
+            index,
+            exc,
+            "recomputing the chunk" if self._fallback else "no fallback",
+        )
         if self._on_corrupt is not None:
             self._on_corrupt(str(exc))
         if self._fallback is None:

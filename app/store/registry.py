@@ -47,5 +47,9 @@ def create_store(config: StoreConfig | None = None) -> TieredStore:
             log.info("store tier %s left out: %s", name, exc)
     if not tiers:
         raise TierUnavailable(f"none of the store tiers {config.tiers} can run here")
-    return TieredStore(tiers, create_policy(config.eviction), retry_s=config.redis_retry_s,
-                       load_threads=config.load_threads)
+    return TieredStore(
+        tiers,
+        create_policy(config.eviction),
+        retry_s=config.redis_retry_s,
+        load_threads=config.load_threads,
+    )

@@ -35,8 +35,9 @@ class Candidate:
     num_bytes: int = 1
 
 
-def variant_cfo(candidate: Candidate, new_context: Sequence[ChunkId], alpha: float,
-                novelty: bool = True) -> float | None:
+def variant_cfo(
+    candidate: Candidate, new_context: Sequence[ChunkId], alpha: float, novelty: bool = True
+) -> float | None:
     """CFO of reusing `candidate` after `new_context`; 0 for an identical context, None when
     the variant has no statistics to judge by (plan it by deviation instead). `novelty`
     applies the coverage factor ν (see scores.py)."""
@@ -50,8 +51,13 @@ def variant_cfo(candidate: Candidate, new_context: Sequence[ChunkId], alpha: flo
     return cfo(alpha, stats.cci, beta_prime(inter, candidate.context, new_context), coverage)
 
 
-def choose_variant(candidates: Sequence[Candidate], new_context: Sequence[ChunkId], alpha: float,
-                   novelty: bool = True, blend_cost: float = 1.0) -> tuple[int, float | None]:
+def choose_variant(
+    candidates: Sequence[Candidate],
+    new_context: Sequence[ChunkId],
+    alpha: float,
+    novelty: bool = True,
+    blend_cost: float = 1.0,
+) -> tuple[int, float | None]:
     """(index of the variant to use, its CFO; None when it will be fixed by deviation).
 
     Lowest cost wins: a measured variant costs its CFO, the base variant (empty context) and

@@ -30,8 +30,9 @@ def cci(a: float, b: float) -> float:
     return 1.0 / (1.0 + math.exp(-a / b))
 
 
-def inter_intra_terms(inter: Mapping[ChunkId, float], sizes: Mapping[ChunkId, int], intra: float,
-                      num_tokens: int) -> tuple[float, float]:
+def inter_intra_terms(
+    inter: Mapping[ChunkId, float], sizes: Mapping[ChunkId, int], intra: float, num_tokens: int
+) -> tuple[float, float]:
     """(a, b) from attention masses: inter per preceding chunk id, intra inside the chunk."""
     a = sum(mass / (num_tokens * sizes[j]) for j, mass in inter.items() if sizes.get(j))
     b = intra / (num_tokens * num_tokens)

@@ -62,9 +62,9 @@ def segment_attention_mass(
     key_pos = torch.arange(k.shape[1], device=k.device)
     out = []
     for start in range(0, q.shape[1], ROW_BLOCK):
-        rows = q_pos[start:start + ROW_BLOCK]
+        rows = q_pos[start : start + ROW_BLOCK]
         end = int(rows[-1]) + 1
-        qb = q[:, start:start + ROW_BLOCK].float()
+        qb = q[:, start : start + ROW_BLOCK].float()
         kb = k[:, :end].float().repeat_interleave(group, 0)  # [heads, end, head_dim]
         scores = (qb @ kb.transpose(1, 2)) * scale  # [heads, b, end]
         scores.masked_fill_(key_pos[None, None, :end] > rows[None, :, None], float("-inf"))
@@ -88,17 +88,21 @@ def chunk_stats(
         before = tuple(chunk_ids[:i])
         inter = {j: float(rows[:, 1 + jj].sum()) for jj, j in enumerate(before)}
         intra = float(rows[:, 1 + i].sum())
-        token_scores = rows[:, 1:1 + i].sum(dim=1).tolist()
+        token_scores = rows[:, 1 : 1 + i].sum(dim=1).tolist()
         a, b = inter_intra_terms(inter, sizes, intra, end - start)
         stats.append(ChunkStats(before, inter, intra, token_scores, a, b, cci(a, b)))
     return stats
 
 
-def measure_context_stats(runner: LayerRunner, layout: PromptLayout,
-                          chunk_ids: Sequence[ChunkId], prefix_kv: KVSource,
-                          layers: Sequence[int], all_layers: bool = False,
-                          exact_chunks: Sequence[KVSource] = (),
-                          ) -> tuple[list[ChunkStats], RunOutput]:
+def measure_context_stats(
+    runner: LayerRunner,
+    layout: PromptLayout,
+    chunk_ids: Sequence[ChunkId],
+    prefix_kv: KVSource,
+    layers: Sequence[int],
+    all_layers: bool = False,
+    exact_chunks: Sequence[KVSource] = (),
+) -> tuple[list[ChunkStats], RunOutput]:
     """Statistics of the chunks of `layout` in their context, from the given layers.
 
     Runs layers 0..max(layers) with every row after the system prefix active (every layer
@@ -117,10 +121,17 @@ def measure_context_stats(runner: LayerRunner, layout: PromptLayout,
     first = (
         layout.chunk_spans[skip][0] if skip < len(layout.chunk_spans) else layout.question_span[0]
     )
-    spans = [CachedSpan(0, prefix_kv)] + [CachedSpan(start, kv) for kv, (start, _)
-                                          in zip(exact_chunks, layout.chunk_spans)]
-    plan = _MeasurePlan(spans, torch.arange(first, total), torch.ones(total, dtype=torch.bool),
-                        set(layers), _segments(layout, device), num_segments)
+    spans = [CachedSpan(0, prefix_kv)] + [
+        CachedSpan(start, kv) for kv, (start, _) in zip(exact_chunks, layout.chunk_spans)
+    ]
+    plan = _MeasurePlan(
+        spans,
+        torch.arange(first, total),
+        torch.ones(total, dtype=torch.bool),
+        set(layers),
+        _segments(layout, device),
+        num_segments,
+    )
     last_layer = None if all_layers else max(layers)
     with torch.inference_mode():
         out = runner.run(ids, plan, capacity=total, want_logits=False, last_layer=last_layer)
@@ -149,8 +160,11 @@ class _MeasurePlan(Plan):
         return layer in self.layers
 
     def observe(self, layer: int, view: QueryView) -> None:
-        self.masses.append(segment_attention_mass(view.q, view.keys, view.active, self.segments,
-                                                  self.num_segments, view.scale))
+        self.masses.append(
+            segment_attention_mass(
+                view.q, view.keys, view.active, self.segments, self.num_segments, view.scale
+            )
+        )
         return None
 
 

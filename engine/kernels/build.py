@@ -76,8 +76,12 @@ def default_arch() -> str:
 
 def arch_flags(arch: str) -> list[str]:
     """Machine code for `arch` plus its PTX, so later GPUs can still load the library."""
-    return ["-gencode", f"arch=compute_{arch},code=sm_{arch}",
-            "-gencode", f"arch=compute_{arch},code=compute_{arch}"]
+    return [
+        "-gencode",
+        f"arch=compute_{arch},code=sm_{arch}",
+        "-gencode",
+        f"arch=compute_{arch},code=compute_{arch}",
+    ]
 
 
 def sources() -> list[Path]:
@@ -107,8 +111,9 @@ def cache_root() -> Path:
     return base / "kvmosaic" / "kernels"
 
 
-def compile_objects(out_dir: Path, arch: str = DEFAULT_ARCH, nvcc: Path | None = None,
-                    jobs: int | None = None) -> list[Path]:
+def compile_objects(
+    out_dir: Path, arch: str = DEFAULT_ARCH, nvcc: Path | None = None, jobs: int | None = None
+) -> list[Path]:
     """Compile every `.cu` to `out_dir/<name>.o`, in parallel; raises KernelBuildError."""
     nvcc = nvcc or _require_nvcc()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -142,8 +147,12 @@ def link_library(objects: list[Path], target: Path, nvcc: Path | None = None) ->
     return target
 
 
-def build(arch: str | None = None, cache_dir: Path | None = None, nvcc: Path | None = None,
-          force: bool = False) -> Path:
+def build(
+    arch: str | None = None,
+    cache_dir: Path | None = None,
+    nvcc: Path | None = None,
+    force: bool = False,
+) -> Path:
     """Path of the built library, building it first unless an identical build is cached."""
     nvcc = nvcc or _require_nvcc()
     arch = arch or default_arch()

@@ -28,19 +28,32 @@ TOP_ROWS_MAX = 16384
 
 
 def supports_rope_shift(k: torch.Tensor, delta: int | torch.Tensor, inv_freq: torch.Tensor) -> bool:
-    return (_writable_rows(k) and k.shape[-1] % 2 == 0 and inv_freq.dtype in FREQ_DTYPE_CODES
-            and inv_freq.numel() == k.shape[-1] // 2
-            and (isinstance(delta, int) or (delta.dim() == 1 and delta.numel() == k.shape[-2])))
+    return (
+        _writable_rows(k)
+        and k.shape[-1] % 2 == 0
+        and inv_freq.dtype in FREQ_DTYPE_CODES
+        and inv_freq.numel() == k.shape[-1] // 2
+        and (isinstance(delta, int) or (delta.dim() == 1 and delta.numel() == k.shape[-2]))
+    )
 
 
 def supports_kv_deviation(fresh: torch.Tensor, cached: torch.Tensor) -> bool:
-    return (fresh.dim() == 3 and fresh.shape == cached.shape and fresh.dtype == cached.dtype
-            and fresh.dtype in DTYPE_CODES and fresh.device == cached.device)
+    return (
+        fresh.dim() == 3
+        and fresh.shape == cached.shape
+        and fresh.dtype == cached.dtype
+        and fresh.dtype in DTYPE_CODES
+        and fresh.device == cached.device
+    )
 
 
 def supports_top_rows(scores: torch.Tensor, eligible: torch.Tensor | None) -> bool:
-    return (scores.dim() == 1 and scores.numel() <= TOP_ROWS_MAX and scores.dtype in DTYPE_CODES
-            and (eligible is None or eligible.shape == scores.shape))
+    return (
+        scores.dim() == 1
+        and scores.numel() <= TOP_ROWS_MAX
+        and scores.dtype in DTYPE_CODES
+        and (eligible is None or eligible.shape == scores.shape)
+    )
 
 
 def supports_gather_rows(x: torch.Tensor, index: torch.Tensor) -> bool:
@@ -75,8 +88,9 @@ def _writable_rows(x: torch.Tensor) -> bool:
 # -- calls ----------------------------------------------------------------------------------
 
 
-def rope_shift_(library: Library, k: torch.Tensor, delta: int | torch.Tensor,
-                inv_freq: torch.Tensor) -> torch.Tensor:
+def rope_shift_(
+    library: Library, k: torch.Tensor, delta: int | torch.Tensor, inv_freq: torch.Tensor
+) -> torch.Tensor:
     if k.numel() == 0:
         return k
     freq = inv_freq.to(k.device).contiguous()
@@ -98,8 +112,9 @@ def rope_shift_(library: Library, k: torch.Tensor, delta: int | torch.Tensor,
     return k
 
 
-def kv_deviation(library: Library, fresh: torch.Tensor, cached: torch.Tensor,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+def kv_deviation(
+    library: Library, fresh: torch.Tensor, cached: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """fresh, cached: [kv_heads, tokens, head_dim] -> float32 [tokens] (into `out` if given)."""
     out = _output(out, (fresh.shape[1],), torch.float32, fresh.device)
     if fresh.shape[1] > 0:
@@ -150,8 +165,9 @@ def top_rows(
     return out
 
 
-def gather_rows(library: Library, x: torch.Tensor, index: torch.Tensor,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+def gather_rows(
+    library: Library, x: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """x [..., tokens, d] -> rows `index` [..., len(index), d] (into `out` if given)."""
     index = index.to(device=x.device, dtype=torch.long).contiguous()
     out = _output(out, (*x.shape[:-2], index.numel(), x.shape[-1]), x.dtype, x.device)
@@ -217,8 +233,9 @@ def _ptr(x: torch.Tensor | None) -> ctypes.c_void_p | None:
     return None if x is None else ctypes.c_void_p(x.data_ptr())
 
 
-def _output(out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype,
-            device: torch.device) -> torch.Tensor:
+def _output(
+    out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     if out is None:
         return torch.empty(shape, dtype=dtype, device=device)
     if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != torch.device(device):

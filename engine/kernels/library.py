@@ -41,9 +41,11 @@ class KernelError(KvMosaicError):
 class Layout(ctypes.Structure):
     """`kvm_layout`: sizes and strides in elements, at most MAX_DIMS dims."""
 
-    _fields_ = [("ndim", ctypes.c_int32),
-                ("sizes", ctypes.c_int64 * MAX_DIMS),
-                ("strides", ctypes.c_int64 * MAX_DIMS)]
+    _fields_ = [
+        ("ndim", ctypes.c_int32),
+        ("sizes", ctypes.c_int64 * MAX_DIMS),
+        ("strides", ctypes.c_int64 * MAX_DIMS),
+    ]
 
 
 _p, _i64, _int, _layout = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.POINTER(Layout)

@@ -30,10 +30,16 @@ class CacheBlendPlanner(BasePlanner):
         pinned = request.pinned_mask()
         context = request.context_mask()
         schedule = blend_schedule(self.config, request.ratio, request.num_layers)
-        return BlendPlan(request.all_cached_spans(), positions(pinned | context), pinned,
-                         eligible=context, schedule=schedule, config=self.config,
-                         question=request.question_mask(),
-                         heads=request.chunk_heads(self.config.blend_head_tokens) & context)
+        return BlendPlan(
+            request.all_cached_spans(),
+            positions(pinned | context),
+            pinned,
+            eligible=context,
+            schedule=schedule,
+            config=self.config,
+            question=request.question_mask(),
+            heads=request.chunk_heads(self.config.blend_head_tokens) & context,
+        )
 
 
 def blend_schedule(config: EngineConfig, ratio: float, num_layers: int) -> dict[int, float]:
@@ -43,7 +49,9 @@ def blend_schedule(config: EngineConfig, ratio: float, num_layers: int) -> dict[
     multipliers, so from the last check on a model of any depth keeps `ratio` times the last
     multiplier (with the default (1, 2, 6), a 4-layer model checks at 1 and 2 keeping 2r, r)."""
     layers = [layer for layer in config.check_layers if layer < num_layers]
-    multipliers = config.check_ratio_multipliers[len(config.check_ratio_multipliers) - len(layers):]
+    multipliers = config.check_ratio_multipliers[
+        len(config.check_ratio_multipliers) - len(layers) :
+    ]
     return {layer: min(1.0, ratio * mult) for layer, mult in zip(layers, multipliers)}
 
 

@@ -74,19 +74,28 @@ class CacheCraftPlanner(BasePlanner):
                 blended[start:end] = True
             elif offsets is not None:
                 fixed[start + offsets] = True
-        plan = CraftPlan(request.all_cached_spans(), positions(pinned | fixed | blended), pinned,
-                         decisions=decisions)
+        plan = CraftPlan(
+            request.all_cached_spans(),
+            positions(pinned | fixed | blended),
+            pinned,
+            decisions=decisions,
+        )
         plan.configure(request, self.config, blended)
         return plan
 
-    def _decide(self, chunk: ChunkInput, before: tuple[ChunkId, ...],
-                num_tokens: int) -> tuple[ChunkDecision, torch.Tensor | None]:
+    def _decide(
+        self, chunk: ChunkInput, before: tuple[ChunkId, ...], num_tokens: int
+    ) -> tuple[ChunkDecision, torch.Tensor | None]:
         """(decision, offsets of the rows to recompute from layer 0, or None)."""
         if chunk.kv is None:
             return ChunkDecision("computed"), None  # pinned: every row, every layer
         context = tuple(chunk.kv.context)
-        value = variant_cfo(Candidate(context, chunk.stats), before, self.config.craft_alpha,
-                            self.config.craft_novelty)
+        value = variant_cfo(
+            Candidate(context, chunk.stats),
+            before,
+            self.config.craft_alpha,
+            self.config.craft_novelty,
+        )
         if value is None:
             return ChunkDecision("deviation", None, context), None
         if value < self.config.craft_reuse_below:
@@ -133,8 +142,11 @@ class CraftPlan(Plan):
         active = torch.zeros_like(self.pinned)
         active[self.initial_active] = True
         # chunks with nothing to stop (reused as is, or pinned) count as stopped already
-        self.stopped: set[int] = {i for i, (start, end) in enumerate(self.spans)
-                                  if not bool((active[start:end] & ~self.pinned[start:end]).any())}
+        self.stopped: set[int] = {
+            i
+            for i, (start, end) in enumerate(self.spans)
+            if not bool((active[start:end] & ~self.pinned[start:end]).any())
+        }
 
     # -- chunks planned by deviation -------------------------------------------------------------
 
@@ -169,6 +181,6 @@ class CraftPlan(Plan):
         self.stopped |= newly
         drop = torch.zeros(self.pinned.numel(), dtype=torch.bool)
         for i in newly:
-            drop[self.spans[i][0]:self.spans[i][1]] = True
+            drop[self.spans[i][0] : self.spans[i][1]] = True
         drop &= ~self.pinned
         return positions(~drop.to(view.active.device)[view.active])

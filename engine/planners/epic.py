@@ -23,7 +23,7 @@ class EpicPlanner(BasePlanner):
         active = pinned.clone()
         k = self.config.epic_tokens
         for start, end in request.layout.chunk_spans:
-            active[start:min(end, start + k)] = True
+            active[start : min(end, start + k)] = True
         return Plan(
             cached_spans=request.all_cached_spans(), initial_active=positions(active), pinned=pinned
         )

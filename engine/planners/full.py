@@ -15,5 +15,8 @@ class FullPlanner(BasePlanner):
 
     def plan(self, request: PlanRequest) -> Plan:
         total = request.layout.total_len
-        return Plan(cached_spans=[], initial_active=torch.arange(total),
-                    pinned=torch.ones(total, dtype=torch.bool))
+        return Plan(
+            cached_spans=[],
+            initial_active=torch.arange(total),
+            pinned=torch.ones(total, dtype=torch.bool),
+        )

@@ -36,9 +36,15 @@ def row_scores(
     return scores
 
 
-def keep_best(view: LayerView, config: EngineConfig, question: torch.Tensor,
-              eligible: torch.Tensor, count: int, spans: Sequence[CachedSpan],
-              heads: torch.Tensor | None = None) -> torch.Tensor:
+def keep_best(
+    view: LayerView,
+    config: EngineConfig,
+    question: torch.Tensor,
+    eligible: torch.Tensor,
+    count: int,
+    spans: Sequence[CachedSpan],
+    heads: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Indices into view.active: every non-eligible row plus `count` eligible rows: the active
     rows under `heads` (bool [total], see `PlanRequest.chunk_heads`) first, then those of
     highest score by `config.deviation` / `config.selection`. With value deviation, fresh V

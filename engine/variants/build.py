@@ -55,8 +55,14 @@ def variant_stats(stats: ChunkStats | None, savings: float) -> VariantStats:
     first use is assumed to bring (`VariantPolicy.prior_savings`)."""
     if stats is None:
         return VariantStats(expected_savings=savings)
-    return VariantStats(a=stats.a, b=stats.b, cci=stats.cci, inter_scores=dict(stats.inter),
-                        token_scores=list(stats.token_scores), expected_savings=savings)
+    return VariantStats(
+        a=stats.a,
+        b=stats.b,
+        cci=stats.cci,
+        inter_scores=dict(stats.inter),
+        token_scores=list(stats.token_scores),
+        expected_savings=savings,
+    )
 
 
 def build_variants(

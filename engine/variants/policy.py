@@ -57,8 +57,9 @@ class VariantPolicy:
         cls = planner_class(mode)
         return cls.reuses_cache and cls.variant_use is not VariantUse.BASE
 
-    def choose(self, mode: str, chunk_ids: Sequence[ChunkId],
-               candidates: Sequence[Sequence[Candidate]]) -> list[int | None]:
+    def choose(
+        self, mode: str, chunk_ids: Sequence[ChunkId], candidates: Sequence[Sequence[Candidate]]
+    ) -> list[int | None]:
         """Per chunk, in request order, the index into its candidates to load; None means the
         base variant (stored or not). Records the request in the recent traffic."""
         self.traffic.observe(chunk_ids)
@@ -143,6 +144,9 @@ class VariantPolicy:
         if len(candidates) <= limit:
             return list(range(len(candidates)))
         base = [i for i, c in enumerate(candidates) if not c.context]
-        others = sorted((i for i, c in enumerate(candidates) if c.context),
-                        key=lambda i: (self.value(candidates[i]), i), reverse=True)
-        return sorted(base + others[:max(0, limit - len(base))])
+        others = sorted(
+            (i for i, c in enumerate(candidates) if c.context),
+            key=lambda i: (self.value(candidates[i]), i),
+            reverse=True,
+        )
+        return sorted(base + others[: max(0, limit - len(base))])

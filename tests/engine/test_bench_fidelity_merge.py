@@ -14,17 +14,34 @@ from engine.bench.fidelity_merge import load_shard, merge_shards
 from engine.errors import InvalidRequest
 
 MODES = (REFERENCE, "cachecraft")
-OPTIONS = {"dataset": "/tmp/cases.json", "chunks": 6, "modes": list(MODES), "orders": 2,
-           "max_new_tokens": 16, "seed": 0, "warmup_orders": 0, "ratio": None, "fidelity": None}
+OPTIONS = {
+    "dataset": "/tmp/cases.json",
+    "chunks": 6,
+    "modes": list(MODES),
+    "orders": 2,
+    "max_new_tokens": 16,
+    "seed": 0,
+    "warmup_orders": 0,
+    "ratio": None,
+    "fidelity": None,
+}
 
 
 def _sample(rng: random.Random, case: int, order: int, reference: bool) -> ModeSample:
     contains = float(rng.random() < 0.4)
     return ModeSample(
-        ttft_s=rng.uniform(0.5, 5.0), ttft_ratio=1.0 if reference else rng.uniform(2, 4),
-        compute_ratio=1.0, recompute_share=1.0 if reference else rng.random(),
-        kl=0.0 if reference else rng.random(), top1=True, rouge_l=rng.random(), f1=rng.random(),
-        answer="a", case=case, order=order, identical=reference,
+        ttft_s=rng.uniform(0.5, 5.0),
+        ttft_ratio=1.0 if reference else rng.uniform(2, 4),
+        compute_ratio=1.0,
+        recompute_share=1.0 if reference else rng.random(),
+        kl=0.0 if reference else rng.random(),
+        top1=True,
+        rouge_l=rng.random(),
+        f1=rng.random(),
+        answer="a",
+        case=case,
+        order=order,
+        identical=reference,
         score=Score(contains, 0.0, rng.random()),
     )
 

@@ -65,7 +65,7 @@ def test_under_sustained_load_one_request_in_eight_blends_anyway():
     with gate.in_flight(), gate.in_flight():
         decisions = [gate.skip_blend(0.5) for _ in range(3 * EXPLORE_EVERY)]
     assert decisions.count(False) == 3 and gate.skipped == 3 * (EXPLORE_EVERY - 1)
-    assert not decisions[EXPLORE_EVERY - 1] and all(decisions[:EXPLORE_EVERY - 1])
+    assert not decisions[EXPLORE_EVERY - 1] and all(decisions[: EXPLORE_EVERY - 1])
 
 
 def test_a_busy_engine_computes_exactly_instead_of_blending(tiny_engine, chunks):
@@ -110,8 +110,11 @@ def test_a_request_served_from_exact_variants_has_no_blend_to_skip(tiny_engine, 
     from engine.variants.harvest import chunk_rows
 
     full = tiny_engine.prefill(chunks, QUESTION, mode="full")
-    exact = [chunks[0]] + [dataclasses.replace(c, kv=chunk_rows(tiny_engine, full, i))
-                           for i, c in enumerate(chunks) if i]
+    exact = [chunks[0]] + [
+        dataclasses.replace(c, kv=chunk_rows(tiny_engine, full, i))
+        for i, c in enumerate(chunks)
+        if i
+    ]
     engine = engine_with(tiny_engine)
     for _ in range(4):
         engine.busy.odds.record(True)

@@ -57,8 +57,8 @@ def test_the_kernel_matches_the_twin(lib, head_dim, heads, kv_heads):
     positions = [n - 1 for n in lengths]
     q = queries(heads, len(lengths), head_dim)
     for layer in (0, 1):
-        got = NativeStepAttention(lib, caches, positions, head_dim ** -0.5)(layer, q)
-        expected = TorchStepAttention(caches, positions, head_dim ** -0.5)(layer, q)
+        got = NativeStepAttention(lib, caches, positions, head_dim**-0.5)(layer, q)
+        expected = TorchStepAttention(caches, positions, head_dim**-0.5)(layer, q)
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -74,10 +74,10 @@ def test_the_kernel_reads_bfloat16_caches_as_their_float32_values(lib, head_dim,
         wide.data.copy_(narrow.data)
     positions = [n - 1 for n in lengths]
     q = queries(heads, len(lengths), head_dim).bfloat16()
-    attention = NativeStepAttention(lib, caches, positions, head_dim ** -0.5)
+    attention = NativeStepAttention(lib, caches, positions, head_dim**-0.5)
     for layer in (0, 1):
         got = attention(layer, q.float())
-        expected = TorchStepAttention(widened, positions, head_dim ** -0.5)(layer, q.float())
+        expected = TorchStepAttention(widened, positions, head_dim**-0.5)(layer, q.float())
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
         rounded = attention(layer, q)
         assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, got.bfloat16())
@@ -245,8 +245,12 @@ def test_bfloat16_decode_steps_run_on_the_kernel_and_agree_with_the_twin(smol_to
 
     loaded = wrap_model(build_tiny_model(len(smol_tokenizer)).to(torch.bfloat16), smol_tokenizer)
     spec = loaded.spec
-    assert resolve_decode_attention("auto", CPU, torch.bfloat16, spec.num_heads, spec.num_kv_heads,
-                                    spec.head_dim) == "native"
+    assert (
+        resolve_decode_attention(
+            "auto", CPU, torch.bfloat16, spec.num_heads, spec.num_kv_heads, spec.head_dim
+        )
+        == "native"
+    )
     lengths, tokens = [40, 300, 7], [5, 17, 99]
     logits, grown = {}, {}
     for kind in ("native", "torch"):

@@ -117,4 +117,3 @@ def test_auto_dtype_is_bfloat16_on_an_amx_cpu_float32_on_others_and_float16_on_c
     assert resolve_dtype("float32", "cpu", amx=True) == torch.float32
     with pytest.raises(ValueError, match="unknown dtype"):
         resolve_dtype("int8", "cpu")
-

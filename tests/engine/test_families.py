@@ -38,8 +38,10 @@ from tests.engine.tiny_families import (
 TOL = dict(rtol=1e-4, atol=1e-4)
 # what each family's chat template puts around the passages (its own markers)
 TEMPLATE_MARKS = {
-    "llama": ("<|start_header_id|>system<|end_header_id|>",
-              "<|start_header_id|>assistant<|end_header_id|>"),
+    "llama": (
+        "<|start_header_id|>system<|end_header_id|>",
+        "<|start_header_id|>assistant<|end_header_id|>",
+    ),
     "mistral": ("[INST]", "[/INST]"),
     "qwen2": ("<|im_start|>system", "<|im_start|>assistant\n"),
     "qwen3": ("<|im_start|>system", "<|im_start|>assistant\n<think>\n\n</think>"),
@@ -103,9 +105,14 @@ def test_greedy_decode_equals_transformers_generate(family_engine):
     prompt = result.layout.token_tensor()[None]
     with torch.no_grad():
         reference = engine.loaded.model.generate(
-            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False,
-            eos_token_id=None, pad_token_id=0)
-    expected = reference[0, prompt.shape[1]:].tolist()
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=12,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    expected = reference[0, prompt.shape[1] :].tolist()
     eos = set(engine.loaded.eos_token_ids)
     cut = next((i for i, t in enumerate(expected) if t in eos), len(expected))
     assert result.generated_ids == expected[:cut]
@@ -134,8 +141,14 @@ def test_naive_with_kv_moved_back_and_forth_equals_full(family_engine):
     for i, (chunk, (start, end)) in enumerate(zip(chunks, full.layout.chunk_spans)):
         rows = full.cache.rows(start, end)
         ops.rope_shift_(rows[:, 0], base - start, engine.stack.inv_freq)
-        kv = ChunkKV(chunk.token_ids, rows, base, engine.fingerprint, engine.prompts.prefix_digest,
-                     context=tuple(c.chunk_id for c in chunks[:i]))
+        kv = ChunkKV(
+            chunk.token_ids,
+            rows,
+            base,
+            engine.fingerprint,
+            engine.prompts.prefix_digest,
+            context=tuple(c.chunk_id for c in chunks[:i]),
+        )
         moved.append(ChunkInput(chunk.chunk_id, chunk.token_ids, kv))
     naive = engine.prefill(moved, QUESTION, mode="naive")
     assert naive.recomputed_tokens == 0
@@ -194,26 +207,59 @@ def test_prompt_follows_the_family_chat_template(family_engine):
 
 SHAPE = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2)
 SHIPPED_CONFIGS = {
-    "Llama-3.1": (dict(model_type="llama", max_position_embeddings=131072, rope_theta=500000.0,
-                       rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
-                                         high_freq_factor=4.0,
-                                         original_max_position_embeddings=8192)),
-                  "llama, rope llama3"),
-    "Qwen2.5 long context": (dict(model_type="qwen2", max_position_embeddings=32768,
-                                  rope_theta=1000000.0, sliding_window=131072,
-                                  use_sliding_window=False, max_window_layers=21,
-                                  rope_scaling=dict(type="yarn", factor=4.0,
-                                                    original_max_position_embeddings=32768)),
-                             "qwen2, rope yarn"),
-    "Mistral-7B v0.3": (dict(model_type="mistral", max_position_embeddings=32768,
-                             sliding_window=None, rope_theta=1000000.0), "mistral, rope default"),
-    "Mistral-7B v0.1": (dict(model_type="mistral", max_position_embeddings=32768,
-                             sliding_window=4096), "sliding-window attention in 2 of 2 layers"),
-    "longrope": (dict(model_type="llama", max_position_embeddings=1024,
-                      rope_scaling=dict(type="longrope", short_factor=[1.0] * 8,
-                                        long_factor=[2.0] * 8,
-                                        original_max_position_embeddings=256)),
-                 "RoPE type 'longrope' is not supported"),
+    "Llama-3.1": (
+        dict(
+            model_type="llama",
+            max_position_embeddings=131072,
+            rope_theta=500000.0,
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=8192,
+            ),
+        ),
+        "llama, rope llama3",
+    ),
+    "Qwen2.5 long context": (
+        dict(
+            model_type="qwen2",
+            max_position_embeddings=32768,
+            rope_theta=1000000.0,
+            sliding_window=131072,
+            use_sliding_window=False,
+            max_window_layers=21,
+            rope_scaling=dict(type="yarn", factor=4.0, original_max_position_embeddings=32768),
+        ),
+        "qwen2, rope yarn",
+    ),
+    "Mistral-7B v0.3": (
+        dict(
+            model_type="mistral",
+            max_position_embeddings=32768,
+            sliding_window=None,
+            rope_theta=1000000.0,
+        ),
+        "mistral, rope default",
+    ),
+    "Mistral-7B v0.1": (
+        dict(model_type="mistral", max_position_embeddings=32768, sliding_window=4096),
+        "sliding-window attention in 2 of 2 layers",
+    ),
+    "longrope": (
+        dict(
+            model_type="llama",
+            max_position_embeddings=1024,
+            rope_scaling=dict(
+                type="longrope",
+                short_factor=[1.0] * 8,
+                long_factor=[2.0] * 8,
+                original_max_position_embeddings=256,
+            ),
+        ),
+        "RoPE type 'longrope' is not supported",
+    ),
 }
 
 
@@ -271,10 +317,18 @@ def test_selfcheck_refuses_dynamic_rope_probed_past_its_original_length():
 
 def test_mistral_with_a_sliding_window_shorter_than_its_context_is_refused_at_load(tmp_path):
     """Mistral-7B v0.1: sliding_window 4096 in a 32k context."""
-    path = write_config(tmp_path / "mistral-v0.1", "mistral", sliding_window=4096,
-                        max_position_embeddings=32768, hidden_size=64, num_hidden_layers=2)
-    expected = (r"sliding-window attention in 2 of 2 layers \(window 4096 < context 32768\)"
-                r".*set max_position_embeddings to at most 4096")
+    path = write_config(
+        tmp_path / "mistral-v0.1",
+        "mistral",
+        sliding_window=4096,
+        max_position_embeddings=32768,
+        hidden_size=64,
+        num_hidden_layers=2,
+    )
+    expected = (
+        r"sliding-window attention in 2 of 2 layers \(window 4096 < context 32768\)"
+        r".*set max_position_embeddings to at most 4096"
+    )
     with pytest.raises(UnsupportedModel, match=expected):
         load_model(tmp_path, path, "cpu", "float32")
 
@@ -289,27 +343,42 @@ def test_a_window_as_long_as_the_context_is_no_sliding_window():
 def test_qwen_sliding_window_layers_are_refused():
     from transformers import Qwen2Config
 
-    config = Qwen2Config(num_hidden_layers=4, use_sliding_window=True, sliding_window=256,
-                         max_window_layers=3, max_position_embeddings=1024)
+    config = Qwen2Config(
+        num_hidden_layers=4,
+        use_sliding_window=True,
+        sliding_window=256,
+        max_window_layers=3,
+        max_position_embeddings=1024,
+    )
     expected = r"sliding-window attention in 1 of 4 layers.*use_sliding_window false"
     with pytest.raises(UnsupportedModel, match=expected):
         check_architecture(config)
-    no_window_layers = Qwen2Config(num_hidden_layers=4, use_sliding_window=True, sliding_window=256,
-                                   max_window_layers=4, max_position_embeddings=1024)
+    no_window_layers = Qwen2Config(
+        num_hidden_layers=4,
+        use_sliding_window=True,
+        sliding_window=256,
+        max_window_layers=4,
+        max_position_embeddings=1024,
+    )
     assert check_architecture(no_window_layers).startswith("qwen2")
 
 
-@pytest.mark.parametrize("model_type,reason", [
-    ("gemma2", "alternates sliding-window and global layers"),
-    ("gemma3_text", "alternates sliding-window and global layers"),
-    ("gemma", "scales embeddings"),
-    ("mixtral", "mixture of experts"),
-    ("gpt2", "Llama-layout decoders only"),
-])
+@pytest.mark.parametrize(
+    "model_type,reason",
+    [
+        ("gemma2", "alternates sliding-window and global layers"),
+        ("gemma3_text", "alternates sliding-window and global layers"),
+        ("gemma", "scales embeddings"),
+        ("mixtral", "mixture of experts"),
+        ("gpt2", "Llama-layout decoders only"),
+    ],
+)
 def test_unsupported_model_types_are_refused_at_load_with_the_reason(tmp_path, model_type, reason):
     path = write_config(tmp_path / model_type, model_type)
-    expected = (rf"model type '{model_type}' is not supported: .*{reason}.*"
-                r"Use a checkpoint of a supported family \(llama, mistral, qwen2, qwen3")
+    expected = (
+        rf"model type '{model_type}' is not supported: .*{reason}.*"
+        r"Use a checkpoint of a supported family \(llama, mistral, qwen2, qwen3"
+    )
     with pytest.raises(UnsupportedModel, match=expected):
         load_model(tmp_path, path, "cpu", "float32")
 
@@ -323,12 +392,25 @@ def test_a_model_type_transformers_does_not_know_is_refused_the_same_way(tmp_pat
 
 def test_a_rope_type_whose_rotation_depends_on_length_is_refused_at_load(tmp_path):
     half = 8  # head_dim 16 / 2
-    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * half,
-            "long_factor": [2.0] * half, "original_max_position_embeddings": 256}
-    path = write_config(tmp_path / "longrope", "llama", hidden_size=64, num_attention_heads=4,
-                        max_position_embeddings=1024, rope_parameters=rope)
-    expected = (r"RoPE type 'longrope' is not supported: .*re-rotating K.*"
-                r"Supported RoPE types: default, linear, llama3, yarn, dynamic")
+    rope = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "short_factor": [1.0] * half,
+        "long_factor": [2.0] * half,
+        "original_max_position_embeddings": 256,
+    }
+    path = write_config(
+        tmp_path / "longrope",
+        "llama",
+        hidden_size=64,
+        num_attention_heads=4,
+        max_position_embeddings=1024,
+        rope_parameters=rope,
+    )
+    expected = (
+        r"RoPE type 'longrope' is not supported: .*re-rotating K.*"
+        r"Supported RoPE types: default, linear, llama3, yarn, dynamic"
+    )
     with pytest.raises(UnsupportedModel, match=expected):
         load_model(tmp_path, path, "cpu", "float32")
 

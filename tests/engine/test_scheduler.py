@@ -103,8 +103,15 @@ def test_a_seeded_sampled_request_draws_the_same_tokens_batched(engines, chunks,
     params = SamplingParams(max_new_tokens=14, temperature=0.9, top_p=0.95, seed=1234)
     alone = decode_alone(engines["alone"], chunks, "cacheblend", params)
     assert decode_joined(engines["batched"], chunks, "cacheblend", steps, params) == alone
-    assert alone[0] != decode_alone(engines["alone"], chunks, "cacheblend", SamplingParams(
-        max_new_tokens=14, temperature=0.9, top_p=0.95, seed=99))[0]  # the seed matters
+    assert (
+        alone[0]
+        != decode_alone(
+            engines["alone"],
+            chunks,
+            "cacheblend",
+            SamplingParams(max_new_tokens=14, temperature=0.9, top_p=0.95, seed=99),
+        )[0]
+    )  # the seed matters
 
 
 def test_bounds_hold_the_batch_and_everyone_finishes(
@@ -220,6 +227,7 @@ def test_background_work_run_for_a_marked_thread_counts_as_background(engines, c
 
     def builder():
         from engine.work import mark_background_thread
+
         mark_background_thread()
         prefill(engine, chunks, 1, "full")
 

@@ -32,7 +32,7 @@ def test_chunks_respect_the_budget_and_end_at_sentences():
     for chunk in chunks:
         assert chunk.num_tokens <= 30
         assert chunk.text.endswith("words.") and chunk.text.startswith("Sentence")
-        assert TEXT[chunk.start:chunk.end] == chunk.text
+        assert TEXT[chunk.start : chunk.end] == chunk.text
 
 
 def test_chunks_cover_the_text_in_order():

@@ -141,6 +141,7 @@ def test_index_operations_leave_the_calling_thread_on_one_faiss_thread(index):
             counts[f"{name} before"] = faiss.omp_get_max_threads()
             operation()
             counts[name] = faiss.omp_get_max_threads()
+
         thread = threading.Thread(target=run)
         thread.start()
         thread.join()

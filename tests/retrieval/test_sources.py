@@ -35,11 +35,14 @@ def test_benchmark_json_gives_one_document_per_passage(tmp_path):
     assert [(d.title, d.text) for d in load_sources([path])] == [("T1", "one"), ("T3", "three")]
 
 
-@pytest.mark.parametrize("name,content,message", [
-    ("bad.txt", b"\xff\xfe not utf-8", "not valid UTF-8"),
-    ("bad.json", b"{not json", "invalid JSON"),
-    ("bad.pdf", b"%PDF", "not a .txt, .md or .json"),
-])
+@pytest.mark.parametrize(
+    "name,content,message",
+    [
+        ("bad.txt", b"\xff\xfe not utf-8", "not valid UTF-8"),
+        ("bad.json", b"{not json", "invalid JSON"),
+        ("bad.pdf", b"%PDF", "not a .txt, .md or .json"),
+    ],
+)
 def test_unreadable_sources_raise(tmp_path, name, content, message):
     path = tmp_path / name
     path.write_bytes(content)

@@ -25,8 +25,16 @@ def cell(load: str, work: float | None, cpu: float, requests: int = 8) -> CellSu
         empty[f.name] = None if "None" in kind else blank
     return cast(
         CellSummary,
-        CellSummary(**{**empty, "mode": "m", "load": load, "requests": requests,
-                       "work_vs_full": work, "cpu_s_per_request": cpu}),
+        CellSummary(
+            **{
+                **empty,
+                "mode": "m",
+                "load": load,
+                "requests": requests,
+                "work_vs_full": work,
+                "cpu_s_per_request": cpu,
+            }
+        ),
     )
 
 

@@ -30,8 +30,13 @@ def with_stats(chunks, context=(999,), cci=0.8) -> list[ChunkInput]:
     out = []
     for chunk in chunks:
         n = len(chunk.token_ids)
-        stats = VariantStats(a=0.1, b=0.1, cci=cci, inter_scores={c: 1.0 for c in context},
-                             token_scores=[float((7 * t) % n) for t in range(n)])
+        stats = VariantStats(
+            a=0.1,
+            b=0.1,
+            cci=cci,
+            inter_scores={c: 1.0 for c in context},
+            token_scores=[float((7 * t) % n) for t in range(n)],
+        )
         kv = dataclasses.replace(chunk.kv, context=tuple(context))
         out.append(ChunkInput(chunk.chunk_id, chunk.token_ids, kv, stats))
     return out
