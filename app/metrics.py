@@ -17,8 +17,8 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from app.queue import WorkQueue
     from app.store import TierFigures
-    from engine.busy import BusyGate
-    from engine.guard import GuardReport
+    from engine.serving.busy import BusyGate
+    from engine.serving.guard import GuardReport
 
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -70,7 +70,7 @@ class Metrics:
         self.guard = Counter(
             "kvmosaic_guard_outcomes",
             "Answers by fidelity level and what the guard did "
-            "(kept, exact, rerun, repaired, skipped: engine/guard.py GuardReport.outcome)",
+            "(kept, exact, rerun, repaired, skipped: engine/serving/guard.py GuardReport.outcome)",
             ["fidelity", "outcome"],
             registry=r,
         )
@@ -144,7 +144,7 @@ class LiveCollector(Collector):
                 "kvmosaic_guard_repair_share",
                 "Share of recent blended balanced requests that needed a full prefill anyway "
                 "(re-run or repaired); at or above KVMOSAIC_GUARD_BUSY_REPAIR_SHARE a busy "
-                "server skips such blends (engine/busy.py)",
+                "server skips such blends (engine/serving/busy.py)",
                 value=self.busy.odds.share,
             )
         stats = self.tier_stats()

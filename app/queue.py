@@ -49,7 +49,8 @@ class WorkQueue:
         retry_after_s: int = 2,
         initializer: Callable[[], None] | None = None,
     ):
-        """`initializer` runs once on each worker thread (e.g. `engine.threads.single_threaded`)."""
+        """`initializer` runs once on each worker thread (e.g.
+        `engine.serving.threads.single_threaded`)."""
         self.workers = workers
         self.capacity = workers + queue_size
         self.retry_after_s = retry_after_s

@@ -22,9 +22,9 @@ from app.queue import raise_if_abandoned
 from app.retrieve import Retrieved, retrieve_chunks
 from app.settings import Settings
 from engine.config import FIDELITIES
-from engine.decode import SamplingParams
 from engine.engine import Engine
 from engine.errors import InvalidRequest
+from engine.model.decode import SamplingParams
 from engine.planners import planner_names
 from engine.result import PrefillResult
 from engine.variants.order import CHUNK_ORDERS
@@ -43,7 +43,7 @@ class Query:
     mode: str
     ratio: float | None
     sampling: SamplingParams
-    fidelity: str = "balanced"  # the fidelity guard's level (engine/guard.py)
+    fidelity: str = "balanced"  # the fidelity guard's level (engine/serving/guard.py)
     order: str = "retrieval"  # the chunk order rule (KVMOSAIC_CHUNK_ORDER, app/kvcache/order.py)
 
 

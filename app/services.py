@@ -35,7 +35,7 @@ from app.replica import (
 )
 from app.settings import Settings
 from engine.engine import Engine
-from engine.threads import DEFAULT_THREADS, in_own_thread, single_threaded, use_threads
+from engine.serving.threads import DEFAULT_THREADS, in_own_thread, single_threaded, use_threads
 from retrieval import Chunker, Retriever
 from retrieval.embedder import Embedder
 
@@ -119,7 +119,8 @@ class Services:
         ingestor: Ingestor,
     ) -> Services:
         # While the engine computes on its scheduler's thread, the workers only retrieve, wait
-        # and stream: single-threaded, they form no OpenMP pools to slow it (engine/threads.py).
+        # and stream: single-threaded, they form no OpenMP pools to slow it
+        # (engine/serving/threads.py).
         # Otherwise they compute, with the engine's thread count (set, not inherited: torch's
         # process-wide count is whatever the last helper thread set).
         queue = WorkQueue(

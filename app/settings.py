@@ -39,7 +39,7 @@ from engine.config import (
     field_doc,
     gradual_multipliers,
 )
-from engine.encoder import DEFAULT_BATCH_TOKENS
+from engine.model.encoder import DEFAULT_BATCH_TOKENS
 from engine.variants.order import ChunkOrder
 from retrieval.index import IndexConfig
 
@@ -161,7 +161,7 @@ class Settings(BaseSettings):
     craft_build: CraftBuild = engine_setting("craft_build")
     focus_layer: int | None = engine_setting("focus_layer")  # None / "off": no early termination
     focus_threshold: float = engine_setting("focus_threshold")
-    # fidelity guard (engine/guard.py); a level outside `Fidelity` fails here, at start-up
+    # fidelity guard (engine/serving/guard.py); a level outside `Fidelity` fails here, at start-up
     fidelity: Fidelity = engine_setting("fidelity")
     guard_margin: float = engine_setting("guard_margin")
     # "off": recompute_ratio
@@ -251,7 +251,7 @@ class Settings(BaseSettings):
         ),
     )
     retry_after_s: int = Field(default=2, ge=1, description="The `Retry-After` of those 503s.")
-    # continuous batching of decode (engine/scheduler.py)
+    # continuous batching of decode (engine/serving/scheduler.py)
     batching: bool = engine_setting("batching")
     max_batch: int = engine_setting("max_batch")
     max_batch_tokens: int = engine_setting("max_batch_tokens")

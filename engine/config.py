@@ -37,14 +37,14 @@ SELECTIONS: tuple[str, ...] = get_args(Selection)
 # How Cache-Craft's exact variants of a recurring chunk set are made (engine/variants/policy.py).
 CraftBuild = Literal["background", "inline"]
 CRAFT_BUILDS: tuple[str, ...] = get_args(CraftBuild)
-# The fidelity guard's per-request levels (engine/guard.py).
+# The fidelity guard's per-request levels (engine/serving/guard.py).
 Fidelity = Literal["fast", "balanced", "exact"]
 FIDELITIES: tuple[str, ...] = get_args(Fidelity)
 EncodeDtype = Literal["auto", "engine", "float32", "bfloat16", "float16"]
 ENCODE_DTYPES: tuple[str, ...] = get_args(EncodeDtype)
-LinearKernel = Literal["auto", "torch", "onednn"]  # engine/linear.py
+LinearKernel = Literal["auto", "torch", "onednn"]  # engine/model/linear.py
 LINEAR_KERNELS: tuple[str, ...] = get_args(LinearKernel)
-DecodeAttention = Literal["auto", "torch", "native"]  # engine/decode_attention.py
+DecodeAttention = Literal["auto", "torch", "native"]  # engine/model/decode_attention.py
 DECODE_ATTENTIONS: tuple[str, ...] = get_args(DecodeAttention)
 
 Value = TypeVar("Value")
@@ -131,7 +131,7 @@ class EngineConfig:
     linear_kernel: str = described(
         "auto",
         "Kernel of the model's linear layers and of the MiniLM embedder "
-        "(engine/linear.py): `torch` (PyTorch's own: MKL for float32 on x86), `onednn`, or "
+        "(engine/model/linear.py): `torch` (PyTorch's own: MKL for float32 on x86), `onednn`, or "
         "`auto` = `onednn` for a bfloat16 model on the CPU, and for a float32 one unless the "
         "CPU is Intel's and torch has MKL, where the op exists and a probe agrees with `torch`; "
         "else `torch`. Results differ in the last bits, so the kernel is part of the model "
@@ -141,7 +141,7 @@ class EngineConfig:
     )
     decode_attention: str = described(
         "auto",
-        "Attention of a decode step (engine/decode_attention.py): `native`, a C kernel "
+        "Attention of a decode step (engine/model/decode_attention.py): `native`, a C kernel "
         "compiled with `cc` on first use (engine/cpu/, cached under ~/.cache/kvmosaic/kernels) "
         "that attends every row of a step in one call per layer, each request's keys split in "
         "blocks over the cores; `torch`, PyTorch's SDPA per request; `auto` = `native` for a "
@@ -154,7 +154,7 @@ class EngineConfig:
         ge=1,
         doc="torch CPU threads of the thread that computes (unset: torch's default, "
         "`OMP_NUM_THREADS`, else the cores); helper threads run single-threaded "
-        "(engine/threads.py).",
+        "(engine/serving/threads.py).",
     )
     system_prompt: str = described(DEFAULT_SYSTEM_PROMPT, "The system prefix of every prompt.")
     instruction: str = described(DEFAULT_INSTRUCTION, "The instruction before the passages.")
@@ -273,7 +273,7 @@ class EngineConfig:
     )
     fidelity: str = described(
         "balanced",
-        "Fidelity level of requests that name none (engine/guard.py): `exact` "
+        "Fidelity level of requests that name none (engine/serving/guard.py): `exact` "
         "(full prefill, token-identical), `balanced` (a request whose first token is uncertain is "
         "prefilled again in full; one that becomes uncertain while decoding goes on from a full "
         "prefill of the prompt and its answer so far), `fast` (the mode as is). See "
@@ -320,14 +320,15 @@ class EngineConfig:
         "this share of the recent blended balanced requests needed a full prefill anyway (off: "
         "always blend). Skipping saves work when that share p exceeds 1 − b, b the blend's work "
         "over the exact prefill's; one such request in 8 blends anyway, so the share keeps "
-        "learning (engine/busy.py, docs/benchmarks/guard.md).",
+        "learning (engine/serving/busy.py, docs/benchmarks/guard.md).",
     )
     selfcheck: bool = described(
         True, "Run the RoPE-shift self-check at start-up; a failure disables the reuse modes."
     )
     batching: bool = described(
         True,
-        "Continuous batching of decode (engine/scheduler.py): concurrent requests share each "
+        "Continuous batching of decode (engine/serving/scheduler.py): concurrent requests share "
+        "each "
         "decode step; false: every request decodes alone on its worker thread, as one-row steps "
         "(docs/benchmarks/batching.md).",
     )
@@ -351,7 +352,8 @@ class EngineConfig:
     batch_invariant: bool = described(
         False,
         "Pad a lone request's decode step like a batch's, so every token is bit-identical "
-        "whatever it is batched with (engine/decode.py). A lone token costs more in float32 on "
+        "whatever it is batched with (engine/model/decode.py). A lone token costs more in float32 "
+        "on "
         "CPU, nothing measurable in bfloat16 on AMX: set it with bfloat16 there "
         "(docs/benchmarks/bfloat16.md).",
     )

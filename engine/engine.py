@@ -19,28 +19,35 @@ from typing import TypeVar
 
 import torch
 
-from engine.busy import BusyGate
 from engine.config import EngineConfig
-from engine.decode import SamplingParams, TextStream, TokenIds, generate_ids, new_generator
-from engine.decode_attention import resolve_decode_attention
-from engine.encode_dtype import model_in, resolve_encode_dtype
-from engine.encoder import DEFAULT_BATCH_TOKENS, ChunkEncoder
 from engine.errors import InvalidRequest, PromptTooLong
-from engine.guard import AnswerCheck, Guarded, answer_check, check_fidelity, default_ratio, judge
 from engine.kv import ChunkKV, KVCache
-from engine.layers import DecoderStack
-from engine.linear import linear_kernel_of
-from engine.model import LoadedModel, cpu_has_amx_bf16, load_model
+from engine.model.decode import SamplingParams, TextStream, TokenIds, generate_ids, new_generator
+from engine.model.decode_attention import resolve_decode_attention
+from engine.model.encode_dtype import model_in, resolve_encode_dtype
+from engine.model.encoder import DEFAULT_BATCH_TOKENS, ChunkEncoder
+from engine.model.layers import DecoderStack
+from engine.model.linear import linear_kernel_of
+from engine.model.loader import LoadedModel, cpu_has_amx_bf16, load_model
+from engine.model.runner import LayerRunner, RunOutput
+from engine.model.selfcheck import rope_shift_selfcheck, tokenization_selfcheck
+from engine.model.work import counted_as, is_background_thread
 from engine.plan import CachedSpan, ChunkInput, Plan, PlanRequest
 from engine.planners import create_planner, exact_reuse_planner, reference_planner
 from engine.planners.base import BasePlanner
 from engine.prompt import PromptBuilder, PromptLayout
 from engine.result import PrefillResult, chunk_reports
-from engine.runner import LayerRunner, RunOutput
-from engine.scheduler import DecodeScheduler
-from engine.selfcheck import rope_shift_selfcheck, tokenization_selfcheck
-from engine.threads import DEFAULT_THREADS, in_own_thread
-from engine.work import counted_as, is_background_thread
+from engine.serving.busy import BusyGate
+from engine.serving.guard import (
+    AnswerCheck,
+    Guarded,
+    answer_check,
+    check_fidelity,
+    default_ratio,
+    judge,
+)
+from engine.serving.scheduler import DecodeScheduler
+from engine.serving.threads import DEFAULT_THREADS, in_own_thread
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +100,7 @@ class Engine:
         )
         if self.selfcheck is not None:
             (log.info if self.selfcheck.ok else log.error)(self.selfcheck.message)
-        # reports only (engine/selfcheck.py)
+        # reports only (engine/model/selfcheck.py)
         self.tokenization = tokenization_selfcheck(self.prompts)
         (log.info if self.tokenization.ok else log.warning)(self.tokenization.message)
 
@@ -101,7 +108,7 @@ class Engine:
     def load(cls, config: EngineConfig) -> Engine:
         # Loaded on a passing thread with the engine's thread count, so that the caller's thread
         # keeps no OpenMP pool of its own (see `compute`); the engine's own compute runs on the
-        # scheduler's thread, which pins that count itself (engine/threads.py).
+        # scheduler's thread, which pins that count itself (engine/serving/threads.py).
         loaded = in_own_thread(
             partial(
                 load_model,
@@ -206,7 +213,8 @@ class Engine:
 
     @property
     def encoder(self) -> ChunkEncoder:
-        """The packed encoder of base KV, in `config.encode_dtype` (engine/encode_dtype.py)."""
+        """The packed encoder of base KV, in `config.encode_dtype`
+        (engine/model/encode_dtype.py)."""
         with self._encoder_lock:
             if self._encoder is None:
                 self._encoder = self._build_encoder()
@@ -256,7 +264,8 @@ class Engine:
         """Prefill [prefix][chunks...][question] by `mode`; TTFT ends at the first logits.
 
         `fidelity` ("fast", "balanced", "exact"; None: the config's) is the fidelity guard's
-        level (engine/guard.py); `result.guard` says what it estimated and spent. `ratio` None:
+        level (engine/serving/guard.py); `result.guard` says what it estimated and spent. `ratio`
+        None:
         the level's (`guard.default_ratio`). `config` (None: `self.config`) plans this call only;
         the engine's own config, shared with other threads, is never replaced. Raises
         InvalidRequest (or a subclass) for bad input. If the RoPE self-check failed, reuse
@@ -334,7 +343,7 @@ class Engine:
     ) -> tuple[BasePlanner, bool]:
         """The first attempt's planner and whether it skipped the mode's blend: the reference
         for `exact`; the exact-reuse plan for a balanced blend that the busy engine would only
-        have to repair anyway (engine/busy.py); else the mode's own."""
+        have to repair anyway (engine/serving/busy.py); else the mode's own."""
         config = request.config
         if request.fidelity == "exact":
             return reference_planner(config), False
@@ -454,7 +463,7 @@ class Engine:
 
         While batching, the request joins the decode batch at once; closing the stream before
         its end cancels the request's decoding. Under the `balanced` guard a blended prefill
-        is watched while it decodes (`engine.guard.AnswerCheck`); when the check fires, the
+        is watched while it decodes (`engine.serving.guard.AnswerCheck`); when the check fires, the
         prompt and the answer so far are prefilled by the reference plan, `result.cache` and
         `result.guard` are replaced, and decoding goes on from there in the same stream.
         """
@@ -531,7 +540,8 @@ class Engine:
         before the next decode step, so one thread computes everything: on a CPU each thread
         that computes keeps its own OpenMP pool, and once the pools outnumber the cores they
         stop spinning between operations and every small one pays a wake-up (measured on 2
-        vCPUs, see engine/scheduler.py). With more prefill slots it runs on the caller's thread
+        vCPUs, see engine/serving/scheduler.py). With more prefill slots it runs on the caller's
+        thread
         holding a slot (decode steps pause meanwhile); without batching, on the caller's thread.
         """
         background = is_background_thread()

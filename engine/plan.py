@@ -78,7 +78,7 @@ class PlanRequest:
     ratio: float
     config: EngineConfig
     num_layers: int
-    fidelity: str = "balanced"  # the guard level the request runs at (engine/guard.py)
+    fidelity: str = "balanced"  # the guard level the request runs at (engine/serving/guard.py)
 
     def all_cached_spans(self) -> list[CachedSpan]:
         """The system prefix plus every chunk that has cached KV."""

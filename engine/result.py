@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.errors import InvalidRequest
-from engine.guard import AnswerCheck, GuardReport
 from engine.kv import ChunkId, KVCache
+from engine.model.runner import RunOutput
 from engine.plan import ChunkDecision, ChunkInput
 from engine.prompt import PromptLayout
-from engine.runner import RunOutput
+from engine.serving.guard import AnswerCheck, GuardReport
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class PrefillResult:
     chunks: list[ChunkReport]
     fallback_reason: str | None = None
     layers_computed: torch.Tensor | None = None  # [prompt rows] layers of attention + MLP per row
-    # what the fidelity guard estimated and spent (engine/guard.py)
+    # what the fidelity guard estimated and spent (engine/serving/guard.py)
     guard: GuardReport | None = None
     generated_ids: list[int] = field(default_factory=list)
     # set by Engine.prefill: the guard's watch while decoding (None: unwatched); when it fires,

@@ -36,13 +36,13 @@ class Embedder:
         linear_kernel: str = "auto",
     ):
         """`linear_kernel`: the kernel of the model's linear layers, as the LLM's
-        (`KVMOSAIC_LINEAR_KERNEL`, engine/linear.py; docs/benchmarks/kernels.md, "Embedder").
+        (`KVMOSAIC_LINEAR_KERNEL`, engine/model/linear.py; docs/benchmarks/kernels.md, "Embedder").
         Vectors differ between kernels only in the last bits, so the kernel is not part of
         `name`: an index built under either stays valid."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
 
-        from engine.linear import use_linear_kernel
+        from engine.model.linear import use_linear_kernel
 
         self.model_path = Path(model_path) if model_path else default_model_path()
         self.model = SentenceTransformer(str(self.model_path), device=device, local_files_only=True)
@@ -63,7 +63,7 @@ class Embedder:
     def running_on(self, run: Callable[[Callable[[], Any]], Any]) -> Embedder:
         """A view of this embedder (the same model, lock and name) whose encodings are run by
         `run(fn)`, which returns fn's result: the application passes the LLM engine's compute
-        (`Engine.compute`), so that one thread runs all model work (engine/threads.py)."""
+        (`Engine.compute`), so that one thread runs all model work (engine/serving/threads.py)."""
         view = copy.copy(self)
         view._run = run
         return view

@@ -217,7 +217,8 @@ class VectorIndex:
 def one_faiss_thread() -> None:
     """Make FAISS run on the calling thread alone from now on. libgomp gives every thread that
     has not chosen a count all the cores, and the pool a parallel FAISS call leaves behind slows
-    the engine's compute thread for as long as this thread lives (engine/threads.py); one query
+    the engine's compute thread for as long as this thread lives (engine/serving/threads.py); one
+    query
     or a batch of added rows is small work, and the index is searched under a lock anyway."""
     faiss.omp_set_num_threads(1)  # this thread's OpenMP count only
 

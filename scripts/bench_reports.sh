@@ -54,7 +54,7 @@ header() {
 
 fidelity_legend() {
   cat <<'LEGEND'
-How to read it (the yardstick: [../architecture.md](../architecture.md), `engine/guard.py`): every row
+How to read it (the yardstick: [../architecture.md](../architecture.md), `engine/serving/guard.py`): every row
 runs every case in each chunk order (the cases' own order, then a seeded shuffle). `floor` is full
 prefill in the other order against full in the first: the deviation the model shows when nothing
 but the retriever's arbitrary order changes. Each mode is measured against full in the same order;

@@ -1,4 +1,4 @@
-"""First call of SDPA on 30 new key lengths each, in the shape of engine/attention.py's masked
+"""First call of SDPA on 30 new key lengths each, in the shape of engine/model/attention.py's masked
 query blocks (SmolLM2's heads), with cuDNN's attention on and off (docs/benchmarks/gpu.md).
 
 Run on a CUDA machine: python3 scripts/sdpa_new_shapes.py

@@ -39,7 +39,7 @@ def test_data_dir() -> Path:
 @pytest.fixture(scope="session")
 def smol_checkpoint(test_data_dir) -> Path:
     """The embedded SmolLM2 converted to safetensors (converted on first use, then cached)."""
-    from engine.model import embedded_checkpoint
+    from engine.model.loader import embedded_checkpoint
 
     return embedded_checkpoint(test_data_dir)
 
@@ -80,7 +80,7 @@ def build_tiny_model(vocab_size: int, seed: int = 0, **overrides):
 
 @pytest.fixture(scope="session")
 def tiny_loaded(smol_tokenizer):
-    from engine.model import wrap_model
+    from engine.model.loader import wrap_model
 
     return wrap_model(build_tiny_model(len(smol_tokenizer)), smol_tokenizer)
 

@@ -99,7 +99,8 @@ def test_the_store_knows_nothing_of_the_catalog_or_the_service():
 def folder_graph() -> dict[str, set[str]]:
     """Module-level imports between folders: `engine.planners.cachecraft` importing
     `engine.cachecraft.choice` is the edge engine.planners → engine.cachecraft. A module right
-    under a top-level package (`engine.runner`) is a node of its own. Imports inside one folder
+    under a top-level package (`engine.model.runner`) is a node of its own. Imports inside one
+    folder
     (a package's `__init__` registering its modules) are not edges."""
     folders = {
         name

@@ -22,7 +22,7 @@ from app.bench.load import Outcome, run_closed_loop, run_open_loop
 from app.bench.modes import ModeSpec
 from app.bench.trace import TraceRequest
 from engine.bench.metrics import TeacherForced, forced_logits, teacher_forced
-from engine.work import WorkTotals
+from engine.model.work import WorkTotals
 
 
 @dataclass(frozen=True)
@@ -53,13 +53,14 @@ class RequestFacts:
     computed_now: int  # chunks whose base KV was missing and computed on the request path
     generated_ids: tuple[int, ...] = ()
     escalated: bool = False  # the fidelity guard re-ran the prefill in full (inside TTFT)
-    repaired: bool = False  # ... or went on from full prefill while decoding (engine/guard.py)
+    repaired: bool = (
+        False  # ... or went on from full prefill while decoding (engine/serving/guard.py)
+    )
     margin: float | None = (
         None  # the guard's first-token margin (None: an exact state, not measured)
     )
-    skipped_blend: bool = (
-        False  # the guard computed it exactly at once, the engine being busy (engine/busy.py)
-    )
+    # the guard computed it exactly at once, the engine being busy (engine/serving/busy.py)
+    skipped_blend: bool = False
     forced: torch.Tensor | None = (
         None  # reference cells: [answer tokens, vocab] logits along its own answer
     )

@@ -30,8 +30,8 @@ from app.store.entry import entry_from_chunk, roundtrip
 from app.store.quant import get_codec
 from engine.bench.fidelity import REFERENCE, DatasetSlice, base_variant_chunks
 from engine.bench.metrics import forced_logits, kl_divergence, same_top1, teacher_forced
-from engine.decode import SamplingParams
 from engine.engine import Engine
+from engine.model.decode import SamplingParams
 from engine.result import PrefillResult
 
 

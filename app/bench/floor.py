@@ -28,7 +28,7 @@ from app.bench.summary import Fidelity, pair_fidelity
 from app.bench.trace import TraceRequest
 from engine.bench.accuracy import Interval, bootstrap, paired_difference, score_answer
 from engine.bench.metrics import teacher_forced
-from engine.decode import SamplingParams
+from engine.model.decode import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ chunk, embed, index, encode base KV, store it in the tiers) into a fresh data di
 `batch_tokens` 1 encodes every chunk in a pass of its own (how ingest worked before packed
 batches); larger values pack a document's chunks into passes of up to that many rows;
 `engine` computes base KV in the engine's own dtype, `auto` in bfloat16 on CPUs with
-AMX-BF16 (engine/encode_dtype.py). The prefill row is the engine's full prefill of one prompt of
+AMX-BF16 (engine/model/encode_dtype.py). The prefill row is the engine's full prefill of one prompt
+of
 about
 `prompt_tokens` tokens made of the corpus's first chunks (median of `prefill_repeats`): the
 rate a request pays to compute KV, which ingest should at least match.
@@ -78,7 +79,7 @@ def run_ingest_bench(
 def _ingest(
     corpus: Corpus, batch: int, encode_dtype: str, options: IngestOptions, open_services, say
 ) -> IngestRow:
-    from engine.encode_dtype import resolve_encode_dtype
+    from engine.model.encode_dtype import resolve_encode_dtype
 
     data_dir = options.work_dir / f"ingest-{batch}-{encode_dtype}"
     shutil.rmtree(data_dir, ignore_errors=True)

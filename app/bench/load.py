@@ -19,7 +19,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from app.queue import QueueFull
-from engine.threads import single_threaded
+from engine.serving.threads import single_threaded
 
 
 @dataclass
@@ -62,7 +62,8 @@ def run_closed_loop(
     order = iter(range(len(queries)))
 
     def client() -> None:
-        single_threaded()  # its fidelity arithmetic must not form a pool (engine/threads.py)
+        # its fidelity arithmetic must not form a pool (engine/serving/threads.py)
+        single_threaded()
         while time.perf_counter() < deadline:
             with lock:
                 index = next(order, None)

@@ -124,7 +124,7 @@ def add_kernels_parser(kinds) -> None:
 def run_fidelity(args) -> int:
     from engine.bench.fidelity import FidelityOptions, run_fidelity, write_json
     from engine.engine import Engine
-    from engine.threads import single_threaded
+    from engine.serving.threads import single_threaded
 
     options = FidelityOptions(
         dataset=args.dataset,
@@ -140,7 +140,7 @@ def run_fidelity(args) -> int:
         orders=args.orders,
     )
     engine = Engine.load(engine_config(args))
-    # this thread computes metrics, never in a pool of its own (engine/threads.py)
+    # this thread computes metrics, never in a pool of its own (engine/serving/threads.py)
     single_threaded()
     if args.store_codecs:
         return run_codec_fidelity(args, engine, options)

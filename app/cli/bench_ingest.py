@@ -48,7 +48,7 @@ def run_ingest_command(args) -> int:
     from app.settings import Settings
     from engine.engine import Engine
     from engine.errors import InvalidRequest
-    from engine.threads import in_own_thread
+    from engine.serving.threads import in_own_thread
     from retrieval.embedder import Embedder
 
     values = settings_overrides(args)

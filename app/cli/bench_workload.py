@@ -187,7 +187,7 @@ def run_workload_command(args) -> int:
     from app.cli.common import settings_overrides
     from app.settings import Settings
     from engine.engine import Engine
-    from engine.threads import in_own_thread, single_threaded
+    from engine.serving.threads import in_own_thread, single_threaded
     from retrieval.embedder import Embedder
 
     values = settings_overrides(args)
@@ -210,7 +210,8 @@ def run_workload_command(args) -> int:
         in_own_thread(partial(Embedder, base.embedder_path, linear_kernel=base.linear_kernel)),
         values,
     )
-    single_threaded()  # this thread only coordinates from here on (engine/threads.py: stray pools)
+    # this thread only coordinates from here on (engine/serving/threads.py: stray pools)
+    single_threaded()
     run = run_workload(options, server, say=lambda line: print(line, flush=True))
     print(format_table(run.summaries))
     if bounds := format_bounds(run):

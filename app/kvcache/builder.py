@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 
 from app.kvcache.variants import ChunkVariants
 from engine.kv import ChunkId
+from engine.model.work import mark_background_thread
 from engine.result import PrefillResult
-from engine.threads import single_threaded
-from engine.work import mark_background_thread
+from engine.serving.threads import single_threaded
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class VariantBuilder:
     def _work(self) -> None:
         _lower_priority()
         # Its builds run here, beside the engine's compute thread, at low priority: on one
-        # thread, so that it forms no OpenMP pool to slow that thread (engine/threads.py).
+        # thread, so that it forms no OpenMP pool to slow that thread (engine/serving/threads.py).
         single_threaded()
         mark_background_thread()  # benchmarks tell this work from the requests' own
         while True:

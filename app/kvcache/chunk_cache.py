@@ -31,10 +31,10 @@ from app.retrieve import Retrieved
 from app.settings import Settings
 from app.store import LazyChunkKV, TierFigures, create_store
 from app.store.config import KNOWN_POLICIES
-from engine.encoder import DEFAULT_BATCH_TOKENS, batches
 from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.kv import ChunkId, ChunkKV, KVSource
+from engine.model.encoder import DEFAULT_BATCH_TOKENS, batches
 from engine.plan import ChunkInput
 from engine.planners import planner_class
 from engine.result import PrefillResult

@@ -101,7 +101,7 @@ class Usage(BaseModel):
 
 
 class GuardOut(BaseModel):
-    """What the fidelity guard estimated and spent for the answer (engine/guard.py)."""
+    """What the fidelity guard estimated and spent for the answer (engine/serving/guard.py)."""
 
     fidelity: Fidelity
     margin: float | None = Field(

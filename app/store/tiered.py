@@ -42,7 +42,7 @@ from app.store.policy import (
     create_policy,
 )
 from app.store.stats import CountedReader, CounterBook, TierReport
-from engine.threads import single_threaded
+from engine.serving.threads import single_threaded
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,8 @@ class TieredStore:
         self.retry_s = retry_s
         self.counters = CounterBook(names)
         # Background readers of layers for lazy loading (see app.store.lazy).
-        # Single-threaded, so that they take no cores from the engine's compute (engine/threads.py).
+        # Single-threaded, so that they take no cores from the engine's compute
+        # (engine/serving/threads.py).
         self.loader = ThreadPoolExecutor(
             max_workers=load_threads, thread_name_prefix="kv-load", initializer=single_threaded
         )

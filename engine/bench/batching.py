@@ -38,11 +38,11 @@ import torch
 
 from engine.bench.fidelity import Record, base_variant_chunks, load_dataset
 from engine.config import EngineConfig
-from engine.decode import SamplingParams
 from engine.engine import Engine
 from engine.errors import InvalidRequest
+from engine.model.decode import SamplingParams
 from engine.plan import ChunkInput
-from engine.threads import in_own_thread
+from engine.serving.threads import in_own_thread
 
 PASSAGES = [
     "The Saltcote tide mill was built in 1794 and ground grain with the ebb tide for a century.",
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     )
     # Built on a passing thread, as Engine.load is: this thread keeps no OpenMP pool that would
-    # slow the batching engine's compute thread (engine/threads.py).
+    # slow the batching engine's compute thread (engine/serving/threads.py).
     engine_off = in_own_thread(
         lambda: Engine(replace(engine_on.config, batching=False), engine_on.loaded)
     )

@@ -48,10 +48,10 @@ from engine.bench.metrics import (
     teacher_forced,
 )
 from engine.config import EngineConfig
-from engine.decode import SamplingParams
 from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.kv import ChunkId, ChunkKV
+from engine.model.decode import SamplingParams
 from engine.plan import ChunkInput
 from engine.planners import planner_class, reference_mode
 from engine.planners.base import VariantYield
@@ -63,7 +63,7 @@ REFERENCE = reference_mode()  # every row is measured against it
 FLOOR = "floor"  # the row of full prefill in another chunk order against full in the first
 CRAFT = "cachecraft"  # the mode whose α `kvmosaic calibrate` fits
 WARM = "+warm"
-AT = "@"  # `mode@fidelity`: the row runs at that guard level (engine/guard.py)
+AT = "@"  # `mode@fidelity`: the row runs at that guard level (engine/serving/guard.py)
 SETTINGS = "["  # `mode[key=value;...]`: the row plans with these engine settings (`row_config`)
 CODEC = "codec"  # `mode[codec=NAME]`: the row's chunk KV goes through a store codec first
 KVTransform = Callable[[ChunkKV], ChunkKV]

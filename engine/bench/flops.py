@@ -20,7 +20,7 @@ import torch
 
 if TYPE_CHECKING:
     from engine.engine import Engine
-    from engine.work import WorkTotals
+    from engine.model.work import WorkTotals
 
 
 class FlopCounter:
@@ -46,5 +46,6 @@ class FlopCounter:
         return float((layers * (self.linear_per_row + self.attention_per_key * keys)).sum())
 
     def of_work(self, work: WorkTotals) -> float:
-        """FLOPs of the runs an `engine.work.WorkTotals` interval counted (the same formula)."""
+        """FLOPs of the runs an `engine.model.work.WorkTotals` interval counted (the same
+        formula)."""
         return float(work.layer_rows * self.linear_per_row + work.key_rows * self.attention_per_key)

@@ -1,7 +1,7 @@
 """`python -m engine.bench.guard_signals`: which first-token signal tells a far blend from a near \
 one.
 
-The balanced guard (engine/guard.py) re-runs a request in full when its blended first token
+The balanced guard (engine/serving/guard.py) re-runs a request in full when its blended first token
 looks uncertain. A signal is worth as much as the first-token KL(full ‖ mode) it removes per
 request it re-runs. Per record of a dataset slice (cold: base variants only), this runs `full`
 and the mode at `fast` (no guard), and from the mode's first-token logits alone computes:
@@ -37,8 +37,8 @@ from engine.bench.fidelity import DatasetSlice, Record, record_chunk_id
 from engine.bench.metrics import kl_divergence
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.guard import first_token_margin
 from engine.plan import ChunkInput
+from engine.serving.guard import first_token_margin
 
 SIGNALS = ("margin", "entropy", "top_prob")
 # higher value = more suspicious: margin and top_prob are turned around

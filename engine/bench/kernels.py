@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 
-from engine import kernels, ops
+from engine import kernels
 from engine.kernels import launch
 from engine.kernels.library import Library
+from engine.model import ops
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ the same shape), with each kernel, alternating kernels per repeat so a busy mach
 both alike; prints milliseconds (median) and the ratio. Shapes: a prefill's 2,048 and 512
 rows through one layer's MLP up-projection, the 30 layers' q/k/v/o/MLP products for 1 and
 4 rows (a lone and a batched decode step), and lm_head for 1 and 4 rows. Run it on a new
-machine before trusting `KVMOSAIC_LINEAR_KERNEL=auto` there (engine/linear.py).
+machine before trusting `KVMOSAIC_LINEAR_KERNEL=auto` there (engine/model/linear.py).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from engine.linear import OneDnnLinear, onednn_agrees
-from engine.model import load_model
-from engine.threads import use_threads
+from engine.model.linear import OneDnnLinear, onednn_agrees
+from engine.model.loader import load_model
+from engine.serving.threads import use_threads
 
 Product = Callable[[], object]
 

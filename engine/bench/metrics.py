@@ -13,10 +13,10 @@ from typing import NamedTuple
 
 import torch
 
-from engine.attention import QueryLayout
 from engine.engine import Engine
-from engine.guard import first_repair, first_token_margin
+from engine.model.attention import QueryLayout
 from engine.result import PrefillResult
+from engine.serving.guard import first_repair, first_token_margin
 
 
 def kl_divergence(reference_logits: torch.Tensor, logits: torch.Tensor) -> float:
@@ -124,7 +124,7 @@ def guarded_logits(
     result: PrefillResult, logits: torch.Tensor, reference_logits: torch.Tensor
 ) -> torch.Tensor:
     """The forced `logits` as the fidelity guard would leave them: from the first position
-    where the result's answer check fires (engine.guard.AnswerCheck) on the mode's own
+    where the result's answer check fires (engine.serving.guard.AnswerCheck) on the mode's own
     logits, decoding goes on from the reference state, so those rows are the reference's
     (its repair is a reference prefill of the same prompt and answer tokens)."""
     if result.answer_check is None or reference_logits.shape != logits.shape:

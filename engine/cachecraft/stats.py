@@ -20,9 +20,9 @@ import torch
 
 from engine.cachecraft.scores import cci, inter_intra_terms
 from engine.kv import ChunkId, KVSource
+from engine.model.runner import LayerRunner, RunOutput
 from engine.plan import CachedSpan, Plan, QueryView
 from engine.prompt import PromptLayout
-from engine.runner import LayerRunner, RunOutput
 
 ROW_BLOCK = 128
 

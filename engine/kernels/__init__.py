@@ -1,6 +1,6 @@
 """The CUDA kernels of `engine/csrc/`: build (nvcc, cached), load (ctypes) and launch.
 
-`engine/ops.py` is the only caller in the engine: it asks `for_tensor(x)` for the library
+`engine/model/ops.py` is the only caller in the engine: it asks `for_tensor(x)` for the library
 and, when it gets one and `launch.supports_*` accepts the call, runs the kernel; otherwise
 it runs the PyTorch twin. Nothing here imports torch's CUDA extension machinery, so this
 package imports and its host twins run on a CPU-only torch.

@@ -1,6 +1,6 @@
 """Call the kernels on torch tensors: pointers, layouts, dtype codes and the current stream.
 
-Each function here has the same contract as its op in `engine/ops.py`, for the layouts that
+Each function here has the same contract as its op in `engine/model/ops.py`, for the layouts that
 its `supports_*` check accepts (the ops fall back to the PyTorch twin otherwise). CUDA
 tensors run the CUDA kernel on the current stream of their device; CPU tensors run the
 library's host twin of that kernel (kvm_host_*), the same per-element code, which is how

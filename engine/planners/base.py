@@ -47,7 +47,8 @@ class BasePlanner(ABC):
     exact: ClassVar[bool] = False
     # True for the plan that reuses only an exact prefix and computes every later row (`prefix`):
     # the reference's result over exact sources, at the least work that guarantees it. The
-    # fidelity guard runs it instead of a blend that would be repaired anyway (engine/busy.py).
+    # fidelity guard runs it instead of a blend that would be repaired anyway
+    # (engine/serving/busy.py).
     exact_reuse: ClassVar[bool] = False
     variant_use: ClassVar[VariantUse] = VariantUse.BASE
     leaves: ClassVar[VariantYield] = VariantYield.NONE

@@ -29,11 +29,11 @@ import math
 
 import torch
 
-from engine.attention import attention_mass
 from engine.cachecraft.choice import Candidate, variant_cfo
 from engine.cachecraft.scores import recompute_count, top_token_offsets
 from engine.config import EngineConfig
 from engine.kv import ChunkId, exact_context
+from engine.model.attention import attention_mass
 from engine.plan import (
     ChunkDecision,
     ChunkInput,

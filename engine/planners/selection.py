@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import torch
 
-from engine import ops
 from engine.config import EngineConfig
+from engine.model import ops
 from engine.plan import CachedSpan, LayerView, positions
 
 

@@ -16,7 +16,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-import engine.scheduler
+import engine.serving.scheduler
 from app.main import create_app
 from tests.app.conftest import LOCAL_CLIENT, start_services
 
@@ -144,14 +144,14 @@ def test_a_decoding_request_whose_client_left_stops_at_its_next_token(served, mo
     assert full["usage"]["completion_tokens"] > 8, "the tiny model stopped early: no test"
 
     stepping, release = threading.Event(), threading.Event()
-    decode_batch = engine.scheduler.decode_batch
+    decode_batch = engine.serving.scheduler.decode_batch
 
     def held_step(*args, **kwargs):  # the first decode step waits until the client has left
         stepping.set()
         release.wait(BOUND_S)
         return decode_batch(*args, **kwargs)
 
-    monkeypatch.setattr(engine.scheduler, "decode_batch", held_step)
+    monkeypatch.setattr(engine.serving.scheduler, "decode_batch", held_step)
     before, cancelled = work(services), abandoned(services, "decoding")
     try:
         assert asyncio.run(post_then_leave(app, "/ask", ASK, stepping)) == 499

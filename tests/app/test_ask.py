@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from app.retrieve import chunk_token_ids
-from engine.decode import SamplingParams
+from engine.model.decode import SamplingParams
 from engine.plan import ChunkInput
 from engine.planners import planner_names
 from tests.app.conftest import DOCS

@@ -107,7 +107,7 @@ def test_workers_compute_nothing_while_the_engine_computes_for_them(
 ):
     """With batching (one prefill slot) the engine computes on its scheduler's thread, so the
     workers run torch single-threaded; without batching they compute with the engine's count,
-    whatever a helper thread set last (engine/threads.py)."""
+    whatever a helper thread set last (engine/serving/threads.py)."""
     import torch
 
     from tests.app.conftest import start_services

@@ -21,7 +21,7 @@ import pytest
 
 from engine.bench.accuracy import score_answer
 from engine.bench.metrics import rouge_l
-from engine.decode import SamplingParams
+from engine.model.decode import SamplingParams
 from retrieval.sources import load_sources
 from tests.app.conftest import make_settings
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.decode import SamplingParams
+from engine.model.decode import SamplingParams
 from tests.engine.helpers import QUESTION
 
 QUESTIONS = [QUESTION, "Where does the Danube flow?", "What is green tea?", "How warm is a hive?"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention import (
+from engine.model.attention import (
     QUERY_BLOCK,
     QueryLayout,
     _folded_block_attention,
@@ -75,7 +75,7 @@ def test_masked_blocks_with_heads_folded_into_rows_match_the_reference(
 ):
     """The GPU's path for masked blocks (`_folded_block_attention`), run here on the CPU, whose
     blocks are built unsplit as a GPU's are."""
-    monkeypatch.setattr("engine.attention._CPU_FLASH", None)
+    monkeypatch.setattr("engine.model.attention._CPU_FLASH", None)
     torch.manual_seed(11)
     n = 400
     q_pos = torch.cat(

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-import engine.scheduler as scheduler_module
+import engine.serving.scheduler as scheduler_module
 from engine.engine import Engine
 from engine.planners import planner_names
 from tests.engine.batching import BUDGETS, StepRecorder, decode_alone, decode_joined

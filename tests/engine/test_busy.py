@@ -1,4 +1,5 @@
-"""Blend or not under load (engine/busy.py): a balanced request skips a blend that a busy engine
+"""Blend or not under load (engine/serving/busy.py): a balanced request skips a blend that a busy
+engine
 would only repair, computes exactly after its exact prefix instead, and the odds learn from
 every blended request's outcome."""
 
@@ -8,9 +9,9 @@ import pytest
 import torch
 
 from engine import EngineConfig
-from engine.busy import EXPLORE_EVERY, BusyGate, RepairOdds
-from engine.decode import SamplingParams
 from engine.engine import Engine
+from engine.model.decode import SamplingParams
+from engine.serving.busy import EXPLORE_EVERY, BusyGate, RepairOdds
 from tests.engine.helpers import QUESTION, chunk_inputs
 
 TOKENS = 6

@@ -1,4 +1,5 @@
-"""engine/decode_attention.py and its C kernel (engine/cpu/): the same attention as the PyTorch
+"""engine/model/decode_attention.py and its C kernel (engine/cpu/): the same attention as the
+PyTorch
 twin to float32 rounding, a row's bits independent of its companions and of the thread count,
 clear refusals, and a build that caches and fails cleanly."""
 
@@ -10,16 +11,16 @@ import pytest
 import torch
 
 from engine.cpu import library
-from engine.decode import decode_batch
-from engine.decode_attention import (
+from engine.kv import KVCache
+from engine.model.decode import decode_batch
+from engine.model.decode_attention import (
     NativeStepAttention,
     TorchStepAttention,
     resolve_decode_attention,
     step_attention,
 )
-from engine.kv import KVCache
-from engine.layers import DecoderStack
-from engine.threads import in_own_thread, use_threads
+from engine.model.layers import DecoderStack
+from engine.serving.threads import in_own_thread, use_threads
 from tests.engine.helpers import QUESTION, chunk_inputs
 
 pytestmark = pytest.mark.skipif(library.find_compiler() is None, reason="needs a C compiler")
@@ -240,7 +241,7 @@ def test_bfloat16_decode_steps_run_on_the_kernel_and_agree_with_the_twin(smol_to
     """A bfloat16 model (tiny, head_dim 16) decodes through the kernel with bfloat16 caches:
     logits close to the twin's (they differ by bfloat16 rounding of SDPA's arithmetic), caches
     grown alike, and each row the same alone as in the batch."""
-    from engine.model import wrap_model
+    from engine.model.loader import wrap_model
     from tests.conftest import build_tiny_model
 
     loaded = wrap_model(build_tiny_model(len(smol_tokenizer)).to(torch.bfloat16), smol_tokenizer)

@@ -7,7 +7,7 @@ from functools import partial
 import pytest
 import torch
 
-from engine.decode import decode_batch, decode_step
+from engine.model.decode import decode_batch, decode_step
 from tests.engine.helpers import QUESTION, chunk_inputs
 
 QUESTIONS = [
@@ -63,7 +63,7 @@ def test_batched_step_matches_the_one_row_step_to_rounding(tiny_engine, prefille
 
 
 def test_the_row_multiple_is_measured_per_batch_bound_and_pads_to_agreeing_rows(tiny_engine):
-    from engine.decode import ROW_MULTIPLES, _rows_agree, row_multiple
+    from engine.model.decode import ROW_MULTIPLES, _rows_agree, row_multiple
 
     stack = tiny_engine.stack
     multiple = row_multiple(stack, 6)
@@ -77,7 +77,7 @@ def test_the_row_multiple_is_measured_per_batch_bound_and_pads_to_agreeing_rows(
 def test_rows_of_a_remainder_block_are_checked_too():
     """A kernel that rounds the last row of an odd row count differently (as bfloat16 did on an
     AVX-512 EPYC) agrees on row 0 at every count, so only checking every row exposes it."""
-    from engine.decode import _rows_agree
+    from engine.model.decode import _rows_agree
 
     def remainder_kernel(x, weight):
         out = torch.stack(

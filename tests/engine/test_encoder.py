@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.encoder import batches
 from engine.errors import InvalidRequest, PromptTooLong
+from engine.model.encoder import batches
 
 
 def _chunks(engine):
@@ -91,8 +91,8 @@ def test_bfloat16_encoding_is_close_to_the_engines_and_served_in_its_dtype(tiny_
 
 def test_auto_encode_dtype_is_bfloat16_only_for_float32_on_an_amx_cpu(tiny_loaded, tmp_path):
     from engine import EngineConfig
-    from engine.encode_dtype import resolve_encode_dtype
-    from engine.model import cpu_has_amx_bf16
+    from engine.model.encode_dtype import resolve_encode_dtype
+    from engine.model.loader import cpu_has_amx_bf16
 
     assert resolve_encode_dtype("auto", tiny_loaded, amx=True) == torch.bfloat16
     assert resolve_encode_dtype("auto", tiny_loaded, amx=False) == torch.float32
@@ -109,7 +109,7 @@ def test_auto_encode_dtype_is_bfloat16_only_for_float32_on_an_amx_cpu(tiny_loade
 
 
 def test_auto_dtype_is_bfloat16_on_an_amx_cpu_float32_on_others_and_float16_on_cuda():
-    from engine.model import resolve_dtype
+    from engine.model.loader import resolve_dtype
 
     assert resolve_dtype("auto", "cpu", amx=True) == torch.bfloat16
     assert resolve_dtype("auto", "cpu", amx=False) == torch.float32

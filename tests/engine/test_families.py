@@ -1,7 +1,7 @@
 """Every model family the engine accepts, against transformers; every refusal, with its message.
 
 Each row of FAMILIES (tests/engine/tiny_families.py) is a tiny random-weight model of its own
-config class, saved and loaded through `engine.model.load_model`. For each: full prefill
+config class, saved and loaded through `engine.model.loader.load_model`. For each: full prefill
 equals transformers' forward, greedy decode equals `generate`, a chunk's KV re-rotated to
 another position equals KV computed there, naive on one chunk and cacheblend at r = 1 equal
 full, and both start-up self-checks pass. docs/models.md tabulates the same rows.
@@ -16,15 +16,15 @@ import pytest
 import torch
 
 from engine import EngineConfig, PromptTooLong, ops
-from engine.decode import SamplingParams
 from engine.engine import Engine
 from engine.errors import UnsupportedModel
-from engine.families import check_architecture
 from engine.kv import ChunkKV
-from engine.layers import DecoderStack
-from engine.model import load_model, wrap_model
+from engine.model.decode import SamplingParams
+from engine.model.families import check_architecture
+from engine.model.layers import DecoderStack
+from engine.model.loader import load_model, wrap_model
+from engine.model.selfcheck import rope_shift_selfcheck
 from engine.plan import ChunkInput
-from engine.selfcheck import rope_shift_selfcheck
 from tests.engine.helpers import PASSAGES, QUESTION, chunk_inputs
 from tests.engine.tiny_families import (
     FAMILIES,
@@ -156,7 +156,8 @@ def test_naive_with_kv_moved_back_and_forth_equals_full(family_engine):
 
 
 def test_packed_encoder_equals_encoding_each_chunk_alone(family_engine):
-    """Ingest encodes base KV packed (engine/encoder.py): the same KV as one chunk at a time."""
+    """Ingest encodes base KV packed (engine/model/encoder.py): the same KV as one chunk at a
+    time."""
     _, engine = family_engine
     ids = [engine.chunk_ids(text, title) for title, text in PASSAGES]
     for packed, token_ids in zip(engine.encode_chunks(ids), ids):
@@ -430,8 +431,8 @@ def test_partial_rotary_embedding_is_refused():
 def test_tokenization_selfcheck_names_the_boundary_that_differs():
     """A SentencePiece-style tokenizer prepends "▁" to each text it encodes: without the
     anchor (engine/prompt.py) every piece would start with a space; the check says where."""
+    from engine.model.selfcheck import tokenization_selfcheck
     from engine.prompt import PromptBuilder
-    from engine.selfcheck import tokenization_selfcheck
 
     builder = PromptBuilder(build_tokenizer(MISTRAL), "Be brief.", "Read the passages.")
     assert tokenization_selfcheck(builder).ok

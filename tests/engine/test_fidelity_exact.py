@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from engine import EngineConfig, ops
-from engine.decode import SamplingParams
 from engine.engine import Engine
 from engine.kv import ChunkKV
+from engine.model.decode import SamplingParams
 from engine.plan import ChunkInput
 from tests.engine.helpers import PASSAGES, QUESTION, chunk_inputs, kl
 

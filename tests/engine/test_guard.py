@@ -8,7 +8,7 @@ import torch
 
 from engine import EngineConfig, InvalidRequest
 from engine.engine import Engine
-from engine.guard import first_token_margin
+from engine.serving.guard import first_token_margin
 from tests.engine.helpers import QUESTION, chunk_inputs
 
 
@@ -133,7 +133,7 @@ def test_config_refuses_bad_guard_settings(tmp_path):
 
 
 def test_the_report_says_what_the_guard_estimated_against_the_floor():
-    from engine.guard import GuardReport
+    from engine.serving.guard import GuardReport
 
     assert "inside full prefill's reorder floor; kept" in GuardReport("balanced", 2.5, 1.0).estimate
     rerun = GuardReport("balanced", 0.4, 1.0, escalated=True).estimate

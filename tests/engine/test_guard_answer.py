@@ -1,4 +1,4 @@
-"""The balanced guard while decoding (engine.guard.AnswerCheck) on the tiny model: where it
+"""The balanced guard while decoding (engine.serving.guard.AnswerCheck) on the tiny model: where it
 fires the rest of the answer comes from the exact state; where it does not, nothing changes."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import torch
 
 from engine import EngineConfig
 from engine.bench.metrics import forced_logits, guarded_logits, teacher_forced
-from engine.decode import SamplingParams
 from engine.engine import Engine
-from engine.guard import AnswerCheck, first_repair, first_token_margin
+from engine.model.decode import SamplingParams
+from engine.serving.guard import AnswerCheck, first_repair, first_token_margin
 from tests.engine.helpers import QUESTION, chunk_inputs
 
 TOKENS = 8

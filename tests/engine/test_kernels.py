@@ -4,7 +4,7 @@
   only where nvcc is missing; CI has it), linked and loaded: a kernel that does not compile
   fails here.
 - `cpu` cases run the library's host twins (kvm_host_*: each kernel's per-element code on the
-  CPU) against the PyTorch twins of `engine/ops.py`; `cuda` cases (marker `gpu`, skipped
+  CPU) against the PyTorch twins of `engine/model/ops.py`; `cuda` cases (marker `gpu`, skipped
   without CUDA) run the CUDA kernels against the PyTorch twins on the same GPU tensors.
   Outputs are poisoned (NaN, -1) before each run so an unwritten element fails, and memory
   around in-place views is poisoned so a stray write fails.
@@ -17,8 +17,9 @@ import math
 import pytest
 import torch
 
-from engine import kernels, ops
+from engine import kernels
 from engine.kernels import build, launch, library
+from engine.model import ops
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DEVICES = [
@@ -266,7 +267,7 @@ def cuda_tiny_engine(request, tmp_path_factory):
 
     from engine import EngineConfig
     from engine.engine import Engine
-    from engine.model import wrap_model
+    from engine.model.loader import wrap_model
     from tests.conftest import REPO, build_tiny_model
 
     staged = REPO / ".device-stage" / "model"

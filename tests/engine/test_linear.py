@@ -1,4 +1,4 @@
-"""The linear-layer kernel (engine/linear.py): oneDNN in place of torch's, same weights and
+"""The linear-layer kernel (engine/model/linear.py): oneDNN in place of torch's, same weights and
 results."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.linear import (
+from engine.model.linear import (
     OneDnnLinear,
     linear_kernel_of,
     onednn_agrees,
     resolve_linear_kernel,
     use_linear_kernel,
 )
-from engine.model import wrap_model
+from engine.model.loader import wrap_model
 from tests.conftest import build_tiny_model
 
 needs_onednn = pytest.mark.skipif(
@@ -66,10 +66,10 @@ def test_the_kernel_is_part_of_the_fingerprint_and_torch_keeps_the_old_one(smol_
 
 @needs_onednn
 def test_auto_keeps_mkl_for_float32_on_intel_cpus_only(monkeypatch):
-    import engine.linear
+    import engine.model.linear
 
     cpu = torch.device("cpu")
-    monkeypatch.setattr(engine.linear, "mkl_is_at_home", lambda: True)
+    monkeypatch.setattr(engine.model.linear, "mkl_is_at_home", lambda: True)
     assert resolve_linear_kernel("auto", cpu, torch.float32) == "torch"
     assert resolve_linear_kernel("onednn", cpu, torch.float32) == "onednn"  # asked for by name
     if onednn_agrees(torch.bfloat16):
@@ -77,11 +77,11 @@ def test_auto_keeps_mkl_for_float32_on_intel_cpus_only(monkeypatch):
 
 
 def test_auto_picks_onednn_for_float32_and_bfloat16_on_the_cpu_only(monkeypatch):
-    import engine.linear
+    import engine.model.linear
 
-    monkeypatch.setattr(engine.linear, "mkl_is_at_home", lambda: False)
+    monkeypatch.setattr(engine.model.linear, "mkl_is_at_home", lambda: False)
     monkeypatch.setattr(
-        engine.linear, "onednn_agrees", lambda dtype: True
+        engine.model.linear, "onednn_agrees", lambda dtype: True
     )  # the rule, whatever this CPU runs
     cpu = torch.device("cpu")
     assert resolve_linear_kernel("auto", cpu, torch.float32) == "onednn"
@@ -101,8 +101,9 @@ def test_bad_kernel_names_and_impossible_choices_are_refused():
 
 @needs_onednn
 def test_a_bfloat16_copy_of_a_onednn_model_still_runs(smol_tokenizer):
-    """The bfloat16 encoder copy (engine/encode_dtype.py) casts the replaced modules' weights."""
-    from engine.encode_dtype import model_in
+    """The bfloat16 encoder copy (engine/model/encode_dtype.py) casts the replaced modules'
+    weights."""
+    from engine.model.encode_dtype import model_in
 
     loaded = wrap_model(build_tiny_model(len(smol_tokenizer)), smol_tokenizer, "onednn")
     copy = model_in(loaded, torch.bfloat16)
@@ -134,15 +135,20 @@ def test_onednn_linear_takes_the_inputs_the_engine_gives_it(shape):
 
 
 def test_a_copy_cast_to_a_dtype_onednn_cannot_run_goes_back_to_torch_linears(monkeypatch):
-    import engine.linear
-    from engine.linear import OneDnnLinear, fit_linear_kernel, linear_kernel_of, use_linear_kernel
+    import engine.model.linear
+    from engine.model.linear import (
+        OneDnnLinear,
+        fit_linear_kernel,
+        linear_kernel_of,
+        use_linear_kernel,
+    )
 
-    if not engine.linear.onednn_agrees(torch.float32):
+    if not engine.model.linear.onednn_agrees(torch.float32):
         pytest.skip("oneDNN's float32 linear does not run here")
     model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 8, bias=False))
     assert use_linear_kernel(model, "onednn") == "onednn"
     assert fit_linear_kernel(model) == "onednn"  # still float32: kept
-    monkeypatch.setattr(engine.linear, "onednn_agrees", lambda dtype: dtype == torch.float32)
+    monkeypatch.setattr(engine.model.linear, "onednn_agrees", lambda dtype: dtype == torch.float32)
     weight = model[0].weight
     torch.nn.Module.to(model, torch.bfloat16)
     assert fit_linear_kernel(model) == "torch" and linear_kernel_of(model) == "torch"

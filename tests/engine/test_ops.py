@@ -1,4 +1,4 @@
-"""The PyTorch twins of `engine/ops.py` against straightforward reference code.
+"""The PyTorch twins of `engine/model/ops.py` against straightforward reference code.
 
 The twins are the reference the CUDA kernels are held to (tests/engine/test_kernels.py), so
 they are checked here against loops written for clarity: float64 per-pair rotations, sums
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from engine import ops
+from engine.model import ops
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # One rounding to the dtype, relative to the largest magnitude.

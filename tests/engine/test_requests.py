@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from engine import EngineConfig, InvalidRequest, PromptTooLong, UnknownMode
-from engine.decode import SamplingParams, pick_token
 from engine.engine import Engine
 from engine.kv import ChunkKV
+from engine.model.decode import SamplingParams, pick_token
 from engine.plan import ChunkInput
 from tests.engine.helpers import QUESTION, chunk_inputs
 
@@ -91,7 +91,7 @@ def test_sampling_with_seed_is_repeatable_and_stops_at_budget(tiny_engine):
 
 def test_failed_selfcheck_refuses_reuse_and_uses_full(tiny_loaded, monkeypatch, tmp_path):
     """A rope whose shift does not compose (simulated: a wrong shift) disables reuse modes."""
-    import engine.selfcheck as selfcheck
+    import engine.model.selfcheck as selfcheck
 
     def broken_shift(k, delta, inv_freq):
         return k.mul_(1.01)

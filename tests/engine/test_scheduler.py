@@ -13,12 +13,12 @@ import time
 import pytest
 import torch
 
-import engine.scheduler as scheduler_module
+import engine.serving.scheduler as scheduler_module
 from engine import EngineConfig
-from engine.decode import SamplingParams
 from engine.engine import Engine
 from engine.errors import EngineClosed
-from engine.model import wrap_model
+from engine.model.decode import SamplingParams
+from engine.model.loader import wrap_model
 from engine.planners import planner_names
 from tests.conftest import build_tiny_model
 from tests.engine.batching import (
@@ -226,7 +226,7 @@ def test_background_work_run_for_a_marked_thread_counts_as_background(engines, c
     before, background_before = meter.snapshot(), meter.background_snapshot()
 
     def builder():
-        from engine.work import mark_background_thread
+        from engine.model.work import mark_background_thread
 
         mark_background_thread()
         prefill(engine, chunks, 1, "full")

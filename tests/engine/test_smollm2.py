@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.decode import SamplingParams
+from engine.model.decode import SamplingParams
 from engine.plan import ChunkInput
 from tests.engine.helpers import QUESTION, chunk_inputs, kl
 
@@ -20,7 +20,7 @@ def test_embedded_model_is_converted_once_and_passes_the_selfcheck(smol_engine, 
 
 
 def test_fingerprint_is_stable_across_loads(smol_engine, test_data_dir):
-    from engine.model import load_model
+    from engine.model.loader import load_model
 
     again = load_model(test_data_dir, None, "cpu", "float32")
     assert again.fingerprint == smol_engine.fingerprint

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.bench.metrics import forced_logits, teacher_forced
-from engine.decode import SamplingParams, decode_step
+from engine.model.decode import SamplingParams, decode_step
 from tests.engine.helpers import QUESTION, chunk_inputs
 
 ANSWER_TOKENS = 8

@@ -1,4 +1,5 @@
-"""engine/threads.py: helper threads run torch single-threaded; one-off work on a passing thread."""
+"""engine/serving/threads.py: helper threads run torch single-threaded; one-off work on a passing
+thread."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from engine.threads import DEFAULT_THREADS, in_own_thread, single_threaded, use_threads
+from engine.serving.threads import DEFAULT_THREADS, in_own_thread, single_threaded, use_threads
 
 
 def test_in_own_thread_returns_or_raises_and_runs_elsewhere():
@@ -38,7 +39,8 @@ def test_a_single_threaded_thread_keeps_one_thread_and_others_keep_theirs():
 
 
 def test_threads_that_have_not_chosen_run_single_threaded_once_one_pins_more():
-    """The guard against stray pools (engine/threads.py): after a thread pins two, a new thread
+    """The guard against stray pools (engine/serving/threads.py): after a thread pins two, a new
+    thread
     adopts one; the pinned thread keeps two, and so does a passing thread asked for two."""
     counts = {}
 

@@ -7,8 +7,8 @@ import threading
 import torch
 
 from engine.engine import Engine
+from engine.model.work import WorkMeter, WorkTotals, work_of
 from engine.plan import ChunkInput
-from engine.work import WorkMeter, WorkTotals, work_of
 
 
 def test_work_of_weights_rows_by_the_keys_they_see():
@@ -52,7 +52,7 @@ def test_engine_meters_prefills_and_chunk_encodes(tiny_engine: Engine):
 
 
 def test_work_on_a_marked_thread_is_also_background():
-    from engine.work import mark_background_thread
+    from engine.model.work import mark_background_thread
 
     meter = WorkMeter()
     meter.add(torch.ones(3, dtype=torch.long))

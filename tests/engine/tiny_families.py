@@ -5,7 +5,7 @@ class (rope scaling, biases, QK-norm, tied or untied embeddings), a tokenizer of
 kind trained here in milliseconds (byte-level BPE with the Llama-3 or Qwen split, or a
 SentencePiece-style Metaspace BPE for Mistral) and a chat template in the family's format.
 `save_checkpoint` writes them with save_pretrained, so the engine loads them through its real
-loader (`engine.model.load_model`). Nothing is downloaded.
+loader (`engine.model.loader.load_model`). Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from engine.config import DEFAULT_INSTRUCTION, DEFAULT_SYSTEM_PROMPT
-from engine.selfcheck import SAMPLE_CHUNKS, SAMPLE_QUESTION
+from engine.model.selfcheck import SAMPLE_CHUNKS, SAMPLE_QUESTION
 from tests.engine.helpers import PASSAGES, QUESTION
 
 # The pre-tokenizer splits of Llama-3 (tiktoken cl100k-style) and Qwen2/3 (digits one by one).

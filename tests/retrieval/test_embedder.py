@@ -37,10 +37,10 @@ def test_no_texts_and_stable_name(embedder):
 
 
 def test_the_linear_kernel_changes_vectors_only_by_rounding_and_keeps_the_name(embedder):
-    """An index built under one kernel stays valid under the other (engine/linear.py)."""
+    """An index built under one kernel stays valid under the other (engine/model/linear.py)."""
     import torch
 
-    from engine.linear import linear_kernel_of, onednn_agrees
+    from engine.model.linear import linear_kernel_of, onednn_agrees
 
     if not onednn_agrees(torch.float32):
         pytest.skip("this PyTorch build has no oneDNN linear")

@@ -129,7 +129,7 @@ def test_retriever_applies_changes_in_order():
 
 def test_index_operations_leave_the_calling_thread_on_one_faiss_thread(index):
     """A thread that searches, adds or removes must not keep a FAISS pool of all the cores
-    (it would slow the engine's compute thread, engine/threads.py)."""
+    (it would slow the engine's compute thread, engine/serving/threads.py)."""
     import threading
 
     import faiss

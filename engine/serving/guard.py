@@ -35,9 +35,9 @@ from engine.config import FIDELITIES, EngineConfig
 from engine.errors import InvalidRequest
 
 if TYPE_CHECKING:
+    from engine.model.runner import RunOutput
     from engine.plan import Plan
     from engine.planners.base import BasePlanner
-    from engine.runner import RunOutput
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class GuardReport:
     repair_margin: float | None = None
     repair_s: float = 0.0
     # the engine was busy and blends were mostly repaired: the first attempt was the exact-reuse
-    # plan (`prefix`) instead of the mode's blend (engine/busy.py)
+    # plan (`prefix`) instead of the mode's blend (engine/serving/busy.py)
     skipped_blend: bool = False
 
     @property

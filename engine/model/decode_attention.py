@@ -27,10 +27,10 @@ from typing import Protocol
 
 import torch
 
-from engine.attention import attend_each
 from engine.config import DECODE_ATTENTIONS
 from engine.cpu import library
 from engine.kv import KVCache
+from engine.model.attention import attend_each
 
 log = logging.getLogger(__name__)
 

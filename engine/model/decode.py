@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 
-from engine.decode_attention import step_attention
 from engine.errors import InvalidRequest
 from engine.kv import KVCache
-from engine.layers import DecoderStack
-from engine.linear import OneDnnLinear
+from engine.model.decode_attention import step_attention
+from engine.model.layers import DecoderStack
+from engine.model.linear import OneDnnLinear
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -110,7 +110,7 @@ def row_multiple(stack: DecoderStack, max_rows: int = DEFAULT_MAX_ROWS) -> int:
 
 @torch.inference_mode()
 def _measure_row_multiple(stack: DecoderStack, max_rows: int) -> int:
-    # The layers' own modules, so the probe runs the kernel the model runs (engine/linear.py).
+    # The layers' own modules, so the probe runs the kernel the model runs (engine/model/linear.py).
     modules = [
         m
         for part in (stack.layers[0], stack.lm_head)
@@ -164,7 +164,7 @@ def decode_batch(
     request's logits do not depend on its companions; a lone request runs unpadded (cheaper;
     `decode_step` is this) unless `invariant`, which pads it too and makes its logits
     independent of the batch in every case. Attention runs on the stack's `decode_attention`
-    (engine/decode_attention.py).
+    (engine/model/decode_attention.py).
     """
     n = len(caches)
     multiple = row_multiple(stack, max(max_rows, n))

@@ -13,7 +13,7 @@ prefill waits at most for the step under way (one token), never for the batch to
 one thread computes everything. That matters on a CPU: each thread that runs torch operations
 keeps its own OpenMP pool, and once the pools' threads outnumber the cores libgomp stops
 letting them spin between operations, so each of a step's thousands of small operations pays a
-wake-up (`engine/threads.py`; docs/benchmarks/batching.md, "Scheduler thread").
+wake-up (`engine/serving/threads.py`; docs/benchmarks/batching.md, "Scheduler thread").
 With `prefill_slots` > 1, prefills run on their callers' threads instead, holding a
 `prefill_turn()` (no step starts while one is held or awaited); on a CPU, concurrent prefills
 only share the cores and all finish late.
@@ -21,7 +21,7 @@ only share the cores and all finish late.
 What batching buys depends on the cores and the linear kernel: a step is mostly weight
 traffic (docs/benchmarks/batching.md).
 
-The scheduler knows nothing about text; it streams token ids (`engine.decode.stream_text`
+The scheduler knows nothing about text; it streams token ids (`engine.model.decode.stream_text`
 turns them into text on the consumer's thread).
 """
 
@@ -38,11 +38,11 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from engine.decode import SamplingParams, StepCheck, decode_batch, new_generator, pick_token
 from engine.errors import EngineClosed
 from engine.kv import KVCache
-from engine.layers import DecoderStack
-from engine.threads import DEFAULT_THREADS, use_threads
+from engine.model.decode import SamplingParams, StepCheck, decode_batch, new_generator, pick_token
+from engine.model.layers import DecoderStack
+from engine.serving.threads import DEFAULT_THREADS, use_threads
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class _Sequence:
     def advance(self) -> bool:
         """Pick and stream the next token; True if the request needs a decode step for it.
 
-        The same stop rules as `engine.decode.generate_ids`: an EOS token ends it unstreamed;
+        The same stop rules as `engine.model.decode.generate_ids`: an EOS token ends it unstreamed;
         the token budget or a full cache end it after the token; a firing `check` ends it
         before the token is picked.
         """
@@ -219,7 +219,7 @@ class DecodeScheduler:
 
         The EOS token that ends generation is not yielded. Closing the stream early (or
         dropping it) cancels the request: it leaves the batch before the next step. `check`
-        and `generator` as in `engine.decode.generate_ids`.
+        and `generator` as in `engine.model.decode.generate_ids`.
         Raises EngineClosed if the scheduler has been closed.
         """
         seq = _Sequence(cache, first_logits, params, eos_ids, check, generator)
@@ -296,7 +296,7 @@ class DecodeScheduler:
             self._thread.start()
 
     def _loop(self) -> None:
-        # its own count, whatever helper threads set (engine/threads.py)
+        # its own count, whatever helper threads set (engine/serving/threads.py)
         use_threads(self.num_threads)
         try:
             while (work := self._next_work()) is not None:

@@ -5,7 +5,7 @@ Layer-0 K depends only on the token and its position, so it isolates RoPE: compu
 positions base..base+n-1, shift it by several deltas (forward, backward, far), and compare
 with K computed fresh at the shifted positions. Rope types whose rotation does not compose
 (dynamic NTK scaling past its original length, some long-context schemes) fail here, and
-reuse is then refused; engine/families.py refuses the known ones at load already.
+reuse is then refused; engine/model/families.py refuses the known ones at load already.
 
 The tokenization check only reports: every mode runs on the same pieces' ids, so a boundary
 that tokenizes differently alone changes no comparison, but the prompt is then not the
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import ops
-from engine.layers import DecoderStack
+from engine.model import ops
+from engine.model.layers import DecoderStack
 from engine.prompt import PromptBuilder
 
 # Relative max error allowed (float32 / half precision). Fresh float32 RoPE itself carries

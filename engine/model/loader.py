@@ -5,7 +5,7 @@ Two sources, never the network:
   with `importlib.util.find_spec`, never imported), converted once to safetensors under
   `data_dir/models/` because the GGUF loads far more slowly than the safetensors;
 - any local Hugging Face checkpoint of a supported family (Llama, Mistral, Qwen2, Qwen3;
-  engine/families.py says which and refuses the others at load) by directory path.
+  engine/model/families.py says which and refuses the others at load) by directory path.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.attention import prepare_device
 from engine.errors import KvMosaicError
-from engine.families import check_architecture, check_model_type
-from engine.linear import linear_kernel_of, use_linear_kernel
+from engine.model.attention import prepare_device
+from engine.model.families import check_architecture, check_model_type
+from engine.model.linear import linear_kernel_of, use_linear_kernel
 
 if TYPE_CHECKING:  # transformers is imported only when a model is loaded
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -107,7 +107,7 @@ def load_model(
     data_dir: Path, model_path: str | None, device: str, dtype: str, linear_kernel: str = "auto"
 ) -> LoadedModel:
     """Load the embedded model (model_path None) or a local checkpoint directory, its linear
-    layers on `linear_kernel` (engine/linear.py)."""
+    layers on `linear_kernel` (engine/model/linear.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -131,7 +131,7 @@ def load_model(
 
 def _check_checkpoint_config(source: Path) -> None:
     """Refuse an unsupported architecture from its config.json alone, before any weight is read
-    (engine/families.py; UnsupportedModel says why and what to do). The model type is read
+    (engine/model/families.py; UnsupportedModel says why and what to do). The model type is read
     raw first, so a type that transformers itself does not know is refused the same way."""
     from transformers import AutoConfig
 
@@ -147,8 +147,9 @@ def _check_checkpoint_config(source: Path) -> None:
 def wrap_model(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, linear_kernel: str = "auto"
 ) -> LoadedModel:
-    """Check that `model` is a supported decoder (engine/families.py; UnsupportedModel if not),
-    put its linear layers on `linear_kernel` (engine/linear.py; in place) and build its spec,
+    """Check that `model` is a supported decoder (engine/model/families.py; UnsupportedModel if
+    not),
+    put its linear layers on `linear_kernel` (engine/model/linear.py; in place) and build its spec,
     EOS ids and fingerprint."""
     config = model.config
     log.info("model: %s", check_architecture(config))

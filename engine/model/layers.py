@@ -13,8 +13,8 @@ from typing import Protocol, cast
 
 import torch
 
-from engine.attention import QueryLayout, causal_attention
-from engine.model import LoadedModel
+from engine.model.attention import QueryLayout, causal_attention
+from engine.model.loader import LoadedModel
 
 # The modules of a Llama-family causal LM that the stack uses. To mypy every submodule of a
 # torch Module is a `Tensor | Module` attribute; these protocols state the layout that
@@ -84,7 +84,7 @@ class DecoderStack:
         attn = self.layers[0].self_attn
         self.scale = float(getattr(attn, "scaling", self.spec.head_dim**-0.5))
         # how decode steps attend: "torch" or "native", as resolved for this model
-        # (engine/decode_attention.py; prefill never uses it)
+        # (engine/model/decode_attention.py; prefill never uses it)
         self.decode_attention = decode_attention
 
     @property

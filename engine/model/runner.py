@@ -13,12 +13,12 @@ from functools import partial
 
 import torch
 
-from engine import ops
-from engine.attention import QueryLayout, attention_mass
 from engine.kv import KVCache
-from engine.layers import DecoderStack
+from engine.model import ops
+from engine.model.attention import QueryLayout, attention_mass
+from engine.model.layers import DecoderStack
+from engine.model.work import WorkMeter
 from engine.plan import LayerView, Plan, QueryView
-from engine.work import WorkMeter
 
 
 @dataclass

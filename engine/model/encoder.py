@@ -5,7 +5,7 @@ P .. P+n-1). Encoding chunks one by one runs the decoder once per chunk; here th
 a batch are packed row after row into one [rows, hidden] pass, so every row-wise step (norms,
 q/k/v/o projections, MLP) runs once per layer over all of them as one large matrix product,
 and only attention runs per chunk: chunk i's rows attend to the system prefix's cached KV and
-to its own earlier rows (the exact causal mask of `engine.attention`), never to another
+to its own earlier rows (the exact causal mask of `engine.model.attention`), never to another
 chunk. The result equals `Engine.encode_chunk` of each chunk to float rounding.
 
 It knows nothing of storage or of the catalog; batching by a token budget is its only policy.
@@ -17,9 +17,9 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from engine.attention import QueryLayout, causal_attention
 from engine.kv import ChunkKV
-from engine.layers import DecoderStack
+from engine.model.attention import QueryLayout, causal_attention
+from engine.model.layers import DecoderStack
 
 # Rows packed into one pass. Larger passes make larger matrix products (faster per row on
 # CPUs) but hold [rows, intermediate] activations; 2048 rows of SmolLM2 is ~15 MB.

@@ -22,8 +22,8 @@ import dataclasses
 
 import torch
 
-from engine.linear import fit_linear_kernel
-from engine.model import LoadedModel, cpu_has_amx_bf16
+from engine.model.linear import fit_linear_kernel
+from engine.model.loader import LoadedModel, cpu_has_amx_bf16
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -1,12 +1,12 @@
 """Which Hugging Face decoders the engine serves, and why any other is refused at load.
 
-The engine drives a model's own modules layer by layer (engine/layers.py) and moves cached K
+The engine drives a model's own modules layer by layer (engine/model/layers.py) and moves cached K
 to a new position by re-rotating it (`ops.rope_shift_`). Both are exact only for a
 Llama-layout decoder whose every layer attends over every earlier key and whose RoPE
 frequencies are fixed, so that RoPE(p + d) = R(d) RoPE(p). `check_architecture` reads a
 config against those conditions before a request runs: a model the engine cannot serve
 exactly is refused with the reason and what to do, never answered wrongly later. This
-module reads configs only; the start-up self-check (engine/selfcheck.py) then proves the
+module reads configs only; the start-up self-check (engine/model/selfcheck.py) then proves the
 rotation on the loaded weights.
 """
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedConfig
 
 # Llama-layout decoders: embed -> (RMSNorm, q/k/v/o, RoPE, SwiGLU MLP) x layers -> norm -> lm_head.
-# Qwen2 adds q/k/v biases, Qwen3 a per-head RMSNorm of q and k before RoPE (engine/layers.py).
+# Qwen2 adds q/k/v biases, Qwen3 a per-head RMSNorm of q and k before RoPE (engine/model/layers.py).
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 # RoPE types whose frequencies are fixed for the model, so cached K moves by a pure rotation.

@@ -1,6 +1,7 @@
 """Blend or not, under load: a balanced request skips its blend when the blend would only add work.
 
-Under `balanced` (engine/guard.py) a blended first attempt ends in a full prefill whenever the
+Under `balanced` (engine/serving/guard.py) a blended first attempt ends in a full prefill whenever
+the
 guard re-runs it at the first token or repairs its decode; on a small model that is almost
 every blended request. Such a request pays its blend and then the reference prefill anyway.
 When the engine is idle, the blend still buys its TTFT. When other requests wait for the same

@@ -6,7 +6,7 @@ the helpers spin between operations and the next one starts at once; beyond that
 (libgomp) cuts their spinning to almost nothing, and every operation pays a wake-up. Decode
 steps and blended prefills are thousands of small operations, so this costs them a lot,
 while a full prefill (large products) is not slower (docs/benchmarks/batching.md, "Thread
-pools"; `engine/scheduler.py` runs the engine's compute on one thread).
+pools"; `engine/serving/scheduler.py` runs the engine's compute on one thread).
 
 So the application sends its model work to that thread (`Engine.compute`: prefills, repairs,
 base-KV encodings, embeddings through `Embedder.running_on`); threads that only help (store
