@@ -136,7 +136,7 @@ class EngineConfig:
         "CPU is Intel's and torch has MKL, where the op exists and a probe agrees with `torch`; "
         "else `torch`. Results differ in the last bits, so the kernel is part of the model "
         "fingerprint (KV cached under one is recomputed under the other). Measure a new machine "
-        "with `python -m engine.bench.linear` before trusting `auto` there "
+        "with `python -m bench.compute.linear` before trusting `auto` there "
         "(docs/benchmarks/kernels.md).",
     )
     decode_attention: str = described(

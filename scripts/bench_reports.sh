@@ -14,11 +14,11 @@ cd "$(dirname "$0")/.."
 WORKLOAD_DIR=docs/benchmarks/workload
 WORKLOAD_CMD=(.venv/bin/kvmosaic bench workload --report "$WORKLOAD_DIR")
 FIDELITY_REPORT=docs/benchmarks/fidelity.md
-# answerable cases of report seeds (engine/bench/cases.py: tune on seeds 0-999, report on 1000-1999)
+# answerable cases of report seeds (bench/fidelity/cases.py: tune on seeds 0-999, report on 1000-1999)
 # The report runs the default mode against full on 200 cases in both orders, as shards of 50
 # cases: one shard per core at a time, each pinned to its core on one torch thread, then merged
 # into one table (`bench fidelity-merge`: the same figures as one run over all the cases).
-FIDELITY_CASES=(.venv/bin/python -m engine.bench.cases --seed 1000 --n 200 --out /tmp/kvmosaic-cases-1000.json)
+FIDELITY_CASES=(.venv/bin/python -m bench.fidelity.cases --seed 1000 --n 200 --out /tmp/kvmosaic-cases-1000.json)
 FIDELITY_N=200
 FIDELITY_SHARD=50
 FIDELITY_SHARD_CMD=(.venv/bin/kvmosaic bench fidelity --dataset /tmp/kvmosaic-cases-1000.json --orders 2

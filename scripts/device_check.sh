@@ -96,7 +96,7 @@ environment() {
     $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda,
 'available', torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else '');
 print('transformers', transformers.__version__)"
-    $PY -c "import engine.engine, engine.bench.fidelity, app.cli" && echo "imports: ok"
+    $PY -c "import engine.engine, bench.fidelity.fidelity, app.cli" && echo "imports: ok"
   } 2>&1 | tee -a "$SUMMARY"
 }
 

@@ -121,3 +121,11 @@ def musique() -> list[dict]:
     import json
 
     return json.loads((MUSIQUE if MUSIQUE.exists() else MUSIQUE_SLICE).read_text())
+
+
+@pytest.fixture(scope="session")
+def embedder():
+    """The real MiniLM embedder, loaded once for the session (service and benchmark tests)."""
+    from retrieval.embedder import Embedder
+
+    return Embedder()

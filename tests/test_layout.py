@@ -13,7 +13,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("app", "engine", "retrieval", "migrations")
+PACKAGES = ("app", "engine", "retrieval", "migrations", "bench")
 
 
 def module_name(path: Path) -> str:
@@ -199,7 +199,17 @@ def module_graph() -> dict[str, set[str]]:
 
 
 def test_no_two_modules_import_each_other_directly_or_in_a_circle():
-    # files, not only folders: e.g. app.cli.bench importing app.cli.bench_workload while that
-    # imports app.cli.bench back inside a function (shared arguments live in app.cli.common)
+    # files, not only folders: e.g. bench.cli.bench importing bench.cli.workload while that
+    # imports bench.cli.bench back inside a function (shared arguments live in app.cli.common)
     cycles = [c for c in strongly_connected(module_graph()) if len(c) > 1]
     assert cycles == []
+
+
+def test_the_product_imports_nothing_from_the_benchmarks():
+    """`bench/` builds on the product; the product never on it (its commands are plugins)."""
+    offenders = {
+        module: sorted(d for d in deps if d.split(".")[0] == "bench")
+        for package in ("app", "engine", "retrieval", "migrations")
+        for module, deps in all_imports(package).items()
+    }
+    assert {m: d for m, d in offenders.items() if d} == {}

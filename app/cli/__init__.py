@@ -1,6 +1,9 @@
 """The `kvmosaic` command. Each subcommand lives in its own module with `add_parser(subparsers)`.
 
-Adding a subcommand is one new module plus one line in `SUBCOMMANDS`.
+Adding a subcommand is one new module plus one line in `SUBCOMMANDS`. Commands that are not
+part of the product (the benchmarks of `bench/`: `kvmosaic bench`, `kvmosaic calibrate`) come in
+as plugins, through the `kvmosaic.commands` entry points that pyproject.toml declares, so the
+product imports nothing from them.
 """
 
 from __future__ import annotations
@@ -9,13 +12,15 @@ import argparse
 import logging
 import os
 import sys
+from importlib.metadata import entry_points
 
 from pydantic import ValidationError
 
-from app.cli import ask, bench, calibrate, ingest, serve, settings
+from app.cli import ask, ingest, serve, settings
 from app.cli.common import setting_errors
 
-SUBCOMMANDS = [bench, calibrate, serve, ingest, ask, settings]
+SUBCOMMANDS = [serve, ingest, ask, settings]
+PLUGIN_GROUP = "kvmosaic.commands"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,6 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module in SUBCOMMANDS:
         module.add_parser(subparsers)
+    for plugin in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        try:
+            add = plugin.load()
+        except ModuleNotFoundError:  # an install without the benchmarks (the Docker image)
+            continue
+        add(subparsers)
     return parser
 
 

@@ -3,7 +3,7 @@
 PyTorch sends a float32 `nn.Linear` on the CPU to its BLAS (MKL in the x86 wheels). On an AMD
 EPYC MKL was much slower than oneDNN, the library PyTorch already uses for bfloat16 and its
 compiler uses for float32, on every shape that matters here; on an Intel Xeon MKL was the
-faster at float32 decode (`python -m engine.bench.linear`; docs/benchmarks/kernels.md).
+faster at float32 decode (`python -m bench.compute.linear`; docs/benchmarks/kernels.md).
 
 So `onednn` replaces every `nn.Linear` of the model with `OneDnnLinear`, which calls oneDNN's
 linear (`torch.ops.mkldnn._linear_pointwise`, the op the PyTorch compiler emits for CPU

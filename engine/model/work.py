@@ -9,7 +9,7 @@ Decode steps are not counted: they are one row per token in every mode.
 Work done on a thread marked with `mark_background_thread()` (the variant builder) is also
 added to a separate background total, so a benchmark can say how much ran off the request path.
 
-Two counts are kept, enough to turn into FLOPs later (`engine.bench.flops.FlopCounter.of_work`):
+Two counts are kept, enough to turn into FLOPs later (`bench.fidelity.flops.FlopCounter.of_work`):
 `layer_rows`, the number of (row, layer) pairs that ran attention + MLP, and `key_rows`, the
 same pairs weighted by the keys each row attended over (position + 1).
 """

@@ -81,13 +81,6 @@ def make_settings(data_dir, **overrides):
     return Settings(**values)
 
 
-@pytest.fixture(scope="session")
-def embedder():
-    from retrieval.embedder import Embedder
-
-    return Embedder()
-
-
 def start_services(tiny_loaded, embedder, data_dir, docs=DOCS, **overrides):
     from app.services import Services
     from engine.engine import Engine

@@ -76,3 +76,24 @@ def test_ask_prints_the_answer_and_a_report(tiny_start, tmp_path, capsys):
     assert "mode naive: TTFT" in out and "Saltcote Tide Mill" in out
     assert main(["ask", "When?", "--mode", "turbo"]) == 2
     assert "unknown mode 'turbo'" in capsys.readouterr().err
+
+
+def test_the_benchmark_commands_come_in_as_plugins(capsys):
+    """`kvmosaic bench` and `calibrate` are entry points of `bench/`, not imports of the
+    product; both are listed while `bench/` is installed."""
+    from app.cli import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert {"bench", "calibrate", "serve", "ask"} <= set(commands)
+
+
+def test_a_missing_plugin_leaves_the_product_commands(monkeypatch):
+    """An install without `bench/` (the Docker image) still has every product command."""
+    from importlib.metadata import EntryPoint
+
+    import app.cli as cli
+
+    missing = EntryPoint("bench", "no_such_package.cli:add_parser", cli.PLUGIN_GROUP)
+    monkeypatch.setattr(cli, "entry_points", lambda group: [missing])
+    commands = cli.build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert set(commands) == {"serve", "ingest", "ask", "settings"}

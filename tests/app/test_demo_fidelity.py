@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.bench.accuracy import score_answer
-from engine.bench.metrics import rouge_l
+from bench.fidelity.accuracy import score_answer
+from bench.fidelity.metrics import rouge_l
 from engine.model.decode import SamplingParams
 from retrieval.sources import load_sources
 from tests.app.conftest import make_settings

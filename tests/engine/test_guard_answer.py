@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench.fidelity.metrics import forced_logits, guarded_logits, teacher_forced
 from engine import EngineConfig
-from engine.bench.metrics import forced_logits, guarded_logits, teacher_forced
 from engine.engine import Engine
 from engine.model.decode import SamplingParams
 from engine.serving.guard import AnswerCheck, first_repair, first_token_margin

@@ -356,7 +356,7 @@ def test_build_is_cached_by_key(monkeypatch, tmp_path):
 
 
 def test_kernel_bench_runs_on_the_host_twins(lib):
-    from engine.bench.kernels import KernelBenchOptions, format_table, run_kernel_bench
+    from bench.compute.kernels import KernelBenchOptions, format_table, run_kernel_bench
 
     options = KernelBenchOptions(
         device="cpu", layers=2, tokens=64, chunk_tokens=16, repeats=1, warmup=0

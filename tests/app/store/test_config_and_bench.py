@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.bench.store import StoreBenchOptions, format_codec_sizes, run_overlap, run_throughput
 from app.cli import build_parser
 from app.store import StoreConfig, TierUnavailable, create_store, create_tier
 from app.store.codec_names import CODEC_NAMES
 from app.store.codecs import CODECS
 from app.store.lazy import hidden_share
+from bench.store.tiers import StoreBenchOptions, format_codec_sizes, run_overlap, run_throughput
 
 
 @pytest.mark.parametrize(

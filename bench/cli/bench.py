@@ -1,0 +1,341 @@
+"""`kvmosaic bench fidelity|kernels ...`: benchmarks that print ratios measured in the same run."""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+from pathlib import Path
+
+from app.cli.common import (
+    add_dataset_arguments,
+    add_engine_arguments,
+    add_warmup_arguments,
+    engine_config,
+)
+from app.store.codec_names import CODEC_NAMES
+from bench.cli.ingest import add_ingest_parser
+from bench.cli.retrieval import add_retrieval_parser
+from bench.cli.workload import add_workload_parser
+from engine.config import FIDELITIES
+
+
+def add_parser(subparsers) -> None:
+    bench = subparsers.add_parser("bench", help="run a benchmark")
+    kinds = bench.add_subparsers(dest="bench", required=True)
+    fidelity = kinds.add_parser(
+        "fidelity", help="TTFT and fidelity of every mode against full prefill"
+    )
+    add_engine_arguments(fidelity)
+    add_dataset_arguments(fidelity)
+    fidelity.add_argument(
+        "--modes",
+        default="full,naive,epic,cacheblend",
+        help="comma-separated modes; `mode@fast|balanced|exact` sets that row's fidelity guard "
+        "level",
+    )
+    fidelity.add_argument(
+        "--fidelity",
+        choices=FIDELITIES,
+        default=None,
+        help="guard level of rows that name none (default: KVMOSAIC_FIDELITY)",
+    )
+    fidelity.add_argument(
+        "--ratio", type=float, default=None, help="recompute ratio r (default from config)"
+    )
+    fidelity.add_argument("--max-new-tokens", type=int, default=32)
+    fidelity.add_argument(
+        "--orders",
+        type=int,
+        default=3,
+        help="chunk orders per record: the dataset's, then seeded shuffles; full prefill in the "
+        "others against the first is the stability floor (default 3; 1: no floor)",
+    )
+    add_warmup_arguments(fidelity)
+    fidelity.add_argument(
+        "--store-codecs",
+        default=None,
+        help="instead of the timed table: chunk KV through each KV codec, e.g. float16,int4,k4v3 "
+        "(the first is the baseline); first-token KL / top-1 of each mode, answer-position top-1 / "
+        "KL "
+        "along full's answer (teacher forcing, --max-new-tokens) and bytes per token on "
+        "the same requests (cold variants)",
+    )
+    fidelity.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    fidelity.set_defaults(handler=run_fidelity)
+    add_fidelity_merge_parser(kinds)
+    add_kernels_parser(kinds)
+    add_store_parser(kinds)
+    add_workload_parser(kinds, add_engine_arguments)
+    add_ingest_parser(kinds, add_engine_arguments)
+    add_retrieval_parser(kinds)
+
+
+def add_fidelity_merge_parser(kinds) -> None:
+    merge = kinds.add_parser(
+        "fidelity-merge",
+        help="one fidelity report from shards: `bench fidelity --json` runs of the same rows over "
+        "disjoint --start/--n ranges",
+    )
+    merge.add_argument("shards", type=Path, nargs="+", help="the shards' JSON files")
+    merge.add_argument("--json", type=Path, default=None, help="also write the merged figures here")
+    merge.set_defaults(handler=run_fidelity_merge)
+
+
+def run_fidelity_merge(args) -> int:
+    from bench.fidelity.fidelity import write_report
+    from bench.fidelity.merge import load_shard, merge_shards
+
+    options, summaries = merge_shards([load_shard(path) for path in args.shards])
+    ranges = ", ".join(f"{s['start']}..{s['start'] + s['n'] - 1}" for s in options["shards"])
+    header = (
+        f"records {ranges} of {Path(options['dataset']).name} ({options['n']} in "
+        f"{len(options['shards'])} shards), {options['chunks']} chunks"
+    )
+    return _print_fidelity(header, summaries, args.json, partial(write_report, options))
+
+
+def _print_fidelity(header: str, summaries, path: Path | None, write) -> int:
+    """Print a fidelity report's header line and table; `write(summaries, path)` when a path
+    is given."""
+    from bench.fidelity.fidelity import format_table
+
+    print(header)
+    print(format_table(summaries))
+    if path:
+        write(summaries, path)
+        print(f"wrote {path}")
+    return 0
+
+
+def add_kernels_parser(kinds) -> None:
+    kernels = kinds.add_parser("kernels", help="each CUDA kernel against its PyTorch eager twin")
+    kernels.add_argument(
+        "--device", default="cuda", help="cuda (cpu only smoke-tests the host twins)"
+    )
+    kernels.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
+    kernels.add_argument("--tokens", type=int, default=1536, help="prompt rows (default 1536)")
+    kernels.add_argument(
+        "--repeats", type=int, default=200, help="timed calls per op (default 200)"
+    )
+    kernels.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    kernels.set_defaults(handler=run_kernels)
+
+
+def run_fidelity(args) -> int:
+    from bench.fidelity.fidelity import FidelityOptions, run_fidelity, write_json
+    from engine.engine import Engine
+    from engine.serving.threads import single_threaded
+
+    options = FidelityOptions(
+        dataset=args.dataset,
+        start=args.start,
+        n=args.n,
+        chunks=args.chunks,
+        modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
+        ratio=args.ratio,
+        max_new_tokens=args.max_new_tokens,
+        warmup_orders=args.warmup_orders,
+        seed=args.seed,
+        fidelity=args.fidelity,
+        orders=args.orders,
+    )
+    engine = Engine.load(engine_config(args))
+    # this thread computes metrics, never in a pool of its own (engine/serving/threads.py)
+    single_threaded()
+    if args.store_codecs:
+        return run_codec_fidelity(args, engine, options)
+    summaries = run_fidelity(engine, options, codecs=_row_codecs(options.modes))
+    header = (
+        f"records {options.start}..{options.start + options.n - 1} of {options.dataset.name}, "
+        f"{options.chunks} chunks, model {engine.fingerprint}, device {engine.device}"
+    )
+    return _print_fidelity(
+        header, summaries, args.json, lambda rows, path: write_json(rows, options, path)
+    )
+
+
+def _row_codecs(labels) -> dict:
+    """The store codecs that rows name (`cachecraft[codec=ch4v3]`), as KV round trips."""
+    from app.store.entry import roundtrip
+    from bench.fidelity.fidelity import CODEC, settings_of
+
+    names = {settings_of(label).get(CODEC) for label in labels} - {None}
+    return {name: (lambda kv, name=name: roundtrip(kv, name)) for name in names}
+
+
+def run_codec_fidelity(args, engine, options) -> int:
+    import json
+
+    from bench.fidelity.codecs import (
+        CodecOptions,
+        codec_json,
+        format_codec_table,
+        run_codec_fidelity,
+    )
+
+    codec_options = CodecOptions(
+        dataset=options.dataset,
+        start=options.start,
+        n=options.n,
+        chunks=options.chunks,
+        codecs=tuple(c.strip() for c in args.store_codecs.split(",") if c.strip()),
+        modes=options.modes,
+        ratio=options.ratio,
+        max_new_tokens=options.max_new_tokens,
+        fidelity=options.fidelity,
+    )
+    report = run_codec_fidelity(engine, codec_options)
+    print(
+        f"records {options.start}..{options.start + options.n - 1} of {options.dataset.name}, "
+        f"{options.chunks} chunks, model {engine.fingerprint}, device {engine.device}, "
+        f"guard {options.fidelity or engine.config.fidelity}; chunk KV through each codec"
+    )
+    print(format_codec_table(report))
+    if args.json:
+        args.json.write_text(json.dumps(codec_json(report), indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def run_kernels(args) -> int:
+    import torch
+
+    from bench.compute.kernels import KernelBenchOptions, format_table, run_kernel_bench, write_json
+
+    options = KernelBenchOptions(
+        device=args.device,
+        dtype=getattr(torch, args.dtype),
+        tokens=args.tokens,
+        repeats=args.repeats,
+    )
+    timings = run_kernel_bench(options)
+    print(
+        f"kernels vs PyTorch eager twins on {args.device}, {args.dtype}, {args.tokens} prompt rows"
+    )
+    print(format_table(timings))
+    if args.json:
+        write_json(timings, options, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def add_store_parser(kinds) -> None:
+    store = kinds.add_parser(
+        "store", help="KV store tiers against raw file I/O, and load/compute overlap"
+    )
+    add_engine_arguments(store)
+    store.add_argument(
+        "--tiers",
+        default="gpu,cpu,disk,redis",
+        help="tiers to measure (unavailable ones are skipped)",
+    )
+    store.add_argument(
+        "--repeats", type=int, default=5, help="entries per tier and size (default 5)"
+    )
+    store.add_argument(
+        "--codec",
+        "--storage-dtype",
+        dest="codec",
+        default="float16",
+        choices=CODEC_NAMES,
+        help="KV codec of the entries",
+    )
+    store.add_argument(
+        "--redis-url", default=os.environ.get("KVMOSAIC_REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    store.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="scratch directory on the disk to measure (default <data-dir>/bench)",
+    )
+    store.add_argument(
+        "--no-fsync", action="store_true", help="disk tier and raw baseline without fsync"
+    )
+    store.add_argument(
+        "--chunks", type=int, default=6, help="chunks of the blended request (default 6)"
+    )
+    store.add_argument("--chunk-tokens", type=int, default=512)
+    store.add_argument("--blend-repeats", type=int, default=3)
+    store.add_argument(
+        "--skip-overlap", action="store_true", help="throughput only (loads no model)"
+    )
+    store.add_argument(
+        "--capacity",
+        action="store_true",
+        help="also: hit rate of a capped tier under a Zipf trace, per policy and capacity",
+    )
+    store.add_argument(
+        "--capacity-fractions",
+        default="0.1,0.25,0.5",
+        help="tier caps, as shares of the corpus's KV",
+    )
+    store.add_argument("--capacity-policies", default="lru,lfu,value")
+    store.add_argument("--capacity-tier", choices=["disk", "redis"], default="disk")
+    store.add_argument("--capacity-entries", type=int, default=300)
+    store.add_argument("--capacity-accesses", type=int, default=3000)
+    store.add_argument(
+        "--zipf-s", type=float, default=1.2, help="Zipf exponent of the trace (default 1.2)"
+    )
+    store.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    store.set_defaults(handler=run_store)
+
+
+def run_store(args) -> int:
+    from bench.store.tiers import (
+        StoreBenchOptions,
+        default_work_dir,
+        format_codec_sizes,
+        format_overlap,
+        format_throughput,
+        run_overlap,
+        run_throughput,
+        write_json,
+    )
+
+    options = StoreBenchOptions(
+        tiers=tuple(t.strip() for t in args.tiers.split(",") if t.strip()),
+        repeats=args.repeats,
+        dtype=args.codec,
+        redis_url=args.redis_url,
+        work_dir=args.work_dir or engine_config(args).data_dir / "bench",
+        fsync=not args.no_fsync,
+        chunks=args.chunks,
+        chunk_tokens=args.chunk_tokens,
+        blend_repeats=args.blend_repeats,
+    )
+    overlap = capacity = None
+    print(format_codec_sizes())
+    with default_work_dir(options) as work:
+        rows = run_throughput(options, Path(work))
+        print(format_throughput(rows))
+        if not args.skip_overlap:
+            from engine.engine import Engine
+
+            overlap = run_overlap(Engine.load(engine_config(args)), options, Path(work))
+            print(format_overlap(overlap))
+        if args.capacity:
+            capacity = run_store_capacity(args, Path(work))
+    if args.json:
+        write_json(rows, overlap, options, args.json, capacity)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def run_store_capacity(args, work: Path):
+    from app.store.quant import get_codec
+    from bench.store.capacity import CapacityOptions, format_capacity, run_capacity
+
+    options = CapacityOptions(
+        fractions=tuple(float(f) for f in args.capacity_fractions.split(",") if f.strip()),
+        policies=tuple(p.strip() for p in args.capacity_policies.split(",") if p.strip()),
+        tier=args.capacity_tier,
+        entries=args.capacity_entries,
+        accesses=args.capacity_accesses,
+        zipf_s=args.zipf_s,
+        codec=args.codec if get_codec(args.codec).lossy else "int4",
+        redis_url=args.redis_url,
+    )
+    result = run_capacity(options, work / "capacity")
+    print(format_capacity(result, options))
+    return result

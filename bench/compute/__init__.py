@@ -1,0 +1,1 @@
+"""The model's kernels and batching, each against its twin or baseline in the same run."""

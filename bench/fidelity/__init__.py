@@ -1,0 +1,1 @@
+"""Modes against full prefill: TTFT, deviation, task accuracy, and their floors."""

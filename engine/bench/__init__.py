@@ -1,1 +1,0 @@
-"""Benchmarks run from the CLI (`kvmosaic bench ...`); they print ratios measured in one run."""
