@@ -1,4 +1,5 @@
-"""`kvmosaic bench fidelity|kernels ...`: benchmarks that print ratios measured in the same run."""
+"""`kvmosaic bench fidelity|kernels|decode ...`: benchmarks that print ratios measured in the same
+run."""
 
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ def add_parser(subparsers) -> None:
     fidelity.set_defaults(handler=run_fidelity)
     add_fidelity_merge_parser(kinds)
     add_kernels_parser(kinds)
+    add_decode_parser(kinds)
     add_store_parser(kinds)
     add_workload_parser(kinds, add_engine_arguments)
     add_ingest_parser(kinds, add_engine_arguments)
@@ -216,6 +218,54 @@ def run_kernels(args) -> int:
     if args.json:
         write_json(timings, options, args.json)
         print(f"wrote {args.json}")
+    return 0
+
+
+def add_decode_parser(kinds) -> None:
+    decode = kinds.add_parser(
+        "decode",
+        help="time per output token at several stream counts, beside the weight-read floor",
+    )
+    add_engine_arguments(decode)
+    decode.add_argument(
+        "--streams", default="1,2,4,8", help="stream counts, comma-separated (default 1,2,4,8)"
+    )
+    decode.add_argument(
+        "--context", type=int, default=1500, help="cache tokens per stream (default 1500)"
+    )
+    decode.add_argument("--steps", type=int, default=32, help="timed steps per round")
+    decode.add_argument("--rounds", type=int, default=3, help="rounds per stream count")
+    decode.add_argument(
+        "--no-profile", action="store_true", help="skip the instrumented pass (profile split)"
+    )
+    decode.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    decode.set_defaults(handler=run_decode)
+
+
+def run_decode(args) -> int:
+    import json
+
+    from bench.compute.decode import cpu_name, figures_json, format_report, run_decode_bench
+    from engine.engine import Engine
+    from engine.serving.threads import single_threaded
+
+    engine = Engine.load(engine_config(args))
+    single_threaded()  # this thread only reports (engine/serving/threads.py)
+    runs = run_decode_bench(
+        engine,
+        streams=tuple(int(s) for s in args.streams.split(",") if s.strip()),
+        context=args.context,
+        steps=args.steps,
+        rounds=args.rounds,
+        profile=not args.no_profile,
+    )
+    print(f"decode on {cpu_name()}: {engine.summary}")
+    for figures in runs:
+        print(format_report(figures))
+    if args.json:
+        args.json.write_text(json.dumps([figures_json(f) for f in runs], indent=2))
+        print(f"wrote {args.json}")
+    engine.close()
     return 0
 
 
