@@ -8,7 +8,12 @@ meanwhile; only the final assignment of the rows to lists blocks them.
 Persisted as two files in a directory: `vectors.faiss` (the index) and `manifest.json`
 (embedder name, dimension, number of rows and a digest of the ids). `load` returns None when
 the files are missing, unreadable or do not match what the caller expects; the caller then
-rebuilds from its source of truth (the catalog). Writes are atomic (temp file + rename).
+rebuilds from its source of truth (the catalog). Writes are atomic (temp file + rename): a
+write that fails (no space, a read-only volume) leaves the files as they were and removes its
+temp file, and `load` removes temp files whose writer died. A failed `save` does not raise:
+the index in memory is whole and a stale file is rebuilt at the next load, so the failure is
+kept in `write_error` (logged once, cleared by the next save that works) for the caller's
+health report.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import errno
 import os
+import re
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -33,6 +40,8 @@ log = logging.getLogger(__name__)
 
 INDEX_FILE = "vectors.faiss"
 MANIFEST_FILE = "manifest.json"
+# `_atomic_write`'s temp files: .<name>.<pid>.<thread id>.tmp
+TEMP_FILE = re.compile(r"^\.(?:vectors\.faiss|manifest\.json)\.(\d+)\.\d+\.tmp$")
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,9 @@ class VectorIndex:
         self._trained_rows = int(self._index.ntotal)
         self._lock = threading.Lock()
         self._training = False
+        # why the last save failed (None: it worked, or none failed yet) and how many did
+        self.write_error: str | None = None
+        self.write_failures = 0
         ivf_index = faiss.downcast_index(self._index)
         if isinstance(ivf_index, faiss.IndexIVF):
             ivf_index.nprobe = config.nprobe
@@ -166,20 +178,43 @@ class VectorIndex:
 
     # -- persistence ---------------------------------------------------------------------------
 
-    def save(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        with self._lock:
-            ids = [int(i) for i in ivf.ids_of(self._index)]
-            _atomic_write(directory / INDEX_FILE, faiss.serialize_index(self._index).tobytes())
-            trained = self._trained_rows
-        manifest = {
-            "embedder": self.embedder_name,
-            "dim": self.dim,
-            "rows": len(ids),
-            "ids": ids_digest(ids),
-            "trained_rows": trained,
-        }
-        _atomic_write(directory / MANIFEST_FILE, json.dumps(manifest).encode())
+    def save(self, directory: Path) -> bool:
+        """Write the index and its manifest; True if both were written. False if the volume
+        refused (OSError: no space, read-only, I/O error): the files stay as they were, no
+        temp file is left, and `write_error` says why until a save works again."""
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            with self._lock:
+                ids = [int(i) for i in ivf.ids_of(self._index)]
+                data = faiss.serialize_index(self._index).tobytes()
+                trained = self._trained_rows
+            _atomic_write(directory / INDEX_FILE, data)
+            manifest = {
+                "embedder": self.embedder_name,
+                "dim": self.dim,
+                "rows": len(ids),
+                "ids": ids_digest(ids),
+                "trained_rows": trained,
+            }
+            _atomic_write(directory / MANIFEST_FILE, json.dumps(manifest).encode())
+        except OSError as exc:
+            self._save_failed(directory, exc)
+            return False
+        if self.write_error is not None:
+            log.warning("vector index at %s saved again", directory)
+            self.write_error = None
+        return True
+
+    def _save_failed(self, directory: Path, exc: OSError) -> None:
+        self.write_failures += 1
+        if self.write_error is None:
+            log.error(
+                "vector index at %s cannot be saved (%s); it is served from memory and "
+                "rebuilt from the catalog at the next start if still stale",
+                directory,
+                exc,
+            )
+        self.write_error = str(exc)
 
     @classmethod
     def load(
@@ -192,7 +227,9 @@ class VectorIndex:
     ) -> VectorIndex | None:
         """The saved index if it holds exactly `expected_ids` under this embedder; else None.
 
-        A saved IVF index is used only while `config` still wants one (`approx_above`)."""
+        A saved IVF index is used only while `config` still wants one (`approx_above`).
+        Temp files of writers that died are removed first (`remove_stale_temp_files`)."""
+        remove_stale_temp_files(directory)
         try:
             manifest = json.loads((directory / MANIFEST_FILE).read_text())
             raw = np.frombuffer((directory / INDEX_FILE).read_bytes(), dtype=np.uint8)
@@ -227,10 +264,49 @@ def _flat(dim: int) -> faiss.Index:
     return faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
 
 
+def remove_stale_temp_files(directory: Path) -> int:
+    """Remove the temp files of `_atomic_write`s whose process is gone (a crash, or an old
+    version that left them on a failed write); a live process's are its writes in progress
+    (a `kvmosaic ingest` next to the server). Returns how many went."""
+    removed = 0
+    try:
+        names = [p for p in directory.iterdir() if TEMP_FILE.match(p.name)]
+    except OSError:  # no directory yet
+        return 0
+    for path in names:
+        match = TEMP_FILE.match(path.name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        try:
+            path.unlink()
+            removed += 1
+        except FileNotFoundError:
+            pass
+    if removed:
+        log.warning("removed %d temp files of interrupted index writes in %s", removed, directory)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError as exc:  # EPERM: it exists, under another user
+        return exc.errno == errno.EPERM
+    return True
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temp file in the same directory, synced, then renamed
+    over it; on any failure the temp file is removed and `path` is untouched."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -154,3 +154,101 @@ def test_index_operations_leave_the_calling_thread_on_one_faiss_thread(index):
     # a new thread's own default
     if len(os.sched_getaffinity(0)) > 1 and "OMP_NUM_THREADS" not in os.environ:
         assert counts["search before"] > 1
+
+
+# -- a volume that refuses writes (issue #50) -----------------------------------------------
+
+
+def files_of(directory):
+    return {p.name: p.read_bytes() for p in directory.iterdir()}
+
+
+def test_a_save_onto_a_full_volume_leaves_the_files_as_they_were_and_no_temp_file(index, tmp_path):
+    """A 6 MiB tmpfs, filled: the save fails, says why, leaves the last good files and no
+    `.vectors.faiss.*.tmp`; once space is freed the next save works and clears the error."""
+    from tests.app.volumes import fill, small_volume
+
+    with small_volume(tmp_path / "volume") as volume:
+        directory = volume / "index"
+        assert index.save(directory) and index.write_error is None
+        before = files_of(directory)
+        index.add([40], clustered(1, dim=3))  # the next save has something new to write
+        filler = fill(volume)
+        assert index.save(directory) is False
+        assert "No space left on device" in index.write_error and index.write_failures == 1
+        assert files_of(directory) == before  # no temp file, the old index intact
+        assert VectorIndex.load(directory, 3, "test-embedder", [10, 20, 30]) is not None
+        filler.unlink()
+        assert index.save(directory) and index.write_error is None
+        assert VectorIndex.load(directory, 3, "test-embedder", [10, 20, 30, 40]) is not None
+        assert sorted(files_of(directory)) == sorted([INDEX_FILE, "manifest.json"])
+
+
+@pytest.mark.parametrize("fails_at", ["write", "fsync", "replace"])
+def test_a_failed_write_removes_its_temp_file_wherever_it_fails(
+    index, tmp_path, monkeypatch, fails_at
+):
+    """The same without a mount: each step of the atomic write raising ENOSPC."""
+    import errno
+
+    import retrieval.index as index_module
+
+    index.save(tmp_path)
+    before = files_of(tmp_path)
+    index.add([40], clustered(1, dim=3))
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if fails_at == "write":
+        monkeypatch.setattr(index_module, "open", lambda path, mode: _FullFile(path), raising=False)
+    else:
+        monkeypatch.setattr(index_module.os, fails_at, full)
+    assert index.save(tmp_path) is False and "No space" in index.write_error
+    monkeypatch.undo()
+    assert files_of(tmp_path) == before
+    assert index.save(tmp_path) and index.write_error is None and index.write_failures == 1
+
+
+class _FullFile:
+    """A file whose write stores part of the data, then fails (as on a full disk)."""
+
+    def __init__(self, path):
+        self._fh = open(path, "wb")  # noqa: SIM115 (closed in __exit__)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._fh.close()
+
+    def write(self, data):
+        import errno
+
+        self._fh.write(data[:10])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_load_removes_temp_files_whose_writer_is_gone(index, tmp_path):
+    """What a crash (or an older version's failed write) left is removed at start-up; a live
+    process's write in progress is not touched."""
+    import subprocess
+    import sys
+
+    index.save(tmp_path)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    dead = int(gone.stdout)
+    stale = [
+        tmp_path / f".vectors.faiss.{dead}.1234.tmp",
+        tmp_path / f".manifest.json.{dead}.1.tmp",
+    ]
+    live = tmp_path / f".vectors.faiss.{os.getpid()}.5678.tmp"
+    for path in (*stale, live):
+        path.write_bytes(b"")
+    assert VectorIndex.load(tmp_path, 3, "test-embedder", [10, 20, 30]) is not None
+    assert not any(p.exists() for p in stale) and live.exists()
