@@ -14,6 +14,9 @@ Public API (stable; the service and the chunk cache build on it):
   `variants_of_chunk`, `record_access`, `update_variant_stats`, `set_variant_tier`,
   `mark_missing`, `mark_ready`, `delete_variants`, `variant_statuses`,
   `variant_locations`, `variant_contexts` (the prefix tree's rows). Totals: `stats()`.
+  Writes the database refuses (no space, a read-only volume) raise `CatalogUnwritable` and
+  leave `write_error` set until one works (`recheck_writes` probes); a SQLite catalog on a
+  full volume opens read-only (`read_only`).
   Ingest leases: `begin_ingest` (document + chunks with embeddings + a RUNNING row owned
   by a replica), `heartbeat`, `finish_ingest` (the commit point; `LeaseLost` if reclaimed),
   `expired_ingests`, `claim_ingest`, `ingest_of`, `ingests`.
@@ -27,6 +30,7 @@ The catalog stores no KV bytes; those live in `app.store` under each variant's k
 """
 
 from app.catalog.db import CatalogConfig, create_db_engine, default_sqlite_url
+from app.catalog.faults import CatalogError, CatalogUnwritable, unwritable_reason
 from app.catalog.ingests import LeaseLost
 from app.catalog.migrate import downgrade_to_base, upgrade_to_head
 from app.catalog.models import ADD, MISSING, READY, RECLAIMING, REMOVE, RUNNING
@@ -47,7 +51,7 @@ from app.catalog.records import (
     context_signature,
     parse_context_signature,
 )
-from app.catalog.repository import Catalog, CatalogError, DocumentState
+from app.catalog.repository import Catalog, DocumentState
 from engine.variant_stats import VariantStats
 
 __all__ = [
@@ -65,6 +69,7 @@ __all__ = [
     "Catalog",
     "CatalogConfig",
     "CatalogError",
+    "CatalogUnwritable",
     "CatalogStats",
     "ChunkRecord",
     "DeletedDocument",
@@ -81,5 +86,6 @@ __all__ = [
     "default_sqlite_url",
     "downgrade_to_base",
     "parse_context_signature",
+    "unwritable_reason",
     "upgrade_to_head",
 ]

@@ -2,22 +2,27 @@
 
 SQLite connections get WAL journaling (readers never block the writer), foreign keys on
 (so deleting a document cascades to its chunks and variants) and a busy timeout (writers
-from several threads wait instead of failing). This module creates connections only; the
-schema comes from the Alembic migrations (`app.catalog.migrate.upgrade_to_head`).
+from several threads wait instead of failing). A SQLite file on a full volume cannot even be
+read that way (its shared-memory file cannot grow): `read_only_engine` opens a cleanly closed
+one read-only instead. Sessions note whether they wrote (`wrote`), so the catalog knows when
+a write worked. This module creates connections only; the schema comes from the Alembic
+migrations (`app.catalog.migrate.upgrade_to_head`).
 """
 
 from __future__ import annotations
 
 import os
+import sqlite3
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
-from sqlalchemy import CursorResult, Delete, Engine, Update, create_engine, event
+from sqlalchemy import URL, CursorResult, Delete, Engine, Update, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import ORMExecuteState, Session, UOWTransaction, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 
 URL_ENV = "KVMOSAIC_DATABASE_URL"
@@ -93,9 +98,64 @@ def _sqlite_pragmas(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEn
         cursor.close()
 
 
+def read_only_engine(url: str) -> Engine | None:
+    """A read-only pool over the SQLite file at `url` that needs no write at all (no lock, no
+    shared-memory file), for a volume that cannot take one; None unless `url` is a SQLite
+    file closed cleanly (no write-ahead log left whose commits a read would miss)."""
+    path = sqlite_file(url)
+    if path is None or not path.exists():
+        return None
+    wal = path.with_name(path.name + "-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        return None
+    uri = f"file:{quote(str(path))}?mode=ro&immutable=1"
+
+    def connect() -> sqlite3.Connection:
+        return sqlite3.connect(uri, uri=True, check_same_thread=False)
+
+    return create_engine(normalize_url(url), creator=connect, future=True)
+
+
+def sqlite_file(url: str | URL) -> Path | None:
+    """The database file of a SQLite `url` (None: another database, or in memory)."""
+    parsed = make_url(normalize_url(url) if isinstance(url, str) else url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database).resolve()
+
+
+def probe_write(engine: Engine) -> None:
+    """One small real write that changes nothing (the migration stamp rewritten as it is):
+    raises what the database says if it cannot write now."""
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE alembic_version SET version_num = version_num"))
+
+
+# `Session.info` key: the session wrote (an INSERT, UPDATE or DELETE, flushed or executed).
+WROTE = "kvmosaic_wrote"
+
+
 def create_session_factory(engine: Engine) -> sessionmaker[Session]:
-    """Sessions whose loaded objects stay readable after commit (no lazy reload)."""
-    return sessionmaker(engine, expire_on_commit=False, future=True)
+    """Sessions whose loaded objects stay readable after commit (no lazy reload), noting in
+    their `info` whether they wrote (`wrote`)."""
+    factory = sessionmaker(engine, expire_on_commit=False, future=True)
+    event.listen(factory, "after_flush", _flushed)
+    event.listen(factory, "do_orm_execute", _executed)
+    return factory
+
+
+def wrote(session: Session) -> bool:
+    """Whether the session sent the database a write (what its commit made durable)."""
+    return bool(session.info.get(WROTE))
+
+
+def _flushed(session: Session, _flush: UOWTransaction) -> None:
+    session.info[WROTE] = True
+
+
+def _executed(state: ORMExecuteState) -> None:
+    if state.is_insert or state.is_update or state.is_delete:
+        state.session.info[WROTE] = True
 
 
 class BaseCatalog(ABC):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
 from app.catalog.db import create_db_engine, normalize_url
@@ -105,6 +105,16 @@ def _file_lock(database: str | None) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def at_head(engine: Engine) -> bool:
+    """Whether the database behind `engine` is at the newest migration (read only)."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    heads = ScriptDirectory.from_config(alembic_config(str(engine.url))).get_heads()
+    with engine.connect() as connection:
+        return set(MigrationContext.configure(connection).get_current_heads()) == set(heads)
 
 
 def current_revision(url: str) -> str | None:

@@ -3,7 +3,10 @@
 Every method runs in its own transaction and returns plain records (`records.py`), so the
 caller never holds a session. Multi-row writes are all-or-nothing: `add_document` stores
 the document and every chunk, or nothing. Integrity problems (a duplicate embedding row, a
-variant for a deleted chunk) raise `CatalogError` after the transaction is rolled back.
+variant for a deleted chunk) raise `CatalogError` after the transaction is rolled back; a
+write the database refused (no space, a read-only volume) raises `CatalogUnwritable` and
+leaves the catalog degraded (`write_error`) until a write works again (`recheck_writes`
+tries one). A SQLite catalog whose volume is full at start-up opens read-only (`open`).
 
     catalog = Catalog.open(CatalogConfig(data_dir=Path("data")))   # migrates to head
     added = catalog.add_document("a.txt", "Title", sha, [NewChunk(text, n, ids_hash)])
@@ -12,18 +15,29 @@ variant for a deleted chunk) raise `CatalogError` after the transaction is rolle
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 from sqlalchemy import Engine, Select, delete, exists, func, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from app.catalog import records as rec
 from app.catalog.changes import ChangeLog, append_changes
-from app.catalog.db import CatalogConfig, create_db_engine, create_session_factory, rows_changed
+from app.catalog.db import (
+    CatalogConfig,
+    create_db_engine,
+    create_session_factory,
+    probe_write,
+    read_only_engine,
+    rows_changed,
+    sqlite_file,
+    wrote,
+)
+from app.catalog.faults import CatalogError, CatalogUnwritable, WriteHealth, unwritable_reason
 from app.catalog.ingests import IngestLeases
 from app.catalog.models import (
     MISSING,
@@ -36,8 +50,9 @@ from app.catalog.models import (
     Variant,
     utcnow,
 )
-from engine.errors import KvMosaicError
 from engine.variant_stats import VariantStats
+
+log = logging.getLogger(__name__)
 
 # A document's state for listings: its ingest finished, or it is still under an ingest row.
 DocumentState = Literal["ready", "ingesting"]
@@ -50,10 +65,6 @@ Model = TypeVar("Model", bound=Base)
 Key = TypeVar("Key", bound=Hashable)
 
 
-class CatalogError(KvMosaicError):
-    """A catalog write broke an integrity rule; nothing of it was stored."""
-
-
 class Catalog(IngestLeases, ChangeLog):
     """Thread-safe: each call takes its own pooled connection and transaction.
 
@@ -62,22 +73,90 @@ class Catalog(IngestLeases, ChangeLog):
     `changes.py`.
     """
 
-    def __init__(self, engine: Engine):
+    def __init__(
+        self, engine: Engine, read_only: str | None = None, writable_url: str | None = None
+    ):
+        """`read_only`: why `engine` is a read-only fallback (None: it is not); `writable_url`:
+        the database to reopen read-write once it can write (`recheck_writes`)."""
+        self.writes = WriteHealth("catalog")
+        self.read_only = read_only
+        self._writable_url = writable_url
+        self._use(engine)
+        if read_only is not None:
+            self.writes.failed(read_only, counted=False)
+
+    def _use(self, engine: Engine) -> None:
         self.engine = engine
         self._sessions = create_session_factory(engine)
+        file = sqlite_file(engine.url)
+        self._volume = file.parent if file is not None else None
 
     @classmethod
     def open(cls, config: CatalogConfig) -> Catalog:
-        """Connect to `config`'s database, migrating it to head first if `config.migrate`."""
-        url = config.resolved_url()
-        if config.migrate:
-            from app.catalog.migrate import upgrade_to_head
+        """Connect to `config`'s database, migrating it to head first if `config.migrate`, and
+        try one small write, so a catalog that cannot write is degraded from the start.
 
-            upgrade_to_head(url)
-        return cls(create_db_engine(url, echo=config.echo))
+        A SQLite file that cannot be opened for want of space (SQLite cannot even read a WAL
+        database then: its shared-memory file cannot grow) opens read-only and degraded, if
+        it was closed cleanly and is at head; `recheck_writes` reopens it once it can write."""
+        from app.catalog.migrate import at_head, upgrade_to_head
+
+        url = config.resolved_url()
+        try:
+            if config.migrate:
+                upgrade_to_head(url)
+            catalog = cls(create_db_engine(url, echo=config.echo))
+        except DBAPIError as exc:
+            file = sqlite_file(url)
+            reason = unwritable_reason(exc, file.parent if file is not None else None)
+            fallback = read_only_engine(url) if reason is not None else None
+            if fallback is None or (config.migrate and not at_head(fallback)):
+                raise
+        else:
+            if config.migrate:  # the migration stamp is there to rewrite
+                catalog.recheck_writes(always=True)
+            return catalog
+        log.error(
+            "the catalog at %s cannot be opened for writing (%s): serving it read-only, "
+            "degraded, until it can (free space on its volume)",
+            file,
+            reason,
+        )
+        return cls(fallback, read_only=f"opened read-only: {reason}", writable_url=url)
 
     def close(self) -> None:
         self.engine.dispose()
+
+    @property
+    def write_error(self) -> str | None:
+        """Why the catalog cannot write now (None: its last write worked, as far as it knows)."""
+        return self.writes.error
+
+    def recheck_writes(self, always: bool = False) -> bool:
+        """While degraded (or `always`), try one small write: True if the catalog writes. A
+        read-only fallback is reopened read-write when that works; a failed probe keeps (or
+        sets) the error."""
+        if self.writes.error is None and not always:
+            return True
+        url = self._writable_url
+        engine = create_db_engine(url) if url is not None else self.engine
+        try:
+            probe_write(engine)
+        except DBAPIError as exc:
+            if engine is not self.engine:
+                engine.dispose()
+            reason = unwritable_reason(exc, self._volume)
+            if reason is None:
+                raise
+            self.writes.failed(self.read_only or reason, counted=False)
+            return False
+        if engine is not self.engine:  # the read-only fallback gives way
+            fallback = self.engine
+            self._use(engine)
+            self.read_only = self._writable_url = None
+            fallback.dispose()
+        self.writes.succeeded()
+        return True
 
     @property
     def is_shared(self) -> bool:
@@ -87,7 +166,9 @@ class Catalog(IngestLeases, ChangeLog):
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        """One transaction: committed on success, rolled back (and re-raised) on error."""
+        """One transaction: committed on success, rolled back (and re-raised) on error; a
+        write the database refused comes out as `CatalogUnwritable` and degrades the catalog,
+        a committed write ends that."""
         with self._sessions() as session:
             try:
                 yield session
@@ -95,9 +176,23 @@ class Catalog(IngestLeases, ChangeLog):
             except IntegrityError as exc:
                 session.rollback()
                 raise CatalogError(f"catalog integrity error: {exc.orig}") from exc
-            except BaseException:
+            except BaseException as exc:
                 session.rollback()
+                reason = self._refused(exc)
+                if reason is not None:
+                    raise CatalogUnwritable(reason) from exc
                 raise
+            if wrote(session):
+                self.writes.succeeded()
+
+    def _refused(self, exc: BaseException) -> str | None:
+        """Why the database refused a write, if `exc` says so (noted as a failed write)."""
+        reason = unwritable_reason(exc, self._volume) if isinstance(exc, DBAPIError) else None
+        if reason is None:
+            return None
+        reason = self.read_only or reason  # a read-only fallback refuses for the reason it is one
+        self.writes.failed(reason)
+        return reason
 
     # -- documents -----------------------------------------------------------------------------
 
@@ -151,11 +246,14 @@ class Catalog(IngestLeases, ChangeLog):
         with self.session() as s:
             return int(s.scalar(_in_state(select(func.count()).select_from(Document), state)) or 0)
 
-    def find_documents_by_hash(self, content_hash: str) -> list[rec.DocumentRecord]:
+    def find_documents_by_hash(
+        self, content_hash: str, state: DocumentState | None = None
+    ) -> list[rec.DocumentRecord]:
+        """Documents with this content, oldest first; `state` as in `list_documents`."""
         with self.session() as s:
-            query = (
-                select(Document).where(Document.content_hash == content_hash).order_by(Document.id)
-            )
+            query = _in_state(
+                select(Document).where(Document.content_hash == content_hash), state
+            ).order_by(Document.id)
             return self._documents_with_counts(s, query)
 
     def delete_document(self, document_id: int) -> rec.DeletedDocument | None:
