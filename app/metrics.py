@@ -1,14 +1,14 @@
 """Prometheus metrics of one app instance (its own registry, so several apps can coexist in tests).
 
 Request counts and latencies are recorded by a middleware under the route template, never
-the raw path, so label cardinality stays bounded. Cache hits per tier and queue depth are
-read from the store and the queue at scrape time.
+the raw path, so label cardinality stays bounded. Cache hits per tier, queue depth and
+whether the catalog and the local index can write are read from their owners at scrape time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -24,6 +24,14 @@ if TYPE_CHECKING:
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 SHARE_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0)
+
+
+class WriteState(NamedTuple):
+    """Whether a data store of the server (the catalog, the local vector index) can write:
+    why its last write failed (None: it worked) and how many writes failed so far."""
+
+    error: str | None
+    failures: int
 
 
 class Metrics:
@@ -115,11 +123,12 @@ class Metrics:
 
 
 class LiveCollector(Collector):
-    """Reads live figures at scrape time: queue depth, the store's per-tier counters and the
-    fidelity guard's repair odds.
+    """Reads live figures at scrape time: queue depth, the store's per-tier counters, the
+    fidelity guard's repair odds and whether the catalog and the index can write.
 
     `tier_stats` returns each tier's `TierFigures` by tier name; `busy` is the engine's
-    `BusyGate` (None: not reported).
+    `BusyGate` (None: not reported); `writes` each data store's `WriteState` by name
+    ("catalog", "index"; None: not reported).
     """
 
     def __init__(
@@ -127,10 +136,12 @@ class LiveCollector(Collector):
         queue: WorkQueue,
         tier_stats: Callable[[], Mapping[str, TierFigures]],
         busy: BusyGate | None = None,
+        writes: Callable[[], Mapping[str, WriteState]] | None = None,
     ):
         self.queue = queue
         self.tier_stats = tier_stats
         self.busy = busy
+        self.writes = writes
 
     def collect(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily(
@@ -192,3 +203,26 @@ class LiveCollector(Collector):
             corrupt.add_metric([tier], s["corrupt"])
             evictions.add_metric([tier], s["evictions"])
         yield from (lookups, size, entries, corrupt, evictions, up, writable, put_failures)
+        if self.writes is not None:
+            yield from _write_families(self.writes())
+
+
+def _write_families(states: Mapping[str, WriteState]) -> Iterator[Metric]:
+    """`kvmosaic_data_writable` and `kvmosaic_data_write_failures_total` by data store, as
+    the store tiers' `writable` and `put_failures` are."""
+    writable = GaugeMetricFamily(
+        "kvmosaic_data_writable",
+        "1 while the catalog (target=catalog) or the local vector index file (target=index) "
+        "takes writes, 0 while its last write failed (no space left, a read-only volume): "
+        "degraded, serving reads",
+        labels=["target"],
+    )
+    failures = CounterMetricFamily(
+        "kvmosaic_data_write_failures",
+        "Writes the catalog or the vector index file failed (no space, I/O errors)",
+        labels=["target"],
+    )
+    for target, state in states.items():
+        writable.add_metric([target], 0 if state.error else 1)
+        failures.add_metric([target], state.failures)
+    yield from (writable, failures)

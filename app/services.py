@@ -6,6 +6,10 @@ vector index (loaded, or rebuilt from the catalog's stored embeddings if missing
 then following the catalog's change log) → removal of documents whose ingest lease expired
 (never a peer's live ingest) → work queue → the replica daemon (index follower, lease
 reclaimer, orphan sweep). Tests build `Services` from a tiny model.
+
+A volume that cannot write does not stop the start: the catalog opens read-only, a vector
+index that cannot be saved is served from memory, and both show as degraded (`write_states`,
+in /readyz and /metrics) until the daemon's retry finds they can write again.
 """
 
 from __future__ import annotations
@@ -17,12 +21,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from app.catalog import Catalog
+from app.catalog import Catalog, CatalogUnwritable
 from app.counters import Counters
 from app.ingest import Ingestor
 from app.kvcache.chunk_cache import ServiceChunkCache, open_chunk_cache
 from app.memory import Trimmer, limit_arenas
-from app.metrics import LiveCollector, Metrics
+from app.metrics import LiveCollector, Metrics, WriteState
 from app.queue import WorkQueue
 from app.rag import Answer, RagService
 from app.replica import (
@@ -52,6 +56,8 @@ PRUNE_EVERY_S = 3600.0
 TREE_REFRESH_S = 5.0
 # memory-only base KV: how often to try the persistent tier again (app/kvcache/persist.py)
 PERSIST_RETRY_S = 30.0
+# A catalog or index that could not write: how often to try a small write (a save) again.
+WRITE_RETRY_S = 10.0
 
 
 @dataclass
@@ -95,7 +101,10 @@ class Services:
         ingestor = Ingestor(
             engine, chunker, retriever, catalog, chunk_cache, leases, settings.ingest_kv
         )
-        ingestor.reclaim_expired()
+        try:
+            ingestor.reclaim_expired()
+        except CatalogUnwritable as exc:  # a full volume: the daemon tries again
+            log.error("expired ingests not removed at start-up: %s", exc)
         services = cls.assemble(settings, engine, catalog, chunk_cache, retriever, ingestor)
         services.daemon = replica_daemon(
             settings, catalog, chunk_cache, retriever, ingestor
@@ -106,6 +115,9 @@ class Services:
             len(retriever),
             engine.fingerprint,
         )
+        for name, state in services.write_states().items():
+            if state.error is not None:
+                log.error("serving degraded: the %s cannot write (%s)", name, state.error)
         return services
 
     @classmethod
@@ -136,7 +148,9 @@ class Services:
         rag.observe = services.observe
         # variant builds use idle capacity only: nothing builds while a request runs or waits
         chunk_cache.builder.idle = lambda: queue.pending == 0
-        services.metrics.add_collector(LiveCollector(queue, chunk_cache.tier_stats, engine.busy))
+        services.metrics.add_collector(
+            LiveCollector(queue, chunk_cache.tier_stats, engine.busy, services.write_states)
+        )
         services.trimmer = Trimmer(lambda: queue.pending == 0, settings.trim_interval_s)
         return services
 
@@ -144,6 +158,14 @@ class Services:
     def model_name(self) -> str:
         path = self.settings.model_path
         return f"kvmosaic/{Path(path).name if path else 'SmolLM2-135M-Instruct'}"
+
+    def write_states(self) -> dict[str, WriteState]:
+        """Whether the catalog and the local index file can write (/readyz, /metrics)."""
+        index = self.retriever.index
+        return {
+            "catalog": WriteState(self.catalog.write_error, self.catalog.writes.failures),
+            "index": WriteState(index.write_error, index.write_failures),
+        }
 
     def observe(self, answer: Answer) -> None:
         share = answer.result.recompute_share
@@ -199,7 +221,8 @@ def replica_daemon(
     whatever their lease) every `RECLAIM_EVERY_S` or a third of this replica's lease if
     shorter; sweep orphan KV every half grace period (at least every 10 s); save the index
     when it changed; prune the change log hourly; rebuild the prefix tree of chunk sequences
-    from the catalog every `TREE_REFRESH_S` (never when `index_poll_s` is 0: no following)."""
+    from the catalog every `TREE_REFRESH_S` (never when `index_poll_s` is 0: no following);
+    retry the writes of a degraded catalog or index every `WRITE_RETRY_S`."""
     follower = IndexFollower(catalog, retriever)
     grace = settings.kv_orphan_grace_s
     return ReplicaDaemon(
@@ -216,6 +239,11 @@ def replica_daemon(
                 lambda: chunk_cache.cache.maintenance.sweep_orphans(grace),
             ),
             PeriodicJob("save the index", INDEX_SAVE_S, retriever.save_if_behind),
+            PeriodicJob(
+                "retry the writes of a degraded catalog or index",
+                WRITE_RETRY_S,
+                partial(recheck_writes, catalog, retriever),
+            ),
             PeriodicJob("prune the change log", PRUNE_EVERY_S, follower.prune),
             PeriodicJob(
                 "persist memory-only base KV", PERSIST_RETRY_S, chunk_cache.unpersisted.retry
@@ -227,6 +255,14 @@ def replica_daemon(
             ),
         ]
     )
+
+
+def recheck_writes(catalog: Catalog, retriever: Retriever) -> None:
+    """A degraded catalog tries a small write (reopening read-write a catalog opened
+    read-only); an index whose last save failed is saved again."""
+    catalog.recheck_writes()
+    if retriever.index.write_error is not None:
+        retriever.save()
 
 
 def token_counter(engine: Engine) -> Callable[[str], int]:

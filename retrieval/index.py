@@ -18,10 +18,10 @@ health report.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
-import errno
 import os
 import re
 import threading

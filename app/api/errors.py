@@ -1,7 +1,8 @@
 """Map every refused request to a clear JSON error (`schemas.errors.ErrorBody`).
 
 Malformed JSON → 400, schema violations → 422, engine `InvalidRequest` (unknown mode, prompt
-too long, ...) → 422, missing resources → 404, full queue → 503 with Retry-After. Anything
+too long, ...) → 422, missing resources → 404, full queue → 503 with Retry-After, a catalog
+that cannot write (no space left, a read-only volume) → 507, naming the cause. Anything
 else is a bug: `app.middleware.ErrorMiddleware` answers 500 with a generic message (the
 traceback goes to the log, not the client) and keeps the connection usable.
 """
@@ -16,7 +17,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.abandon import ClientGone
-from app.catalog import LeaseLost
+from app.catalog import CatalogUnwritable, LeaseLost
+from app.ingest import IngestInProgress
 from app.queue import QueueFull
 from app.schemas.errors import ErrorBody
 from engine.errors import InvalidRequest
@@ -33,6 +35,7 @@ _TYPES = {
     415: "invalid_request_error",
     422: "invalid_request_error",
     503: "server_busy",
+    507: "insufficient_storage",
 }
 
 
@@ -46,7 +49,10 @@ _DESCRIPTIONS = {
     413: "the document is larger than the limit",
     415: "unsupported content type",
     422: "a field is invalid (the message says which)",
-    503: "the work queue is full; retry after `Retry-After` seconds",
+    503: "the work queue is full (or, for an upload, the same text is being ingested "
+    "elsewhere); retry after `Retry-After` seconds",
+    507: "the catalog cannot write (no space left, a read-only volume): nothing was changed; "
+    "the message names the cause",
 }
 
 
@@ -99,6 +105,8 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(InvalidRequest, _invalid_request)
     app.add_exception_handler(QueueFull, _queue_full)
     app.add_exception_handler(LeaseLost, _lease_lost)
+    app.add_exception_handler(CatalogUnwritable, _catalog_unwritable)
+    app.add_exception_handler(IngestInProgress, _ingest_in_progress)
     app.add_exception_handler(ClientGone, _client_gone)
 
 
@@ -131,6 +139,17 @@ async def _lease_lost(request: Request, exc: LeaseLost) -> JSONResponse:
         f"the ingest was interrupted and undone, send it again: {exc}",
         headers={"Retry-After": "1"},
     )
+
+
+async def _catalog_unwritable(request: Request, exc: CatalogUnwritable) -> JSONResponse:
+    """507 Insufficient Storage: the database refused the write and rolled it back, so the
+    request changed nothing (`exc` says what it did not do); /readyz shows when the catalog
+    writes again."""
+    return error_response(507, f"{exc}; free space on the server's data volume, then send it again")
+
+
+async def _ingest_in_progress(request: Request, exc: IngestInProgress) -> JSONResponse:
+    return error_response(503, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
 
 
 async def _client_gone(request: Request, exc: ClientGone) -> JSONResponse:

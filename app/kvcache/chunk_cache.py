@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from app.catalog import Catalog, DeletedDocument, context_signature
+from app.catalog import Catalog, CatalogUnwritable, DeletedDocument, context_signature
 from app.kvcache.builder import VariantBuilder
 from app.kvcache.cache import ChunkKVCache
 from app.kvcache.loader import LoadedChunks
@@ -263,7 +263,10 @@ def open_chunk_cache(settings: Settings, catalog: Catalog, engine: Engine) -> Se
         base_tier=first_persistent_tier(store.names),
         variant_dtype=config.context_variant_codec,
     )
-    cache.maintenance.reconcile(settings.kv_orphan_grace_s)
+    try:
+        cache.maintenance.reconcile(settings.kv_orphan_grace_s)
+    except CatalogUnwritable as exc:  # a full volume: serve; a stale status costs one lookup
+        log.error("catalog and KV store not reconciled at start-up: %s", exc)
     cache.tree.rebuild()  # the catalog as reconciled: this replica's and its peers' variants
     return ServiceChunkCache(cache, settings.ingest_batch_tokens)
 

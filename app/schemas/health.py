@@ -23,8 +23,15 @@ class Readiness(BaseModel):
             "(unreachable, skipped); both retried later"
         )
     )
-    degraded: list[str] = Field(description="the store tiers that are degraded or down now")
+    degraded: list[str] = Field(
+        description=(
+            "what is degraded now: store tiers that are degraded or down, and 'catalog' or "
+            "'index' while the catalog or the local vector index file cannot write (they "
+            "still serve reads; the catalog refuses writes with 507 meanwhile)"
+        )
+    )
     write_errors: dict[str, str] = Field(
-        default_factory=dict, description="why each degraded tier cannot write"
+        default_factory=dict,
+        description="why each degraded tier, the catalog or the index cannot write",
     )
     queue: dict[str, int] = Field(description="running, waiting, capacity")

@@ -68,7 +68,7 @@ UPLOAD_BODY = {
     dependencies=[WriterDep],
     responses={
         200: {"description": "the same content was already ingested", "model": IngestOut},
-        **documented(400, 401, 403, 411, 413, 415, 422, 503),
+        **documented(400, 401, 403, 411, 413, 415, 422, 503, 507),
     },
 )
 async def add_document(request: Request, response: Response, services: ServicesDep) -> IngestOut:
@@ -129,7 +129,7 @@ def get_document(document_id: DocumentId, services: ServicesDep) -> DocumentDeta
     "/{document_id}",
     status_code=204,
     dependencies=[WriterDep],
-    responses=documented(401, 403, 404, 422),
+    responses=documented(401, 403, 404, 422, 507),
 )
 def delete_document(document_id: DocumentId, services: ServicesDep) -> Response:
     """Remove the document, its chunks, their variants, KV and index rows."""

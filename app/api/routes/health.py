@@ -28,7 +28,9 @@ def readyz(services: ServicesDep) -> JSONResponse:
 
     A store tier that is down (Redis unreachable) or cannot write (a full disk) is listed
     under `degraded`, with the write error under `write_errors`, but does not make the
-    replica unready: it serves from its other tiers and recomputes the rest."""
+    replica unready: it serves from its other tiers and recomputes the rest. The same for the
+    catalog and the local index file (`catalog`, `index`): one that cannot write still
+    serves what it holds; uploads and deletes are refused (507) while the catalog cannot."""
     checks = {
         "catalog": _catalog_ok(services),
         "index": services.retriever is not None,
@@ -38,14 +40,18 @@ def readyz(services: ServicesDep) -> JSONResponse:
     ready = checks["catalog"] and checks["index"] and checks["queue"]
     stats = services.chunk_cache.tier_stats()
     tiers = {name: s["state"] for name, s in stats.items()}
+    writes = {name: w.error for name, w in services.write_states().items() if w.error}
     body = {
         "ready": ready,
         "checks": checks,
         "index_rows": len(services.retriever),
         "index_cursor": services.retriever.cursor,
         "tiers": tiers,
-        "degraded": [name for name, state in tiers.items() if state != "up"],
-        "write_errors": {name: s["write_error"] for name, s in stats.items() if s["write_error"]},
+        "degraded": [name for name, state in tiers.items() if state != "up"] + list(writes),
+        "write_errors": {
+            **{name: s["write_error"] for name, s in stats.items() if s["write_error"]},
+            **writes,
+        },
         "queue": {
             "running": services.queue.running,
             "waiting": services.queue.waiting,
