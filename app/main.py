@@ -25,6 +25,7 @@ from app.middleware import (
     AllowedMethodsMiddleware,
     ErrorMiddleware,
     MetricsMiddleware,
+    RequestIdMiddleware,
     SecurityHeadersMiddleware,
 )
 from app.services import Services
@@ -64,6 +65,7 @@ def create_app(
     app.add_middleware(TrustedHostMiddleware, rule=host_rule(settings))
     app.add_middleware(SecurityHeadersMiddleware)  # on every answer, the host check's 400 included
     app.add_middleware(MetricsMiddleware)
+    app.add_middleware(RequestIdMiddleware)  # outermost: every answer carries the id
     for router in ROUTERS:
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")

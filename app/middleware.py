@@ -1,12 +1,15 @@
 """ASGI middleware: requests and latencies per route template (bounded labels), the last
 line of defence that turns an unexpected exception into a JSON 500, `OPTIONS` and 405 with
-the true `Allow` header, and the security headers of every response.
+the true `Allow` header, the security headers of every response, and a request id on each
+request (`X-Request-ID`) for the log lines about it.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
+import uuid
 
 from starlette.routing import Match
 
@@ -41,10 +44,49 @@ class ErrorMiddleware:
         try:
             await self.app(scope, receive, send_and_note)
         except Exception:
-            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            log.exception(
+                "unhandled error on %s %s (request %s)",
+                scope.get("method"),
+                scope.get("path"),
+                request_id(scope),
+            )
             if started:
                 raise
             await error_response(500, "internal server error")(scope, receive, send)
+
+
+# A client's own X-Request-ID is kept if it is a short token (it goes into log lines as is).
+CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+class RequestIdMiddleware:
+    """Every HTTP request gets an id, kept in `scope["state"]["request_id"]` (a route reads it
+    as `request.state.request_id`) and sent back as `X-Request-ID`: the client's own header
+    when it is a short token (`CLIENT_REQUEST_ID`; a proxy's id follows the request), else a
+    new random one. Log lines about a request name it, so a client can quote it."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        sent = dict(scope.get("headers") or ()).get(b"x-request-id", b"").decode("latin-1")
+        rid = sent if CLIENT_REQUEST_ID.fullmatch(sent) else uuid.uuid4().hex[:16]
+        scope.setdefault("state", {})["request_id"] = rid
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                headers = [h for h in message.get("headers", []) if h[0].lower() != b"x-request-id"]
+                message = {**message, "headers": [*headers, (b"x-request-id", rid.encode())]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def request_id(scope) -> str:
+    """The id `RequestIdMiddleware` gave the request ("-" outside it, as in unit tests)."""
+    return (scope.get("state") or {}).get("request_id", "-")
 
 
 class MetricsMiddleware:

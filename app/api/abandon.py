@@ -10,13 +10,15 @@ as status 499, "client closed request"; nobody reads the answer).
 
 Each abandoned request is counted once it has stopped, in
 `kvmosaic_abandoned_requests_total{stage}`: `queued` (dropped before its prefill), `decoding`
-(cancelled mid-answer) or `finished` (it ended before the flag was seen).
+(cancelled mid-answer) or `finished` (it ended before the flag was seen), and logged with
+its stage and request id (`note_abandoned`, a WARNING).
 Streamed answers use the same flag through `app.api.streaming.AnswerStream`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from concurrent.futures import Future
 
@@ -25,6 +27,15 @@ from fastapi import Request
 from app.metrics import Metrics
 from app.queue import Abandoned, WorkQueue
 from app.rag import Answer, Query, RagService
+
+log = logging.getLogger(__name__)
+
+# What each stage of an abandoned request means, for its log line.
+STAGE_WORDS = {
+    "queued": "dropped before its prefill",
+    "decoding": "cancelled while decoding",
+    "finished": "it had finished first",
+}
 
 
 class ClientGone(Exception):
@@ -47,8 +58,25 @@ async def answer_while_connected(
     cancel.set()
     job.add_done_callback(_outcome_read)
     # on the worker's thread when the job stops (the event loop may be gone by then)
-    future.add_done_callback(lambda ended: metrics.abandoned.labels(abandoned_stage(ended)).inc())
+    where = request_label(request)
+    future.add_done_callback(lambda ended: note_abandoned(metrics, ended, where))
     raise ClientGone("the client disconnected; its request was cancelled")
+
+
+def request_label(request: Request) -> str:
+    """`<request id> (<method> <path>)`, how an abandoned request's log line names it."""
+    rid = getattr(request.state, "request_id", "-")
+    return f"{rid} ({request.method} {request.url.path})"
+
+
+def note_abandoned(metrics: Metrics, ended: Future[Answer], request: str) -> None:
+    """Count an abandoned job once it has stopped, and log it with its stage and `request`
+    (`request_label`)."""
+    stage = abandoned_stage(ended)
+    metrics.abandoned.labels(stage).inc()
+    log.warning(
+        "request %s abandoned by its client: stage=%s (%s)", request, stage, STAGE_WORDS[stage]
+    )
 
 
 async def wait_for_disconnect(request: Request) -> None:

@@ -15,22 +15,30 @@ import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 
-from app.api.abandon import abandoned_stage
+from app.api.abandon import note_abandoned
 from app.metrics import Metrics
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class AnswerStream:
-    def __init__(self, loop: asyncio.AbstractEventLoop, metrics: Metrics | None = None):
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        metrics: Metrics | None = None,
+        request: str = "-",
+    ):
+        """`metrics`: counts the answer as abandoned if its client left first; `request`:
+        how its log line names the request (`app.api.abandon.request_label`)."""
         self._loop = loop
         self._items: asyncio.Queue = asyncio.Queue()
         self.cancel = threading.Event()
-        self._metrics = metrics  # counts the answer as abandoned if its client left first
+        self._metrics = metrics
+        self._request = request
 
     @classmethod
-    def start(cls, services, query) -> AnswerStream:
-        stream = cls(asyncio.get_running_loop(), services.metrics)
+    def start(cls, services, query, request: str = "-") -> AnswerStream:
+        stream = cls(asyncio.get_running_loop(), services.metrics, request)
         future = services.queue.submit_cancellable(
             stream.cancel, services.rag.ask, query, stream._piece, stream.cancel
         )
@@ -52,7 +60,7 @@ class AnswerStream:
 
     def _finished(self, future: Future) -> None:
         if self.cancel.is_set() and self._metrics is not None:  # the client left before the end
-            self._metrics.abandoned.labels(abandoned_stage(future)).inc()
+            note_abandoned(self._metrics, future, self._request)
         error = future.exception()
         self._post(("error", error) if error is not None else ("done", future.result()))
 

@@ -2,8 +2,9 @@
 
 Only what a RAG answer needs is honoured: the last user message is the question (earlier
 turns and client system messages are ignored: the system prefix is fixed so its KV is
-reused), `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stream`
-and `stream_options.include_usage`; `temperature` defaults to 0 (greedy, the usual choice for
+reused), `max_tokens` / `max_completion_tokens` (both held to the server's limit; with both,
+the smaller applies), `temperature`, `top_p`, `seed`, `stream` and
+`stream_options.include_usage`; `temperature` defaults to 0 (greedy, the usual choice for
 grounded answers) where OpenAI's default is 1. Unknown OpenAI fields are accepted and ignored.
 Extras (`extra_body` in the openai client): `mode`, `top_k`, `ratio`, `fidelity`.
 """
@@ -18,6 +19,8 @@ from app.schemas.ask import FIDELITY_DOC, Fidelity
 from app.schemas.common import Ratio, Seed, Temperature, TokenBudget, TopK, TopP, json_int
 
 OneChoice = json_int(1, 1)
+# The two OpenAI names of the answer's token budget (`app.api.routes.chat.token_budget`).
+TOKEN_BUDGET_FIELDS = ("max_tokens", "max_completion_tokens")
 
 
 class ContentPart(BaseModel):
@@ -52,8 +55,12 @@ class ChatRequest(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    max_tokens: TokenBudget | None = Field(default=None)
-    max_completion_tokens: TokenBudget | None = Field(default=None)
+    max_tokens: TokenBudget | None = Field(
+        default=None, description="the answer's token budget (the smaller of the two if both)"
+    )
+    max_completion_tokens: TokenBudget | None = Field(
+        default=None, description="the answer's token budget (the smaller of the two if both)"
+    )
     temperature: Temperature | None = None
     top_p: TopP | None = None
     seed: Seed | None = None

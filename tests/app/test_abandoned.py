@@ -3,7 +3,8 @@
 The app is driven over raw ASGI so that the test decides when the client disconnects, and
 the work is measured by the engine's meters (prefill layer-rows, decode tokens), never by a
 clock. One worker: a request queued behind a held job is dropped before its prefill; one
-whose decode is held at its first step is cancelled at its next piece.
+whose decode is held at its first step is cancelled at its next piece. Each is counted in
+/metrics and logged with its stage and request id.
 """
 
 from __future__ import annotations
@@ -45,8 +46,11 @@ def served(tiny_loaded, embedder, tmp_path_factory):
     services.close()
 
 
-async def post_then_leave(app, path: str, body: dict, leave: threading.Event) -> int:
-    """POST `body`; the client disconnects once `leave` is set. Returns the status the app sent."""
+async def post_then_leave(
+    app, path: str, body: dict, leave: threading.Event, request_id: str = "-"
+) -> int:
+    """POST `body` (as `X-Request-ID: request_id`); the client disconnects once `leave` is
+    set. Returns the status the app sent."""
     raw = json.dumps(body).encode()
     scope = {
         "type": "http",
@@ -62,6 +66,7 @@ async def post_then_leave(app, path: str, body: dict, leave: threading.Event) ->
             (b"host", b"testserver"),
             (b"content-type", b"application/json"),
             (b"content-length", str(len(raw)).encode()),
+            (b"x-request-id", request_id.encode()),
         ],
         "client": LOCAL_CLIENT,
         "server": ("testserver", 80),
@@ -96,6 +101,17 @@ def wait_for(condition, what: str) -> None:
         time.sleep(0.01)
 
 
+def logged(caplog, request_id: str, stage: str) -> list[str]:
+    """The log lines that say request `request_id` was abandoned at `stage`."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelname == "WARNING"
+        and request_id in r.getMessage()
+        and f"stage={stage}" in r.getMessage()
+    ]
+
+
 def wait_counted(services, stage: str, count: float) -> None:
     """Until the abandoned job has stopped: counted (after its end, on the worker's thread),
     and the queue empty."""
@@ -110,7 +126,7 @@ def work(services) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("path", ["/ask", "/v1/chat/completions"])
-def test_a_queued_request_whose_client_left_is_dropped_before_its_prefill(served, path):
+def test_a_queued_request_whose_client_left_is_dropped_before_its_prefill(served, path, caplog):
     app, services = served
     body = (
         ASK
@@ -126,8 +142,9 @@ def test_a_queued_request_whose_client_left_is_dropped_before_its_prefill(served
     before, dropped = work(services), abandoned(services, "queued")
     left = threading.Event()
     left.set()  # the client gives up at once
+    rid = f"queued-{path.strip('/').replace('/', '-')}"
     try:
-        assert asyncio.run(post_then_leave(app, path, body, left)) == 499
+        assert asyncio.run(post_then_leave(app, path, body, left, rid)) == 499
     finally:
         gate.set()
     holder.result()
@@ -135,9 +152,11 @@ def test_a_queued_request_whose_client_left_is_dropped_before_its_prefill(served
     assert work(services) == before  # no prefill, no decode
     assert abandoned(services, "queued") == dropped + 1
     assert services.queue.num_dropped >= 1
+    (line,) = logged(caplog, rid, "queued")
+    assert f"POST {path}" in line
 
 
-def test_a_decoding_request_whose_client_left_stops_at_its_next_token(served, monkeypatch):
+def test_a_decoding_request_whose_client_left_stops_at_its_next_token(served, monkeypatch, caplog):
     app, services = served
     with TestClient(app, client=LOCAL_CLIENT) as client:  # what the full answer costs
         full = client.post("/ask", json=ASK).json()
@@ -154,7 +173,7 @@ def test_a_decoding_request_whose_client_left_stops_at_its_next_token(served, mo
     monkeypatch.setattr(engine.serving.scheduler, "decode_batch", held_step)
     before, cancelled = work(services), abandoned(services, "decoding")
     try:
-        assert asyncio.run(post_then_leave(app, "/ask", ASK, stepping)) == 499
+        assert asyncio.run(post_then_leave(app, "/ask", ASK, stepping, "decoding-ask")) == 499
     finally:
         release.set()
     wait_counted(services, "decoding", cancelled + 1)
@@ -162,5 +181,6 @@ def test_a_decoding_request_whose_client_left_stops_at_its_next_token(served, mo
     # stopped within a step or two, not at the end
     assert decoded < 4 < full["usage"]["completion_tokens"]
     assert abandoned(services, "decoding") == cancelled + 1
+    assert len(logged(caplog, "decoding-ask", "decoding")) == 1
     metrics = TestClient(app, client=LOCAL_CLIENT).get("/metrics").text
     assert 'kvmosaic_abandoned_requests_total{stage="decoding"}' in metrics

@@ -1,7 +1,7 @@
 """What every answer carries and how methods are refused: `OPTIONS` and 405 with the true
 `Allow` (app/middleware.py `AllowedMethodsMiddleware`), the security headers and the web
-demo's Content-Security-Policy (`SecurityHeadersMiddleware`), the multipart upload as the
-OpenAPI document describes it."""
+demo's Content-Security-Policy (`SecurityHeadersMiddleware`), a request id on every answer
+(`RequestIdMiddleware`), the multipart upload as the OpenAPI document describes it."""
 
 from __future__ import annotations
 
@@ -87,3 +87,19 @@ def test_the_multipart_schema_is_what_the_server_takes(client):
     assert set(form["schema"]["properties"]) == {"file", "title", "kv"}
     file = form["schema"]["properties"]["file"]
     assert file["type"] == "string" and "format" not in file and file["maxLength"] == 4096
+
+
+def test_every_answer_carries_a_request_id_the_client_may_choose(client):
+    """A short token the client (or its proxy) sent is kept; anything else is replaced, since
+    the id goes into log lines as it is."""
+    ids = {client.get(path).headers["x-request-id"] for path in ("/healthz", "/nowhere", "/")}
+    assert len(ids) == 3 and all(re.fullmatch(r"[0-9a-f]{16}", i) for i in ids)
+    assert (
+        client.get("/healthz", headers={"X-Request-ID": "lb-42.a:b"}).headers["x-request-id"]
+        == "lb-42.a:b"
+    )
+    for sent in ("two words", "x" * 65, "id;drop"):
+        kept = client.get("/healthz", headers={"X-Request-ID": sent}).headers["x-request-id"]
+        assert kept != sent and re.fullmatch(r"[0-9a-f]{16}", kept)
+    refused = client.post("/ask", json={"question": ""}, headers={"X-Request-ID": "mine-1"})
+    assert refused.status_code == 422 and refused.headers["x-request-id"] == "mine-1"

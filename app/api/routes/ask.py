@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from app.api.abandon import answer_while_connected
+from app.api.abandon import answer_while_connected, request_label
 from app.api.deps import ServicesDep
 from app.api.errors import documented, error_body
 from app.api.streaming import SSE_HEADERS, AnswerStream, sse
@@ -59,7 +59,7 @@ async def ask(body: AskRequest, services: ServicesDep, request: Request):
             request, services.queue, services.rag, query, services.metrics
         )
         return ask_response(answer, tokenizer)
-    stream = AnswerStream.start(services, query)
+    stream = AnswerStream.start(services, query, request_label(request))
 
     async def frames():
         async for kind, payload in stream.events():

@@ -2,7 +2,9 @@
 
 The last user message is the question; retrieval adds the context. Streaming follows the
 OpenAI wire format (`chat.completion.chunk` frames, then `data: [DONE]`), so the official
-`openai` client works unchanged against this server.
+`openai` client works unchanged against this server. The token budget may come as
+`max_tokens` (OpenAI's older name) or `max_completion_tokens`: each one sent is held to the
+server's limit, and with both the smaller applies (`token_budget`).
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from app.api.abandon import answer_while_connected
+from app.api.abandon import answer_while_connected, request_label
 from app.api.deps import ServicesDep
 from app.api.errors import documented, error_body
 from app.api.streaming import SSE_HEADERS, AnswerStream, sse
 from app.report import ask_response
 from app.schemas.chat import (
+    TOKEN_BUDGET_FIELDS,
     AssistantMessage,
     ChatRequest,
     ChatResponse,
@@ -27,6 +30,7 @@ from app.schemas.chat import (
     ModelCard,
     ModelList,
 )
+from engine.errors import InvalidRequest
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -54,7 +58,7 @@ async def chat_completions(body: ChatRequest, services: ServicesDep, request: Re
         top_k=body.top_k,
         mode=body.mode,
         ratio=body.ratio,
-        max_tokens=body.max_completion_tokens or body.max_tokens,
+        max_tokens=token_budget(body, services.settings.max_tokens_limit),
         temperature=body.temperature or 0.0,
         top_p=body.top_p or 1.0,
         seed=body.seed,
@@ -82,10 +86,23 @@ async def chat_completions(body: ChatRequest, services: ServicesDep, request: Re
         )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return StreamingResponse(
-        chunk_frames(AnswerStream.start(services, query), head, include_usage),
+        chunk_frames(
+            AnswerStream.start(services, query, request_label(request)), head, include_usage
+        ),
         media_type="text/event-stream",
         headers=SSE_HEADERS,
     )
+
+
+def token_budget(body: ChatRequest, limit: int) -> int | None:
+    """The answer's token budget (None: the server's default): every budget field the client
+    sent must be within `limit` (else 422, naming the field); with both, the smaller wins."""
+    sent = {name: getattr(body, name) for name in TOKEN_BUDGET_FIELDS}
+    budgets = {name: value for name, value in sent.items() if value is not None}
+    for name, value in budgets.items():
+        if value > limit:
+            raise InvalidRequest(f"{name} is {value}; the limit is {limit}")
+    return min(budgets.values(), default=None)
 
 
 async def chunk_frames(stream: AnswerStream, head: dict, include_usage: bool):
