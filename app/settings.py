@@ -30,6 +30,7 @@ from engine.config import (
     FIELD_BOUNDS,
     CraftBuild,
     DecodeAttention,
+    DecodeWeights,
     Deviation,
     Dtype,
     EncodeDtype,
@@ -121,6 +122,7 @@ class Settings(BaseSettings):
     encode_dtype: EncodeDtype = engine_setting("encode_dtype")
     linear_kernel: LinearKernel = engine_setting("linear_kernel")
     decode_attention: DecodeAttention = engine_setting("decode_attention")
+    decode_weights: DecodeWeights = engine_setting("decode_weights")
     num_threads: int | None = engine_setting("num_threads")
     embedder_path: str | None = Field(
         default=None,

@@ -46,6 +46,8 @@ LinearKernel = Literal["auto", "torch", "onednn"]  # engine/model/linear.py
 LINEAR_KERNELS: tuple[str, ...] = get_args(LinearKernel)
 DecodeAttention = Literal["auto", "torch", "native"]  # engine/model/decode_attention.py
 DECODE_ATTENTIONS: tuple[str, ...] = get_args(DecodeAttention)
+DecodeWeights = Literal["model", "bfloat16", "int8", "int4"]  # engine/model/decode_weights.py
+DECODE_WEIGHTS: tuple[str, ...] = get_args(DecodeWeights)
 
 Value = TypeVar("Value")
 # Keys of a field's `Bounds` and of its one-paragraph description in its dataclass metadata
@@ -141,13 +143,29 @@ class EngineConfig:
     )
     decode_attention: str = described(
         "auto",
-        "Attention of a decode step (engine/model/decode_attention.py): `native`, a C kernel "
-        "compiled with `cc` on first use (engine/cpu/, cached under ~/.cache/kvmosaic/kernels) "
-        "that attends every row of a step in one call per layer, each request's keys split in "
-        "blocks over the cores; `torch`, PyTorch's SDPA per request; `auto` = `native` for a "
-        "float32 or bfloat16 model on the CPU with head_dim 16, 32, 64 or 128 where the kernel "
-        "builds and agrees with `torch` on a probe, else `torch`. Prefill never runs it, so "
-        "cached KV and the model fingerprint do not depend on it (docs/benchmarks/kernels.md).",
+        "How a decode step computes (engine/model/native_step.py, "
+        "engine/model/decode_attention.py): `native`, C kernels compiled with `cc` on first use "
+        "(engine/cpu/, cached under ~/.cache/kvmosaic/kernels): the whole step in one call "
+        "(every layer's products, norms, RoPE and attention, then lm_head) where the CPU has "
+        "AVX-512 and the model's layers are the Llama layout it runs, else the attention alone, "
+        "every row of a step in one call per layer, each request's keys split in blocks over "
+        "the cores; `torch`, the model's modules and PyTorch's SDPA per request; `auto` = "
+        "`native` for a float32 or bfloat16 model on the CPU with head_dim 16, 32, 64 or 128 "
+        "where the kernel builds and agrees with `torch` on a probe, else `torch`. A row's "
+        "result never depends on its batch companions. Prefill never runs it, so cached KV and "
+        "the model fingerprint do not depend on it (docs/benchmarks/decode.md, "
+        "docs/benchmarks/kernels.md).",
+    )
+    decode_weights: str = described(
+        "model",
+        "The weights a decode step reads (engine/model/decode_weights.py; the native step "
+        "only, refused at load without it): `model`, the model's own tensors in place; "
+        "`bfloat16`, a copy; `int8` or `int4`, blocks of 32 weights with a float16 scale (and "
+        "minimum where needed: GGUF's Q8_0 and Q4_1 layouts; under `int4` lm_head stays `int8`). "
+        "Weights dequantized from such GGUF blocks (the embedded SmolLM2: Q4_1 layers, a Q8_0 "
+        "embedding) are recovered code for code, so its decode stays `model`'s bit for bit; "
+        "other weights are rounded. Prefill, cached KV and the fingerprint keep the model's own "
+        "weights (docs/benchmarks/decode.md).",
     )
     num_threads: int | None = bounded(
         None,
@@ -386,6 +404,7 @@ class EngineConfig:
             ("encode_dtype", ENCODE_DTYPES),
             ("linear_kernel", LINEAR_KERNELS),
             ("decode_attention", DECODE_ATTENTIONS),
+            ("decode_weights", DECODE_WEIGHTS),
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}")

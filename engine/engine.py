@@ -75,6 +75,7 @@ class Engine:
                     spec.head_dim,
                 )
             ),
+            config.decode_weights,
         )
         self.runner = LayerRunner(self.stack)
         self.prompts = PromptBuilder(loaded.tokenizer, config.system_prompt, config.instruction)

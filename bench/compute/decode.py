@@ -13,8 +13,11 @@ Two passes per stream count:
   for `--rounds` rounds (the caches are cut back to the prompt between rounds);
 - instrumented (`profile_step`): the same steps with every piece of the step timed apart
   (linear layers, attention, norms and RoPE, sampling; the rest is Python, dispatch and the
-  small tensor operations between them). Wrapping the pieces costs a little time of its own,
-  so the timed pass gives the headline figures and this one the split.
+  small tensor operations between them): the PyTorch twin's modules and functions wrapped in
+  timers, or the native step's own phase clocks (its thread 0's time between the team's
+  barriers, so waiting for the other threads counts in the phase). Wrapping the pieces costs
+  a little time of its own, so the timed pass gives the headline figures and this one the
+  split.
 
 Nothing here changes how the engine decodes; it reads the figures, so the same bench measures
 any version of the decode path.
@@ -45,6 +48,17 @@ from engine.model.linear import OneDnnLinear
 
 DEMO_CORPUS = Path(__file__).resolve().parents[2] / "app" / "demo_corpus"
 PIECES = ("linear", "attention", "norms+rope", "sampling")
+# the native step's phases (engine/model/native_step.py PHASES) by piece
+NATIVE_PIECES = {
+    "norms": "norms+rope",
+    "qkv": "linear",
+    "rope": "norms+rope",
+    "attention": "attention",
+    "o": "linear",
+    "gate_up": "linear",
+    "down": "linear",
+    "lm_head": "linear",
+}
 BANDWIDTH_BYTES = 256 * 2**20  # big enough to leave the caches far behind
 
 
@@ -126,7 +140,10 @@ def clone(cache: KVCache, capacity: int) -> KVCache:
 
 def decode_weight_bytes(stack: DecoderStack) -> int:
     """Bytes of the weights one decode step reads: every linear layer and lm_head (each tensor
-    once, tied ones too), and the norms; the embedding table only where lm_head is it."""
+    once, tied ones too), and the norms; the embedding table only where lm_head is it. The
+    native step counts its own (its weights may be a smaller copy)."""
+    if stack.native is not None:
+        return stack.native.weight_bytes
     modules = [*stack.layers, stack.final_norm, stack.lm_head]
     tensors = {id(p): p for m in modules if isinstance(m, torch.nn.Module) for p in m.parameters()}
     return sum(p.numel() * p.element_size() for p in tensors.values())
@@ -260,9 +277,18 @@ def profile_step(
     """Mean seconds per step of each piece, and `total` and `python+dispatch` (the rest)."""
     timer = PieceTimer()
     sampling = timer.wrap("sampling", greedy)
-    with instrumented(stack, timer):  # warm already: the timed pass ran just before
-        times = timed_steps(stack, engine, prompt, first, streams, steps, 1, 0, sampling)
+    native, phases = stack.native, dict[str, float]()
+    if native is not None:
+        native.profile = phases
+    try:
+        with instrumented(stack, timer):  # warm already: the timed pass ran just before
+            times = timed_steps(stack, engine, prompt, first, streams, steps, 1, 0, sampling)
+    finally:
+        if native is not None:
+            native.profile = None
     split = {piece: timer.seconds[piece] / len(times) for piece in PIECES}
+    for phase, seconds in phases.items():  # the native step times its own phases
+        split[NATIVE_PIECES[phase]] += seconds / len(times)
     split["total"] = statistics.mean(times)
     split["python+dispatch"] = split["total"] - sum(split[p] for p in PIECES)
     return split

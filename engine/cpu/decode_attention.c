@@ -24,12 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KVM_CPU_ABI_VERSION 2
+#include "kernels.h"
+
 #define BLOCK 256         /* keys per work item */
 #define MAX_CHUNKS 8      /* head_dim / 16: 1, 2, 4 or 8 */
-#define MAX_GROUP 8       /* query heads per key head */
-
-enum { KVM_CPU_OK = 0, KVM_CPU_ERR_SHAPE = 1, KVM_CPU_ERR_MEMORY = 2 };
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef int32_t i16 __attribute__((vector_size(64), aligned(4)));
@@ -110,7 +108,6 @@ static inline v16 exp16(v16 x) {
     return p * float_of(scale);
 }
 
-typedef struct { float max[MAX_GROUP]; float sum[MAX_GROUP]; } block_stats;
 
 /* One block of `keys` (<= BLOCK) keys for the `group` query rows at q (row g at q + g *
  * q_head_stride), head_dim = 16 * chunks: per row, the block's max score, its sum of
@@ -210,8 +207,6 @@ static inline int64_t blocks_of(int64_t keys) { return (keys + BLOCK - 1) / BLOC
 
 int kvm_cpu_abi_version(void) { return KVM_CPU_ABI_VERSION; }
 
-enum { KVM_CPU_FLOAT32 = 0, KVM_CPU_BFLOAT16 = 1 };
-
 /* Attention of n query rows, row r over keys [0, lengths[r]) of its own cache, at one layer.
  *
  * q: float32, query head h of row r at q + h * q_head_stride + r * q_row_stride, head_dim
@@ -227,25 +222,57 @@ int kvm_cpu_decode_attention(int n, const float *q, int64_t q_head_stride, int64
                              int layer, int kv_heads, int group, int head_dim, float scale,
                              float *out, int num_threads, int cache_dtype) {
     if (cache_dtype != KVM_CPU_FLOAT32 && cache_dtype != KVM_CPU_BFLOAT16) return KVM_CPU_ERR_SHAPE;
-    int bf16 = cache_dtype == KVM_CPU_BFLOAT16;
     int chunks = head_dim / 16;
     if (n <= 0 || group < 1 || group > MAX_GROUP || kv_heads < 1 || layer < 0 || head_dim % 16 != 0 ||
         (chunks != 1 && chunks != 2 && chunks != 4 && chunks != 8))
         return KVM_CPU_ERR_SHAPE;
     for (int r = 0; r < n; r++)
         if (lengths[r] < 1 || lengths[r] > capacities[r]) return KVM_CPU_ERR_SHAPE;
-    int64_t *first = malloc(sizeof(int64_t) * (n + 1)); /* first work item of each row */
-    if (first == NULL) return KVM_CPU_ERR_MEMORY;
-    first[0] = 0;
-    for (int r = 0; r < n; r++) first[r + 1] = first[r] + kv_heads * blocks_of(lengths[r]);
-    int64_t items = first[n];
-    float *acc = malloc(sizeof(float) * items * group * head_dim);
-    block_stats *stats = malloc(sizeof(block_stats) * items);
-    if (acc == NULL || stats == NULL) {
-        free(first); free(acc); free(stats);
+    kvm_attention_work work;
+    if (kvm_attention_work_alloc(&work, n, lengths, kv_heads, group, head_dim) != KVM_CPU_OK)
+        return KVM_CPU_ERR_MEMORY;
+    #pragma omp parallel num_threads(num_threads)
+    kvm_attention_in_team(n, q, q_head_stride, q_row_stride, caches, capacities, lengths, layer, kv_heads,
+                          group, head_dim, scale, out, cache_dtype == KVM_CPU_BFLOAT16, &work);
+    kvm_attention_work_free(&work);
+    return KVM_CPU_OK;
+}
+
+int kvm_attention_work_alloc(kvm_attention_work *work, int n, const int64_t *lengths, int kv_heads, int group,
+                             int head_dim) {
+    work->acc = NULL; work->stats = NULL;
+    work->first = malloc(sizeof(int64_t) * (n + 1)); /* first work item of each row */
+    if (work->first == NULL) return KVM_CPU_ERR_MEMORY;
+    work->first[0] = 0;
+    for (int r = 0; r < n; r++) work->first[r + 1] = work->first[r] + kv_heads * blocks_of(lengths[r]);
+    int64_t items = work->first[n];
+    work->acc = malloc(sizeof(float) * items * group * head_dim);
+    work->stats = malloc(sizeof(block_stats) * items);
+    if (work->acc == NULL || work->stats == NULL) {
+        kvm_attention_work_free(work);
         return KVM_CPU_ERR_MEMORY;
     }
-    #pragma omp parallel for schedule(static) num_threads(num_threads)
+    return KVM_CPU_OK;
+}
+
+void kvm_attention_work_free(kvm_attention_work *work) {
+    free(work->first); free(work->acc); free(work->stats);
+    work->first = NULL; work->acc = NULL; work->stats = NULL;
+}
+
+/* The attention of kvm_cpu_decode_attention, run by the calling OpenMP team (every thread of an
+ * enclosing parallel region calls it): the blocks of every row spread over the team, then each
+ * head's blocks merged in block order. Ends with the team's barrier. */
+void kvm_attention_in_team(int n, const float *q, int64_t q_head_stride, int64_t q_row_stride,
+                           const int64_t *caches, const int64_t *capacities, const int64_t *lengths,
+                           int layer, int kv_heads, int group, int head_dim, float scale, float *out,
+                           int bf16, const kvm_attention_work *work) {
+    int chunks = head_dim / 16;
+    const int64_t *first = work->first;
+    float *acc = work->acc;
+    block_stats *stats = work->stats;
+    int64_t items = first[n];
+    #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; item++) {
         int r = 0;
         while (first[r + 1] <= item) r++;
@@ -260,7 +287,7 @@ int kvm_cpu_decode_attention(int n, const float *q, int64_t q_head_stride, int64
         attend_block_of_shape(q + (long)h * group * q_head_stride + (long)r * q_row_stride, q_head_stride, k, v,
                               keys, group, chunks, bf16, scale, acc + item * group * head_dim, stats + item);
     }
-    #pragma omp parallel for schedule(static) num_threads(num_threads)
+    #pragma omp for schedule(static)
     for (int64_t row_head = 0; row_head < (int64_t)n * kv_heads; row_head++) {
         int r = (int)(row_head / kv_heads), h = (int)(row_head % kv_heads);
         int64_t blocks = blocks_of(lengths[r]), base = first[r] + h * blocks;
@@ -278,6 +305,4 @@ int kvm_cpu_decode_attention(int n, const float *q, int64_t q_head_stride, int64
             for (int d = 0; d < head_dim; d++) dst[d] = merged[d] / total;
         }
     }
-    free(first); free(acc); free(stats);
-    return KVM_CPU_OK;
 }

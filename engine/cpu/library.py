@@ -1,4 +1,5 @@
-"""Build the CPU kernel library from `engine/cpu/*.c` with the C compiler, and load it.
+"""Build the CPU kernel library from `engine/cpu/*.c` (and the header they share) with the C
+compiler, and load it.
 
 The library is compiled on the machine that runs it, for that machine (`-march=native`), and
 cached in `<kernel cache>/cpu-<key>/libkvmosaic_cpu.so` (the CUDA kernels' cache root,
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).resolve().parent
 LIBRARY_NAME = "libkvmosaic_cpu.so"
-ABI_VERSION = 2  # KVM_CPU_ABI_VERSION in decode_attention.c
+ABI_VERSION = 3  # KVM_CPU_ABI_VERSION in kernels.h
 # fp-contract=fast lets the compiler fuse multiply-adds: the results are fixed by the binary
 # (the same on every call, whatever the batch), which is all the engine needs of them.
 COMPILE_FLAGS = (
@@ -67,9 +68,23 @@ SIGNATURES = {
         ctypes.c_int,
         ctypes.c_int,
     ],
+    "kvm_cpu_decode_step": [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        _i64p,
+        _i64p,
+        _i64p,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ],
+    "kvm_cpu_decode_step_supported": [],
 }
 CACHE_DTYPES = {"float32": 0, "bfloat16": 1}  # the last argument of kvm_cpu_decode_attention
-ERRORS = {1: "unsupported shape", 2: "out of memory"}
+ERRORS = {1: "unsupported shape", 2: "out of memory", 3: "unsupported by this CPU's build"}
 
 
 class CpuKernelError(KvMosaicError):
@@ -103,7 +118,7 @@ def build_key(compiler: Path) -> str:
         [str(compiler), "--version"], capture_output=True, text=True, check=False
     ).stdout
     digest = hashlib.sha256()
-    for path in sorted(SOURCE_DIR.glob("*.c")):
+    for path in sorted([*SOURCE_DIR.glob("*.c"), *SOURCE_DIR.glob("*.h")]):
         digest.update(path.name.encode() + path.read_bytes())
     for part in (version.splitlines()[:1], COMPILE_FLAGS, [cpu_signature()]):
         digest.update("\n".join(part).encode())
@@ -151,6 +166,8 @@ class CpuLibrary:
             function = getattr(self._dll, name)
             function.argtypes, function.restype = argtypes, ctypes.c_int
         self.decode_attention = self._dll.kvm_cpu_decode_attention
+        self.decode_step = self._dll.kvm_cpu_decode_step
+        self.decode_step_supported = bool(self._dll.kvm_cpu_decode_step_supported())
 
     def check(self, name: str, status: int) -> None:
         if status != 0:

@@ -2,21 +2,27 @@
 
 One token per step: its row runs through every layer, its K/V are appended to the cache, and
 its query attends to all earlier rows. Generation stops at an EOS token or the token budget.
+A step runs on the stack's native step where it can (engine/model/native_step.py: the whole
+step in one C call), else on its twin here (the model's modules, one operation at a time).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 
+from engine.cpu.library import CpuKernelError
 from engine.errors import InvalidRequest
 from engine.kv import KVCache
 from engine.model.decode_attention import step_attention
 from engine.model.layers import DecoderStack
 from engine.model.linear import OneDnnLinear
+from engine.model.native_step import NativeDecodeStep, build_native_step
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -80,21 +86,22 @@ def generate_ids(
 def decode_step(stack: DecoderStack, cache: KVCache, token: int) -> torch.Tensor:
     """Run one token at position cache.length through all layers; return its logits [vocab].
 
-    A batch of one (`decode_batch`, unpadded): the same code, so a lone request's tokens are
-    those it gets in any batch."""
+    A batch of one (`decode_batch`): the same code, so a lone request's tokens are those it gets
+    in any batch (bit for bit on the native step; on the twin, unpadded, to rounding)."""
     return decode_batch(stack, [cache], [token])[0]
 
 
-# A batched decode step runs its linear layers on a multiple of `row_multiple(stack)` rows
-# (padding the rest), so that a row's result does not depend on how many rows share the
-# product. Which row counts round alike depends on the CPU, the BLAS and the weight shapes:
-# with MKL on AVX2 every multiple of 4 did; on an AVX-512 Xeon (SmolLM2's 576x1536 MLP)
-# 2-15 rows share one kernel and 16 or more another. So the multiple is measured once per
-# model, machine and largest batch: the smallest of ROW_MULTIPLES for which every multiple
-# that a batch of up to `max_rows` requests pads to gives bit-identical rows in every linear
-# layer's shape (measured for SmolLM2 on that AVX-512 Xeon: 4 for batches of up to 8; on an
-# AVX-512 EPYC: 4 in float32, 2 in bfloat16, whose kernels round the rows of an odd count's
-# remainder differently from the same row alone).
+# The twin's batched step (`twin_batch`) runs its linear layers on a multiple of
+# `row_multiple(stack)` rows (padding the rest), so that a row's result does not depend on how
+# many rows share the product (the native step needs none of this: its products give a row the
+# same bits in any batch by construction). Which row counts round alike depends on the CPU, the
+# BLAS and the weight shapes: with MKL on AVX2 every multiple of 4 did; on an AVX-512 Xeon
+# (SmolLM2's 576x1536 MLP) 2-15 rows share one kernel and 16 or more another. So the multiple
+# is measured once per model, machine and largest batch: the smallest of ROW_MULTIPLES for
+# which every multiple that a batch of up to `max_rows` requests pads to gives bit-identical
+# rows in every linear layer's shape (measured for SmolLM2 on that AVX-512 Xeon: 4 for batches
+# of up to 8; on an AVX-512 EPYC: 4 in float32, 2 in bfloat16, whose kernels round the rows of
+# an odd count's remainder differently from the same row alone).
 ROW_MULTIPLES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_MAX_ROWS = 8  # the scheduler's default max_batch
 
@@ -157,14 +164,56 @@ def decode_batch(
 ) -> torch.Tensor:
     """One token for each request, at position caches[i].length; returns logits [n, vocab].
 
-    The rows share every linear layer (q/k/v/o, MLP, lm_head) as one matrix product; each
-    row attends to its own request's cache only. Appends each token's K/V to its cache;
-    every cache must have room for one more row. Rows are padded to a multiple of
-    `row_multiple(stack, max_rows)` (`max_rows`: the largest batch the caller forms), so a
-    request's logits do not depend on its companions; a lone request runs unpadded (cheaper;
-    `decode_step` is this) unless `invariant`, which pads it too and makes its logits
-    independent of the batch in every case. Attention runs on the stack's `decode_attention`
-    (engine/model/decode_attention.py).
+    The rows share every linear layer (q/k/v/o, MLP, lm_head): each weight is read once for
+    all of them; each row attends to its own request's cache only. Appends each token's K/V to
+    its cache; every cache must have room for one more row. A request's logits never depend on
+    its companions. Where the stack's native step runs (engine/model/native_step.py), the whole
+    step is one call and every row is bitwise its lone step by construction (`invariant` and
+    `max_rows` change nothing). Elsewhere the twin (`twin_batch`) runs the model's modules.
+    """
+    native = native_step(stack)
+    if native is not None:
+        return native(caches, tokens)
+    return twin_batch(stack, caches, tokens, invariant, max_rows)
+
+
+_build_lock = threading.Lock()
+
+
+def native_step(stack: DecoderStack) -> NativeDecodeStep | None:
+    """The stack's native decode step (`stack.native`), built on the first call: on the thread
+    that decodes, since building it computes (a probe against the twin, a quantized copy of
+    the weights for `decode_weights` other than `model`). None where it cannot run."""
+    if stack.native is not None or stack.native_unfit is not None:
+        return stack.native
+    with _build_lock:
+        if stack.native is None and stack.native_unfit is None:
+            built = build_native_step(stack, stack.decode_weights, partial(twin_batch, stack))
+            if built is None:
+                stack.native_unfit = "it disagreed with the twin on a probe"
+                if stack.decode_weights != "model":
+                    raise CpuKernelError(
+                        f"decode weights {stack.decode_weights!r} need the native decode step, "
+                        "which disagreed with the twin on a probe"
+                    )
+            stack.native = built
+    return stack.native
+
+
+@torch.inference_mode()
+def twin_batch(
+    stack: DecoderStack,
+    caches: Sequence[KVCache],
+    tokens: Sequence[int],
+    invariant: bool = False,
+    max_rows: int = DEFAULT_MAX_ROWS,
+) -> torch.Tensor:
+    """`decode_batch` on the model's own modules, one operation at a time (the native step's
+    twin). Rows are padded to a multiple of `row_multiple(stack, max_rows)` (`max_rows`: the
+    largest batch the caller forms), so a request's logits do not depend on its companions; a
+    lone request runs unpadded (cheaper) unless `invariant`, which pads it too and makes its
+    logits independent of the batch in every case. Attention runs on the stack's
+    `decode_attention` (engine/model/decode_attention.py).
     """
     n = len(caches)
     multiple = row_multiple(stack, max(max_rows, n))

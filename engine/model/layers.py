@@ -14,7 +14,9 @@ from typing import Protocol, cast
 import torch
 
 from engine.model.attention import QueryLayout, causal_attention
+from engine.model.decode_weights import formats_for
 from engine.model.loader import LoadedModel
+from engine.model.native_step import NativeDecodeStep, native_step_unfit
 
 # The modules of a Llama-family causal LM that the stack uses. To mypy every submodule of a
 # torch Module is a `Tensor | Module` attribute; these protocols state the layout that
@@ -72,9 +74,13 @@ class CausalLM(Protocol):
 class DecoderStack:
     """Per-row building blocks of the decoder. Hidden rows are [m, hidden]."""
 
-    def __init__(self, loaded: LoadedModel, decode_attention: str = "torch"):
+    def __init__(
+        self, loaded: LoadedModel, decode_attention: str = "torch", decode_weights: str = "model"
+    ):
         causal_lm = cast(CausalLM, loaded.model)
         body = causal_lm.model
+        self.model = loaded.model
+        self.model_dtype = loaded.dtype
         self.spec = loaded.spec
         self.embed_tokens = body.embed_tokens
         self.layers = body.layers
@@ -86,6 +92,17 @@ class DecoderStack:
         # how decode steps attend: "torch" or "native", as resolved for this model
         # (engine/model/decode_attention.py; prefill never uses it)
         self.decode_attention = decode_attention
+        # the whole decode step in C where it can run (engine/model/native_step.py): why not, or
+        # None; `decode.native_step` builds it on the first step, on the thread that decodes
+        self.native_unfit = native_step_unfit(self)
+        self.decode_weights = decode_weights
+        formats_for(decode_weights, self.model_dtype)  # an unknown name is refused here
+        if decode_weights != "model" and self.native_unfit is not None:
+            raise ValueError(
+                f"decode weights {decode_weights!r} need the native decode step, which cannot run "
+                f"here: {self.native_unfit}"
+            )
+        self.native: NativeDecodeStep | None = None
 
     @property
     def inv_freq(self) -> torch.Tensor:

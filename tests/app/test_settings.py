@@ -22,6 +22,7 @@ from engine import EngineConfig
 from engine.config import (
     CRAFT_BUILDS,
     DECODE_ATTENTIONS,
+    DECODE_WEIGHTS,
     DEVIATIONS,
     DTYPES,
     ENCODE_DTYPES,
@@ -40,6 +41,7 @@ ENGINE_CHOICES = {
     "encode_dtype": ENCODE_DTYPES,
     "linear_kernel": LINEAR_KERNELS,
     "decode_attention": DECODE_ATTENTIONS,
+    "decode_weights": DECODE_WEIGHTS,
     "deviation": DEVIATIONS,
     "selection": SELECTIONS,
     "craft_build": CRAFT_BUILDS,
