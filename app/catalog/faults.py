@@ -65,11 +65,18 @@ def unwritable_reason(exc: BaseException, volume: Path | None = None) -> str | N
 
 
 def _full(volume: Path) -> bool:
+    return free_bytes(volume) < 64 * 1024
+
+
+def free_bytes(volume: Path | None) -> int:
+    """Bytes an unprivileged writer may still use on `volume` (0 if unknown)."""
+    if volume is None:
+        return 0
     try:
         stats = os.statvfs(volume)
     except OSError:
-        return False
-    return stats.f_bavail * stats.f_frsize < 64 * 1024
+        return 0
+    return stats.f_bavail * stats.f_frsize
 
 
 class WriteHealth:

@@ -16,6 +16,8 @@ tries one). A SQLite catalog whose volume is full at start-up opens read-only (`
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -37,7 +39,13 @@ from app.catalog.db import (
     sqlite_file,
     wrote,
 )
-from app.catalog.faults import CatalogError, CatalogUnwritable, WriteHealth, unwritable_reason
+from app.catalog.faults import (
+    CatalogError,
+    CatalogUnwritable,
+    WriteHealth,
+    free_bytes,
+    unwritable_reason,
+)
 from app.catalog.ingests import IngestLeases
 from app.catalog.models import (
     MISSING,
@@ -53,6 +61,11 @@ from app.catalog.models import (
 from engine.variant_stats import VariantStats
 
 log = logging.getLogger(__name__)
+
+# A catalog opened read-only tries to reopen read-write before a transaction when its volume
+# has more free space than at the last try, else at most this often: the first write after
+# space is freed works, not only after the daemon's retry.
+REOPEN_EVERY_S = 1.0
 
 # A document's state for listings: its ingest finished, or it is still under an ingest row.
 DocumentState = Literal["ready", "ingesting"]
@@ -81,6 +94,8 @@ class Catalog(IngestLeases, ChangeLog):
         self.writes = WriteHealth("catalog")
         self.read_only = read_only
         self._writable_url = writable_url
+        self._rechecking = threading.Lock()
+        self._reopen_tried, self._reopen_free = float("-inf"), 0
         self._use(engine)
         if read_only is not None:
             self.writes.failed(read_only, counted=False)
@@ -136,8 +151,13 @@ class Catalog(IngestLeases, ChangeLog):
         """While degraded (or `always`), try one small write: True if the catalog writes. A
         read-only fallback is reopened read-write when that works; a failed probe keeps (or
         sets) the error."""
-        if self.writes.error is None and not always:
-            return True
+        with self._rechecking:
+            if self.writes.error is None and not always:
+                return True
+            return self._probe()
+
+    def _probe(self) -> bool:
+        """The small write, on the read-write database when this is a read-only fallback."""
         url = self._writable_url
         engine = create_db_engine(url) if url is not None else self.engine
         try:
@@ -164,11 +184,25 @@ class Catalog(IngestLeases, ChangeLog):
         a SQLite file, which only this machine sees."""
         return self.engine.dialect.name != "sqlite"
 
+    def _reopen_if_due(self) -> None:
+        """A read-only fallback: try to reopen read-write if space was freed since the last
+        try, or `REOPEN_EVERY_S` passed."""
+        now, free = time.monotonic(), free_bytes(self._volume)
+        if now - self._reopen_tried < REOPEN_EVERY_S and free <= self._reopen_free:
+            return
+        self._reopen_tried, self._reopen_free = now, free
+        try:
+            self.recheck_writes()
+        except Exception:  # the transaction asked for goes on, on the read-only fallback
+            log.exception("reopening the catalog read-write failed")
+
     @contextmanager
     def session(self) -> Iterator[Session]:
         """One transaction: committed on success, rolled back (and re-raised) on error; a
         write the database refused comes out as `CatalogUnwritable` and degrades the catalog,
         a committed write ends that."""
+        if self._writable_url is not None:
+            self._reopen_if_due()
         with self._sessions() as session:
             try:
                 yield session
