@@ -157,7 +157,8 @@ class Services:
     @property
     def model_name(self) -> str:
         path = self.settings.model_path
-        return f"kvmosaic/{Path(path).name if path else 'SmolLM2-135M-Instruct'}"
+        name = self.settings.model or (Path(path).name if path else "SmolLM2-135M-Instruct")
+        return f"kvmosaic/{name}"
 
     def write_states(self) -> dict[str, WriteState]:
         """Whether the catalog and the local index file can write (/readyz, /metrics)."""

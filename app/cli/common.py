@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from engine.config import SELECTIONS
+from engine.model.known import MODEL_NAMES
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,8 +64,21 @@ def add_warmup_arguments(
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """Engine options; each defaults to its `KVMOSAIC_*` setting (`kvmosaic settings`)."""
     parser.add_argument("--data-dir", type=Path, default=None)
-    parser.add_argument(
-        "--model", default=None, help="local Hugging Face checkpoint (default: embedded SmolLM2)"
+    model = parser.add_mutually_exclusive_group()
+    model.add_argument(
+        "--model",
+        type=model_argument,
+        default=None,
+        metavar="NAME",
+        help=f"a model by name ({', '.join(MODEL_NAMES)}: `kvmosaic models`), or a local "
+        "checkpoint path; replaces KVMOSAIC_MODEL and KVMOSAIC_MODEL_PATH",
+    )
+    model.add_argument(
+        "--model-path",
+        default=None,
+        metavar="PATH",
+        help="a local checkpoint: Hugging Face folder or .gguf file; replaces KVMOSAIC_MODEL "
+        "and KVMOSAIC_MODEL_PATH (default: the embedded SmolLM2)",
     )
     parser.add_argument("--device", default=None, help="cpu or cuda[:n]")
     parser.add_argument("--dtype", default=None, help="auto, float32, float16 or bfloat16")
@@ -94,10 +108,29 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--focus-threshold", type=float, default=None)
 
 
-# command-line option -> Settings field
+def model_argument(value: str) -> str:
+    """`--model`: a known model's name, or (as before names) a checkpoint path that exists."""
+    if value in MODEL_NAMES or Path(value).exists():
+        return value
+    raise argparse.ArgumentTypeError(
+        f"{value!r} is neither a known model ({', '.join(MODEL_NAMES)}) nor an existing path"
+    )
+
+
+def model_overrides(args) -> dict:
+    """The model the command line names, replacing both model variables: a name in `model`, a
+    path in `model_path` ("" clears the other one); {} when it names none."""
+    name, path = getattr(args, "model", None), getattr(args, "model_path", None)
+    if name is not None and name not in MODEL_NAMES:
+        name, path = None, name
+    if name is None and path is None:
+        return {}
+    return {"model": name or "", "model_path": path or ""}
+
+
+# command-line option -> Settings field (the model: `model_overrides`)
 _OVERRIDES = {
     "data_dir": "data_dir",
-    "model": "model_path",
     "device": "device",
     "dtype": "dtype",
     "threads": "num_threads",
@@ -117,9 +150,12 @@ _OVERRIDES = {
 def settings_overrides(args) -> dict:
     """The Settings fields that the command line's engine options set (those given)."""
     return {
-        field: getattr(args, option)
-        for option, field in _OVERRIDES.items()
-        if getattr(args, option, None) is not None
+        **{
+            field: getattr(args, option)
+            for option, field in _OVERRIDES.items()
+            if getattr(args, option, None) is not None
+        },
+        **model_overrides(args),
     }
 
 

@@ -70,6 +70,7 @@ KVTransform = Callable[[ChunkKV], ChunkKV]
 # fixed when the model loads: one engine serves every row
 LOAD_FIELDS = frozenset(
     {
+        "model",
         "model_path",
         "device",
         "dtype",

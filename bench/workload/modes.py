@@ -26,7 +26,7 @@ ALIASES = {"ratio": "recompute_ratio", "order": "chunk_order"}
 # Settings fixed when the models load: every spec of a run shares one loaded model and
 # embedder, so a spec could not change them (set them for the whole run instead).
 LOAD_SETTINGS = frozenset(
-    {"model_path", "device", "dtype", "linear_kernel", "embedder_path", "data_dir"}
+    {"model", "model_path", "device", "dtype", "linear_kernel", "embedder_path", "data_dir"}
 )
 # Named configurations: what a paper describes, next to our defaults.
 # CacheBlend as published: deviation selection at one check layer, no fidelity guard.

@@ -96,4 +96,4 @@ def test_a_missing_plugin_leaves_the_product_commands(monkeypatch):
     missing = EntryPoint("bench", "no_such_package.cli:add_parser", cli.PLUGIN_GROUP)
     monkeypatch.setattr(cli, "entry_points", lambda group: [missing])
     commands = cli.build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    assert set(commands) == {"serve", "ingest", "ask", "settings"}
+    assert set(commands) == {"serve", "ingest", "ask", "settings", "models"}
