@@ -108,7 +108,7 @@ class Metrics:
     ) -> None:
         self.answers.labels(mode).inc()
         if guard is not None:
-            self.guard.labels(guard.fidelity, guard.outcome).inc()
+            self.guard.labels(guard.fidelity.value, guard.outcome).inc()
         self.ttft.labels(mode).observe(ttft_s)
         self.recompute_share.labels(mode).observe(share)
         for stage, seconds in stages.items():

@@ -21,13 +21,14 @@ from app.kvcache.order import OrderedChunks
 from app.queue import raise_if_abandoned
 from app.retrieve import Retrieved, retrieve_chunks
 from app.settings import Settings
-from engine.config import FIDELITIES
+from engine.config import Fidelity
+from engine.decoding import Decoded
 from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.model.decode import SamplingParams
-from engine.planners import planner_names
+from engine.planners import Mode
 from engine.result import PrefillResult
-from engine.variants.order import CHUNK_ORDERS
+from engine.variants.order import ChunkOrder
 from engine.variants.served import ServedTokens
 from retrieval import Retriever
 
@@ -36,26 +37,29 @@ OnPiece = Callable[[str], None]
 
 @dataclass(frozen=True)
 class Query:
-    """A validated question (see `RagService.query`)."""
+    """A validated question (see `RagService.query`): its settings resolved from their names
+    here, once, and passed down as typed values."""
 
     question: str
     top_k: int
-    mode: str
+    mode: Mode
     ratio: float | None
     sampling: SamplingParams
-    fidelity: str = "balanced"  # the fidelity guard's level (engine/serving/guard.py)
-    order: str = "retrieval"  # the chunk order rule (KVMOSAIC_CHUNK_ORDER, app/kvcache/order.py)
+    fidelity: Fidelity  # the fidelity guard's level (engine/serving/guard.py)
+    order: ChunkOrder  # the chunk order rule (KVMOSAIC_CHUNK_ORDER, app/kvcache/order.py)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Answer:
-    """What `ask` produced: the text, why it ended, the chunks (in prompt order) and the prefill,
-    per-stage seconds, the order they were given and how their tokens were served."""
+    """What `ask` produced: the text, why it ended, the chunks (in prompt order), the prefill and
+    the decode's record, per-stage seconds, the order they were given and how their tokens were
+    served."""
 
     text: str
     finish_reason: str
     retrieved: list[Retrieved]
     result: PrefillResult
+    decoded: Decoded
     variants: list[str]
     stages: dict[str, float] = field(default_factory=dict)
     order: OrderedChunks | None = None
@@ -123,22 +127,23 @@ class RagService:
                 result = self.engine.prefill(
                     loaded.inputs,
                     query.question,
-                    mode=query.mode,
+                    query.mode,
+                    query.fidelity,
                     ratio=query.ratio,
                     max_new_tokens=query.sampling.max_new_tokens,
-                    fidelity=query.fidelity,
                 )
         finally:
             loaded.release()  # the chunks' KV now lives in the request's cache: unpin it
         with clock("decode"):
-            text, finish = self.decode(result, query.sampling, on_piece, cancel)
+            text, finish, decoded = self.decode(result, query.sampling, on_piece, cancel)
         with clock("store"):  # the KV this context produced becomes new variants
-            self.chunk_cache.store_variants(loaded, result)
+            self.chunk_cache.store_variants(loaded, result, decoded)
         answer = Answer(
             text,
             finish,
             ordered.retrieved,
             result,
+            decoded,
             loaded.variant_labels,
             clock.finish(),
             ordered,
@@ -154,9 +159,11 @@ class RagService:
         sampling: SamplingParams,
         on_piece: OnPiece | None,
         cancel: threading.Event | None,
-    ) -> tuple[str, str]:
-        """Stream the answer; returns (text, finish reason: stop, length or cancelled)."""
+    ) -> tuple[str, str, Decoded]:
+        """Stream the answer; returns (text, finish reason: stop, length or cancelled, the
+        decode's record)."""
         pieces = []
+        finish = "stop"
         # closing early cancels decoding
         with closing(self.engine.generate(result, sampling)) as stream:
             for piece in stream:
@@ -164,9 +171,12 @@ class RagService:
                 if on_piece is not None:
                     on_piece(piece)
                 if cancel is not None and cancel.is_set():
-                    return "".join(pieces), "cancelled"
-        hit_budget = len(result.generated_ids) >= sampling.max_new_tokens
-        return "".join(pieces), "length" if hit_budget else "stop"
+                    finish = "cancelled"
+                    break
+        decoded = stream.decoded()
+        if finish != "cancelled" and len(decoded.token_ids) >= sampling.max_new_tokens:
+            finish = "length"
+        return "".join(pieces), finish, decoded
 
     def query(
         self,
@@ -191,21 +201,18 @@ class RagService:
             raise InvalidRequest(
                 f"the question has {len(question)} characters; the limit is {s.max_question_chars}"
             )
-        mode = mode or s.default_mode
-        if mode not in planner_names():
-            raise InvalidRequest(
-                f"unknown mode {mode!r}; known modes: {', '.join(planner_names())}"
-            )
         max_tokens = max_tokens or s.default_max_tokens
         if max_tokens > s.max_tokens_limit:
             raise InvalidRequest(f"max_tokens is {max_tokens}; the limit is {s.max_tokens_limit}")
-        fidelity = fidelity or s.fidelity
-        if fidelity not in FIDELITIES:
-            raise InvalidRequest(f"unknown fidelity {fidelity!r}; known: {', '.join(FIDELITIES)}")
-        order = order or s.chunk_order
-        if order not in CHUNK_ORDERS:
-            raise InvalidRequest(f"unknown chunk order {order!r}; known: {', '.join(CHUNK_ORDERS)}")
         sampling = SamplingParams(
             max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed
         )
-        return Query(question, top_k or s.default_top_k, mode, ratio, sampling, fidelity, order)
+        return Query(
+            question,
+            top_k or s.default_top_k,
+            Mode.named(mode or s.default_mode),
+            ratio,
+            sampling,
+            Fidelity.named(fidelity) if fidelity else s.fidelity,
+            ChunkOrder.named(order) if order else s.chunk_order,
+        )

@@ -5,13 +5,14 @@ from __future__ import annotations
 from app.kvcache.chunk_cache import COMPUTED_NOW
 from app.rag import Answer
 from app.schemas.ask import AskResponse, ChunkOut, GuardOut, OrderOut, Timings, Usage
+from engine.serving.guard import GuardReport
 
 
 def ask_response(answer: Answer, tokenizer=None) -> AskResponse:
     """`tokenizer` given: add each chunk's token pieces and recomputed offsets (explain)."""
     result = answer.result
     chunks = [
-        chunk_out(r, report, variant, result.mode, tokenizer)
+        chunk_out(r, report, variant, result.mode.name, tokenizer)
         for r, report, variant in zip(answer.retrieved, result.chunks, answer.variants)
     ]
     for i, chunk in enumerate(chunks):
@@ -19,10 +20,10 @@ def ask_response(answer: Answer, tokenizer=None) -> AskResponse:
         chunk.exact = i < len(answer.served.exact_chunks) and answer.served.exact_chunks[i]
     return AskResponse(
         answer=answer.text,
-        mode=result.mode,
+        mode=result.mode.name,
         finish_reason=answer.finish_reason,
         fallback_reason=result.fallback_reason,
-        guard=guard_out(result.guard),
+        guard=guard_out(answer.decoded.guard),
         chunks=chunks,
         timings=timings(answer),
         usage=usage(answer),
@@ -36,7 +37,7 @@ def order_out(answer: Answer) -> OrderOut | None:
         return None
     served = answer.served
     return OrderOut(
-        rule=answer.order.ordering.rule,
+        rule=answer.order.ordering.rule.value,
         planned_exact=answer.order.ordering.exact,
         exact_tokens=served.exact,
         blended_tokens=served.blended,
@@ -44,14 +45,12 @@ def order_out(answer: Answer) -> OrderOut | None:
     )
 
 
-def guard_out(report) -> GuardOut | None:
-    """The guard's estimate and spend (None for a result that has no guard report)."""
-    if report is None:
-        return None
+def guard_out(report: GuardReport) -> GuardOut:
+    """The guard's estimate and spend for the whole request (its prefill and its decode)."""
     margin = None if report.margin is None else round(report.margin, 4)
     repair_margin = None if report.repair_margin is None else round(report.repair_margin, 4)
     return GuardOut(
-        fidelity=report.fidelity,
+        fidelity=report.fidelity.value,
         margin=margin,
         threshold=report.threshold,
         estimate=report.estimate,
@@ -104,7 +103,7 @@ def timings(answer: Answer) -> Timings:
 
 def usage(answer: Answer) -> Usage:
     result = answer.result
-    prompt, completion = result.layout.total_len, len(result.generated_ids)
+    prompt, completion = result.layout.total_len, len(answer.decoded.token_ids)
     return Usage(
         prompt_tokens=prompt,
         completion_tokens=completion,

@@ -170,16 +170,16 @@ class Services:
 
     def observe(self, answer: Answer) -> None:
         share = answer.result.recompute_share
-        self.counters.record(answer.result.mode, share)
+        self.counters.record(answer.result.mode.name, share)
         # as in the report
         ttft = answer.stages.get("load", 0.0) + answer.stages.get("prefill", 0.0)
         self.metrics.observe_answer(
-            answer.result.mode,
+            answer.result.mode.name,
             ttft,
             share,
             answer.stages,
-            len(answer.result.generated_ids),
-            answer.result.guard,
+            len(answer.decoded.token_ids),
+            answer.decoded.guard,
         )
         if self.trimmer is not None:
             self.trimmer.note_work()

@@ -210,7 +210,7 @@ class Settings(BaseSettings):
         default=6, ge=1, le=20, description=("Chunks retrieved when a request names no `top_k`.")
     )
     chunk_order: ChunkOrder = Field(
-        default="cache-aware",
+        default=ChunkOrder.CACHE_AWARE,
         description=(
             "Prompt order of the retrieved chunks: `cache-aware` (the longest path of stored "
             "exact-context variants first, the rest in retrieval rank; only modes that load context"

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, TypeVar, get_args
+
+from engine.errors import InvalidRequest
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant. Answer the question using only the passages the user gives."
@@ -37,9 +40,47 @@ SELECTIONS: tuple[str, ...] = get_args(Selection)
 # How Cache-Craft's exact variants of a recurring chunk set are made (engine/variants/policy.py).
 CraftBuild = Literal["background", "inline"]
 CRAFT_BUILDS: tuple[str, ...] = get_args(CraftBuild)
-# The fidelity guard's per-request levels (engine/serving/guard.py).
-Fidelity = Literal["fast", "balanced", "exact"]
-FIDELITIES: tuple[str, ...] = get_args(Fidelity)
+
+
+class Fidelity(Enum):
+    """A request's fidelity guard level (engine/serving/guard.py), resolved from its name once
+    where the request enters (`named`); below that edge the value says what to do.
+
+    `exact`: the reference plan whatever the mode; `balanced`: the mode, judged and repaired by
+    the guard; `fast`: the mode as is, its first-token margin reported.
+    """
+
+    FAST = "fast"
+    BALANCED = "balanced"
+    EXACT = "exact"
+
+    @classmethod
+    def named(cls, name: str) -> Fidelity:
+        """The level called `name`; InvalidRequest naming the known ones otherwise."""
+        try:
+            return cls(name)
+        except ValueError:
+            known = ", ".join(level.value for level in cls)
+            raise InvalidRequest(f"unknown fidelity {name!r}; known: {known}") from None
+
+    @property
+    def runs_reference(self) -> bool:
+        """The first attempt is the reference plan (full prefill), whatever the mode."""
+        return self is Fidelity.EXACT
+
+    @property
+    def guards(self) -> bool:
+        """The guard acts on this level's blends: it blends at its own ratio, re-runs an
+        uncertain first token, watches the decode, and may skip a blend under load."""
+        return self is Fidelity.BALANCED
+
+    @property
+    def measures_margin(self) -> bool:
+        """A blend at this level has its first-token margin measured and reported."""
+        return self is not Fidelity.EXACT
+
+
+FIDELITIES: tuple[str, ...] = tuple(level.value for level in Fidelity)
 EncodeDtype = Literal["auto", "engine", "float32", "bfloat16", "float16"]
 ENCODE_DTYPES: tuple[str, ...] = get_args(EncodeDtype)
 LinearKernel = Literal["auto", "torch", "onednn"]  # engine/model/linear.py
@@ -298,8 +339,8 @@ class EngineConfig:
         doc="A chunk is unfocused below this fraction of an even share of the "
         "question's attention.",
     )
-    fidelity: str = described(
-        "balanced",
+    fidelity: Fidelity = described(
+        Fidelity.BALANCED,
         "Fidelity level of requests that name none (engine/serving/guard.py): `exact` "
         "(full prefill, token-identical), `balanced` (a request whose first token is uncertain is "
         "prefilled again in full; one that becomes uncertain while decoding goes on from a full "
@@ -386,7 +427,10 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
-        """Refuse values out of their field's `Bounds`, unknown choices and inconsistent fields."""
+        """Refuse values out of their field's `Bounds`, unknown choices and inconsistent fields;
+        a fidelity given by name (a caller building the config by hand) becomes its level."""
+        if isinstance(self.fidelity, str):
+            object.__setattr__(self, "fidelity", Fidelity.named(self.fidelity))
         for name, bounds in FIELD_BOUNDS.items():
             bounds.check(name, getattr(self, name))
         self._check_layers()
@@ -411,7 +455,6 @@ class EngineConfig:
             ("deviation", DEVIATIONS),
             ("selection", SELECTIONS),
             ("craft_build", CRAFT_BUILDS),
-            ("fidelity", FIDELITIES),
             ("encode_dtype", ENCODE_DTYPES),
             ("linear_kernel", LINEAR_KERNELS),
             ("decode_attention", DECODE_ATTENTIONS),

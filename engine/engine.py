@@ -2,7 +2,7 @@
 
 engine = Engine.load(EngineConfig())
 kv = engine.encode_chunk(engine.chunk_ids("Some passage ..."))
-result = engine.prefill([ChunkInput(1, kv.token_ids, kv)], "Question?", mode="cacheblend")
+result = engine.prefill([ChunkInput(1, kv.token_ids, kv)], "Question?", Mode.named("naive"))
 text = "".join(engine.generate(result, SamplingParams(max_new_tokens=32)))
 """
 
@@ -19,10 +19,11 @@ from typing import TypeVar
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, Fidelity
+from engine.decoding import Decoding, Repair
 from engine.errors import InvalidRequest, PromptTooLong
 from engine.kv import ChunkKV, KVCache
-from engine.model.decode import SamplingParams, TextStream, TokenIds, generate_ids, new_generator
+from engine.model.decode import SamplingParams, TokenIds, generate_ids, new_generator
 from engine.model.decode_attention import resolve_decode_attention
 from engine.model.encode_dtype import model_in, resolve_encode_dtype
 from engine.model.encoder import DEFAULT_BATCH_TOKENS, ChunkEncoder
@@ -33,19 +34,12 @@ from engine.model.runner import LayerRunner, RunOutput
 from engine.model.selfcheck import rope_shift_selfcheck, tokenization_selfcheck
 from engine.model.work import counted_as, is_background_thread
 from engine.plan import CachedSpan, ChunkInput, Plan, PlanRequest
-from engine.planners import create_planner, exact_reuse_planner, reference_planner
+from engine.planners import Mode, exact_reuse_planner, reference_mode, reference_planner
 from engine.planners.base import BasePlanner
 from engine.prompt import PromptBuilder, PromptLayout
 from engine.result import PrefillResult, chunk_reports
 from engine.serving.busy import BusyGate
-from engine.serving.guard import (
-    AnswerCheck,
-    Guarded,
-    answer_check,
-    check_fidelity,
-    default_ratio,
-    judge,
-)
+from engine.serving.guard import AnswerCheck, Guarded, answer_watch, default_ratio, judge
 from engine.serving.scheduler import DecodeScheduler
 from engine.serving.threads import DEFAULT_THREADS, in_own_thread
 
@@ -257,57 +251,51 @@ class Engine:
         self,
         chunks: Sequence[ChunkInput],
         question: str,
-        mode: str = "cacheblend",
+        mode: Mode,
+        fidelity: Fidelity | None = None,
         ratio: float | None = None,
         max_new_tokens: int = 64,
-        fidelity: str | None = None,
         config: EngineConfig | None = None,
     ) -> PrefillResult:
         """Prefill [prefix][chunks...][question] by `mode`; TTFT ends at the first logits.
 
-        `fidelity` ("fast", "balanced", "exact"; None: the config's) is the fidelity guard's
-        level (engine/serving/guard.py); `result.guard` says what it estimated and spent. `ratio`
-        None:
-        the level's (`guard.default_ratio`). `config` (None: `self.config`) plans this call only;
-        the engine's own config, shared with other threads, is never replaced. Raises
+        `fidelity` (None: the config's) is the fidelity guard's level (engine/serving/guard.py);
+        `result.guard` says what it estimated and spent. `ratio` None: the level's
+        (`guard.default_ratio`). `config` (None: `self.config`) plans this call only; the
+        engine's own config, shared with other threads, is never replaced. Raises
         InvalidRequest (or a subclass) for bad input. If the RoPE self-check failed, reuse
         modes fall back to `full` and the result says why.
         """
         started = time.perf_counter()
-        request, planner, fallback = self._plan_request(
-            chunks,
-            question,
-            mode,
-            ratio,
-            max_new_tokens,
-            fidelity,
-            self.config if config is None else config,
+        config = self.config if config is None else config
+        fidelity = config.fidelity if fidelity is None else fidelity
+        request, mode, fallback = self._plan_request(
+            chunks, question, mode, fidelity, ratio, max_new_tokens, config
         )
+        planner = mode.create_planner(config)
         capacity = request.layout.total_len + max_new_tokens
         with self.busy.in_flight():
             kept = self.compute(partial(self._prefill_steps, request, planner, capacity))
-        return self._prefill_result(request, planner, kept, fallback, time.perf_counter() - started)
+        return self._prefill_result(request, mode, kept, fallback, time.perf_counter() - started)
 
     def _plan_request(
         self,
         chunks: Sequence[ChunkInput],
         question: str,
-        mode: str,
+        mode: Mode,
+        fidelity: Fidelity,
         ratio: float | None,
         max_new_tokens: int,
-        fidelity: str | None,
         config: EngineConfig,
-    ) -> tuple[PlanRequest, BasePlanner, str | None]:
-        """The validated request, its mode's planner and why it fell back to `full` (None: it did
-        not)."""
-        fidelity = check_fidelity(fidelity, config)
+    ) -> tuple[PlanRequest, Mode, str | None]:
+        """The validated request, the mode it runs by (the reference's when reuse is off) and why
+        it fell back to `full` (None: it did not)."""
         ratio = default_ratio(fidelity, config) if ratio is None else float(ratio)
         if not 0.0 <= ratio <= 1.0:
             raise InvalidRequest(f"ratio must lie in [0, 1], got {ratio}")
-        planner = create_planner(mode, config)
         fallback = None
-        if planner.reuses_cache and self.selfcheck is not None and not self.selfcheck.ok:
-            planner, fallback = reference_planner(config), self.selfcheck.message
+        if mode.reuses_cache and self.selfcheck is not None and not self.selfcheck.ok:
+            mode, fallback = reference_mode(), self.selfcheck.message
         layout = self.prompts.layout([tuple(c.token_ids) for c in chunks], question)
         self._check_fits(layout.total_len, max_new_tokens)
         self._check_sources(chunks)
@@ -320,7 +308,7 @@ class Engine:
             self.loaded.spec.num_layers,
             fidelity,
         )
-        return request, planner, fallback
+        return request, mode, fallback
 
     def _prefill_steps(self, request: PlanRequest, planner: BasePlanner, capacity: int) -> Guarded:
         """One request's prefill, on the compute thread: the first attempt's planner (the busy
@@ -344,16 +332,14 @@ class Engine:
         self, request: PlanRequest, planner: BasePlanner
     ) -> tuple[BasePlanner, bool]:
         """The first attempt's planner and whether it skipped the mode's blend: the reference
-        for `exact`; the exact-reuse plan for a balanced blend that the busy engine would only
-        have to repair anyway (engine/serving/busy.py); else the mode's own."""
+        for a level that runs it (`exact`); the exact-reuse plan for a guarded blend that the
+        busy engine would only have to repair anyway (engine/serving/busy.py); else the mode's
+        own."""
         config = request.config
-        if request.fidelity == "exact":
+        if request.fidelity.runs_reference:
             return reference_planner(config), False
         blends = (
-            request.fidelity == "balanced"
-            and planner.reuses_cache
-            and not (planner.exact or planner.exact_reuse)
-            and not all(request.exact_chunks(None))
+            request.fidelity.guards and planner.blends() and not all(request.exact_chunks(None))
         )  # every chunk from a variant of this context: no blend
         if blends and self.busy.skip_blend(config.guard_busy_repair_share, self._decoding()):
             return exact_reuse_planner(config), True
@@ -362,13 +348,13 @@ class Engine:
     def _prefill_result(
         self,
         request: PlanRequest,
-        planner: BasePlanner,
+        mode: Mode,
         kept: Guarded,
         fallback: str | None,
         ttft: float,
     ) -> PrefillResult:
-        """The result of a prefill: its state, reports and the guard's watch while decoding
-        (with the rows a repair may keep); a judged blend's outcome feeds the busy gate."""
+        """The result of a prefill: its state, reports and what the guard watches while it
+        decodes (with the rows a repair may keep); a judged blend's outcome feeds the busy gate."""
         out = kept.out
         if out.logits is None:  # `_run` always asks the runner for them
             raise RuntimeError("a prefill ran without its first logits")
@@ -376,25 +362,25 @@ class Engine:
         reports = chunk_reports(
             request.chunks, layout, out, num_layers, kept.planner_name, kept.plan.decisions
         )
-        result = PrefillResult(
-            planner.name,
+        watch = answer_watch(kept.report, request.config)
+        exact_rows = None
+        if watch is not None:
+            exact_rows = _exact_leading_rows(layout, request.exact_chunks(out.layers_computed))
+        elif _judged_blend(kept):
+            self.busy.odds.record(kept.report.escalated)
+        return PrefillResult(
+            mode,
             layout,
             out.cache,
             out.logits,
             ttft,
             reports,
+            kept.report,
             fallback,
             layers_computed=out.layers_computed,
-            guard=kept.report,
+            watch=watch,
+            exact_rows=exact_rows,
         )
-        result.answer_check = answer_check(kept.report, request.config)
-        if result.answer_check is not None:
-            result.exact_rows = _exact_leading_rows(
-                layout, request.exact_chunks(out.layers_computed)
-            )
-        elif _judged_blend(kept):
-            self.busy.odds.record(kept.report.escalated)
-        return result
 
     def _run(
         self, request: PlanRequest, capacity: int, planner: BasePlanner
@@ -460,24 +446,25 @@ class Engine:
         _synchronize(self.device)
         return plan, out
 
-    def generate(self, result: PrefillResult, params: SamplingParams | None = None) -> TextStream:
-        """Stream the answer as text pieces; generated ids collect in result.generated_ids.
+    def generate(self, result: PrefillResult, params: SamplingParams | None = None) -> Decoding:
+        """Stream the answer as text pieces; `decoded()` on the stream, once it has ended, says
+        what the decode did (engine/decoding.py).
 
         While batching, the request joins the decode batch at once; closing the stream before
-        its end cancels the request's decoding. Under the `balanced` guard a blended prefill
-        is watched while it decodes (`engine.serving.guard.AnswerCheck`); when the check fires, the
-        prompt and the answer so far are prefilled by the reference plan, `result.cache` and
-        `result.guard` are replaced, and decoding goes on from there in the same stream.
+        its end cancels the request's decoding. A watched prefill (`result.watch`: balanced,
+        blended) is checked while it decodes (`engine.serving.guard.AnswerCheck`); when the
+        check fires, the prompt and the answer so far are prefilled by the reference plan and
+        decoding goes on from there in the same stream, recorded as the decode's `Repair`.
         """
-        result.claim_for_decode()
+        result.cache.claim_for_decode()
         params = params or SamplingParams()
         generator = new_generator(params.seed, result.logits.device)  # one for the whole answer
-        ids: TokenIds = self._decode_ids(
-            result.cache, result.logits, params, result.answer_check, generator
-        )
-        if result.answer_check is not None:
-            ids = self._repairing_ids(result, params, ids, generator)
-        return TextStream(self.loaded.tokenizer, ids, collected=result.generated_ids)
+        check = result.watch.start() if result.watch is not None else None
+        ids: TokenIds = self._decode_ids(result.cache, result.logits, params, check, generator)
+        repairs: list[Repair] = []
+        if check is not None:
+            ids = self._repairing_ids(result, check, params, ids, generator, repairs)
+        return Decoding(self.loaded.tokenizer, ids, result, repairs)
 
     def _decode_ids(
         self,
@@ -497,38 +484,38 @@ class Engine:
     def _repairing_ids(
         self,
         result: PrefillResult,
+        check: AnswerCheck,
         params: SamplingParams,
         first: TokenIds,
         generator: torch.Generator | None,
+        repairs: list[Repair],
     ) -> Generator[int, None, None]:
-        """`first`'s ids, then, if its check fired, the rest of the answer from the exact state
-        (closing this generator closes whichever stream is under way: cancellation holds)."""
-        check, exact_rows = result.answer_check, result.exact_rows
-        assert check is not None and exact_rows is not None and result.guard is not None
+        """`first`'s ids, then, if `check` fired, the rest of the answer from the exact state,
+        its `Repair` appended to `repairs` (closing this generator closes whichever stream is
+        under way: cancellation holds)."""
+        exact_rows = result.exact_rows
+        assert exact_rows is not None  # set with every watch
         answered: list[int] = []
         with closing(first):
             for token in first:
                 answered.append(token)
                 yield token
-        self.busy.odds.record(
-            check.fired_at is not None
-        )  # reached only when the blended decode ended
-        if check.fired_at is None:
+        # reached only when the blended decode ended
+        self.busy.odds.record(check.fired_at is not None)
+        if check.fired_at is None or check.margin is None:
             return
         started = time.perf_counter()
         out = self._repair(result.layout, result.cache, exact_rows, answered)
         if out.logits is None:
             raise RuntimeError("a repair ran without logits")
-        result.prefill_cache, result.cache, result.repair_layers = (
-            result.cache,
-            out.cache,
-            out.layers_computed,
-        )
-        result.guard = dataclasses.replace(
-            result.guard,
-            repaired_at=check.fired_at,
-            repair_margin=check.margin,
-            repair_s=time.perf_counter() - started,
+        repairs.append(
+            Repair(
+                check.fired_at,
+                check.margin,
+                time.perf_counter() - started,
+                out.cache,
+                out.layers_computed,
+            )
         )
         rest = dataclasses.replace(params, max_new_tokens=params.max_new_tokens - len(answered))
         with closing(self._decode_ids(out.cache, out.logits, rest, None, generator)) as tail:
@@ -589,10 +576,10 @@ class Engine:
 
 
 def _judged_blend(kept: Guarded) -> bool:
-    """Whether a balanced first attempt blended and was judged at its first token (a margin
+    """Whether a guarded first attempt blended and was judged at its first token (a margin
     measured), so its outcome is known at prefill: re-run, or kept with no watch while decoding."""
     report = kept.report
-    return report.fidelity == "balanced" and report.margin is not None and not report.skipped_blend
+    return report.fidelity.guards and report.margin is not None and not report.skipped_blend
 
 
 def _exact_leading_rows(layout: PromptLayout, exact_chunks: Sequence[bool]) -> int:

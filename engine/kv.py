@@ -14,6 +14,8 @@ from typing import Protocol
 
 import torch
 
+from engine.errors import InvalidRequest
+
 # A chunk's id: the catalog's row id (benchmarks number their chunks). Contexts, Cache-Craft
 # statistics and reports all use it; only the catalog and the store's metadata hold it as text.
 ChunkId = int
@@ -113,6 +115,13 @@ class KVCache:
             num_layers, 2, num_kv_heads, capacity, head_dim, dtype=dtype, device=device
         )
         self.length = 0
+        self._decoding = False
+
+    def claim_for_decode(self) -> None:
+        """Decoding appends to the cache, so a cache is decoded from once."""
+        if self._decoding:
+            raise InvalidRequest("this prefill result has already been decoded")
+        self._decoding = True
 
     @property
     def capacity(self) -> int:

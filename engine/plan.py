@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, Fidelity
 from engine.kv import ChunkId, KVSource, exact_context
 from engine.prompt import PromptLayout
 from engine.variant_stats import VariantStats
@@ -78,7 +78,7 @@ class PlanRequest:
     ratio: float
     config: EngineConfig
     num_layers: int
-    fidelity: str = "balanced"  # the guard level the request runs at (engine/serving/guard.py)
+    fidelity: Fidelity  # the guard level the request runs at (engine/serving/guard.py)
 
     def all_cached_spans(self) -> list[CachedSpan]:
         """The system prefix plus every chunk that has cached KV."""

@@ -1,18 +1,20 @@
-"""What a prefill returns: the cache to decode from, the first logits, TTFT and per-chunk facts."""
+"""What a prefill returns: the cache to decode from, the first logits, TTFT, per-chunk facts and
+the guard's decision. A returned result is never changed: what decoding does is its own record
+(`engine/decoding.py`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from engine.errors import InvalidRequest
 from engine.kv import ChunkId, KVCache
 from engine.model.runner import RunOutput
 from engine.plan import ChunkDecision, ChunkInput
+from engine.planners.registry import Mode
 from engine.prompt import PromptLayout
-from engine.serving.guard import AnswerCheck, GuardReport
+from engine.serving.guard import AnswerWatch, GuardReport
 
 
 @dataclass(frozen=True)
@@ -45,35 +47,28 @@ class ChunkReport:
         return self.tokens - self.recomputed
 
 
-@dataclass
+@dataclass(frozen=True)
 class PrefillResult:
-    mode: str
+    """One prefill, as it ran.
+
+    mode: the mode the request named; chunks: per chunk, how it was handled; layers_computed:
+    [prompt rows] layers of attention + MLP per row; guard: what the fidelity guard estimated
+    and spent at the first token; watch: what the guard watches while this prefill decodes
+    (None: unwatched) and exact_rows, the rows exact before the first inexact chunk, which a
+    repair keeps.
+    """
+
+    mode: Mode
     layout: PromptLayout
     cache: KVCache
     logits: torch.Tensor  # [vocab] float32: the first generated token's distribution
     ttft_s: float
-    chunks: list[ChunkReport]
+    chunks: tuple[ChunkReport, ...]
+    guard: GuardReport
     fallback_reason: str | None = None
-    layers_computed: torch.Tensor | None = None  # [prompt rows] layers of attention + MLP per row
-    # what the fidelity guard estimated and spent (engine/serving/guard.py)
-    guard: GuardReport | None = None
-    generated_ids: list[int] = field(default_factory=list)
-    # set by Engine.prefill: the guard's watch while decoding (None: unwatched); when it fires,
-    # Engine.generate prefills the prompt and the answer so far as the reference would
-    answer_check: AnswerCheck | None = None
-    # rows exact before the first inexact chunk: a repair keeps them and computes the rest
+    layers_computed: torch.Tensor | None = None
+    watch: AnswerWatch | None = None
     exact_rows: int | None = None
-    # after a repair: the cache the mode's own prefill produced (`cache` is the exact one
-    # decoding went on from); teacher-forced figures read the mode's state from it
-    prefill_cache: KVCache | None = None
-    repair_layers: torch.Tensor | None = None  # [rows] layers the repair's prefill computed per row
-    _decoding: bool = False
-
-    @property
-    def repaired(self) -> bool:
-        """The guard replaced the cache by the reference prefill of the prompt (and the answer
-        so far) while decoding: every prompt row of `cache` is exact now."""
-        return self.prefill_cache is not None
 
     @property
     def context_tokens(self) -> int:
@@ -88,12 +83,6 @@ class PrefillResult:
         """Recomputed context rows / context rows."""
         return self.recomputed_tokens / max(1, self.context_tokens)
 
-    def claim_for_decode(self) -> None:
-        """Decoding appends to the cache, so a result decodes once."""
-        if self._decoding:
-            raise InvalidRequest("this prefill result has already been decoded")
-        self._decoding = True
-
 
 def chunk_reports(
     chunks: Sequence[ChunkInput],
@@ -102,7 +91,7 @@ def chunk_reports(
     num_layers: int,
     mode: str,
     decisions: Sequence[ChunkDecision] | None = None,
-) -> list[ChunkReport]:
+) -> tuple[ChunkReport, ...]:
     reports = []
     decisions = decisions or [ChunkDecision(mode)] * len(chunks)
     for chunk, decision, (start, end) in zip(chunks, decisions, layout.chunk_spans):
@@ -123,7 +112,7 @@ def chunk_reports(
                 variant=decision.variant,
             )
         )
-    return reports
+    return tuple(reports)
 
 
 def _stopped_layer(rows: torch.Tensor) -> int | None:

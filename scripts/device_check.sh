@@ -54,7 +54,7 @@ stage() {
   mkdir -p $STAGE/model
   stage_wheels || exit 1
   local checkpoint
-  checkpoint=$($venv -c "from pathlib import Path; from engine.model.loader.loader import embedded_checkpoint
+  checkpoint=$($venv -c "from pathlib import Path; from engine.model.loader import embedded_checkpoint
 print(embedded_checkpoint(Path('.cache/test-data')))") || exit 1
   cp "$checkpoint"/{config.json,generation_config.json,tokenizer.json,tokenizer_config.json} $STAGE/model/
   cp "$checkpoint"/chat_template.jinja $STAGE/model/ 2>/dev/null || true

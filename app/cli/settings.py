@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import re
 import typing
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,8 @@ def default_text(name: str, default: Any) -> str:
                 return f"`{default // size}{unit}`"
     if isinstance(default, Path):
         return f"`{default}`"
+    if isinstance(default, Enum):  # a typed choice (Fidelity, ChunkOrder): its name
+        return f"`{default.value}`"
     return f"`{default}`"
 
 
@@ -98,7 +101,10 @@ def choices_text(annotation: Any, meaning: str) -> str:
 
 
 def literal_choices(annotation: Any) -> tuple[str, ...]:
-    """The values of a Literal annotation, also inside `tuple[Literal[...], ...]` or `Annotated`."""
+    """The values of a Literal or Enum annotation, also inside `tuple[Literal[...], ...]` or
+    `Annotated`."""
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return tuple(str(member.value) for member in annotation)
     origin = typing.get_origin(annotation)
     if origin is typing.Literal:
         return tuple(str(a) for a in typing.get_args(annotation))

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from app.kvcache.variants import ChunkVariants
+from engine.decoding import Decoded
 from engine.kv import ChunkId
 from engine.model.work import mark_background_thread
 from engine.result import PrefillResult
@@ -26,9 +27,8 @@ from engine.serving.threads import single_threaded
 
 log = logging.getLogger(__name__)
 
-Job = tuple[
-    PrefillResult, tuple[tuple[ChunkId, ...] | None, ...]
-]  # a prefill and its chunks' source contexts
+# a prefill, its chunks' source contexts and its decode's record
+Job = tuple[PrefillResult, tuple[tuple[ChunkId, ...] | None, ...], Decoded]
 IDLE_POLL_S = 0.01
 
 
@@ -47,11 +47,16 @@ class VariantBuilder:
         self._thread = threading.Thread(target=self._work, name="variant-builder", daemon=True)
         self._thread.start()
 
-    def submit(self, result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] | None]) -> bool:
-        """Queue a finished request's prefill result and the contexts of the KV its chunks
-        started from; False (skipped) when the queue is full."""
+    def submit(
+        self,
+        result: PrefillResult,
+        contexts: Sequence[tuple[ChunkId, ...] | None],
+        decoded: Decoded,
+    ) -> bool:
+        """Queue a finished request's prefill result, the contexts of the KV its chunks started
+        from and its decode's record; False (skipped) when the queue is full."""
         try:
-            self._jobs.put_nowait((result, tuple(contexts)))
+            self._jobs.put_nowait((result, tuple(contexts), decoded))
             return True
         except queue.Full:
             self.skipped += 1

@@ -4,10 +4,11 @@
     cache.maintenance.reconcile()                        # once at start-up
     refs = cache.variants.choose(mode, [(chunk.id, engine.chunk_ids(chunk.text))])
     with cache.loader.load(refs) as loaded:
-        result = engine.prefill(loaded.inputs, question, mode=mode)
+        result = engine.prefill(loaded.inputs, question, mode)
+    decoded = ...                                         # engine.generate(result), read out
     cache.variants.record_savings(result, loaded.inputs)  # what each context variant saved
-    cache.variants.harvest(result, loaded.inputs)         # the exact rows it computed, kept
-    cache.variants.build(result, contexts)                # Cache-Craft, in the background
+    cache.variants.harvest(result, loaded.inputs, decoded)  # the exact rows it computed, kept
+    cache.variants.build(result, contexts, decoded)       # Cache-Craft, in the background
 
 - `keys` (`keys.py`): where a variant lives in the store and what a reader must find there;
 - `variants` (`variants.py`): which variant a request uses, what it leaves, which are kept;

@@ -31,14 +31,16 @@ from app.retrieve import Retrieved
 from app.settings import Settings
 from app.store import LazyChunkKV, TierFigures, create_store
 from app.store.config import KNOWN_POLICIES
+from engine.decoding import Decoded
 from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.kv import ChunkId, ChunkKV, KVSource
 from engine.model.encoder import DEFAULT_BATCH_TOKENS, batches
 from engine.plan import ChunkInput
-from engine.planners import planner_class
+from engine.planners import Mode
 from engine.result import PrefillResult
 from engine.variants.harvest import source_contexts
+from engine.variants.order import ChunkOrder
 from engine.variants.served import ServedTokens, served_tokens
 
 log = logging.getLogger(__name__)
@@ -94,7 +96,7 @@ class ServiceChunkCache:
 
     # -- the request path ----------------------------------------------------------------------
 
-    def order(self, retrieved: Sequence[Retrieved], mode: str, rule: str) -> OrderedChunks:
+    def order(self, retrieved: Sequence[Retrieved], mode: Mode, rule: ChunkOrder) -> OrderedChunks:
         """The retrieved chunks in the order `rule` (`KVMOSAIC_CHUNK_ORDER`) chooses for `mode`."""
         return order_retrieved(
             self.cache.tree, retrieved, rule, self.cache.variants.policy.uses_variants(mode)
@@ -104,13 +106,13 @@ class ServiceChunkCache:
         """How the prefill served the context tokens: exact, blended or computed."""
         return served_tokens(result, chunks.inputs, self.engine.loaded.spec.num_layers)
 
-    def load(self, retrieved: Sequence[Retrieved], mode: str) -> RequestChunks:
+    def load(self, retrieved: Sequence[Retrieved], mode: Mode) -> RequestChunks:
         """Pinned KV sources for the retrieved chunks; computed and stored where missing.
 
         A mode that reuses no cache (`full`) gets no sources at all: nothing is read or
         pinned, so its TTFT is the plain prefill it stands for.
         """
-        if not planner_class(mode).reuses_cache:
+        if not mode.reuses_cache:
             inputs = [ChunkInput(r.chunk.id, tuple(r.token_ids)) for r in retrieved]
             return RequestChunks(LoadedChunks(inputs, [], None), reuses_cache=False)
         refs = self.cache.variants.choose(
@@ -118,21 +120,24 @@ class ServiceChunkCache:
         )
         return RequestChunks(self.cache.loader.load(refs))
 
-    def store_variants(self, chunks: RequestChunks, result: PrefillResult) -> bool:
-        """What the finished request leaves, by its mode's policy: the savings its context
-        variants brought, the exact rows it computed (at once: a copy), and a background build
-        of exact variants where its chunk set recurs. True if a build was queued."""
+    def store_variants(
+        self, chunks: RequestChunks, result: PrefillResult, decoded: Decoded
+    ) -> bool:
+        """What the finished request (its prefill `result`, its decode `decoded`) leaves, by its
+        mode's policy: the savings its context variants brought, the exact rows it computed (at
+        once: a copy), and a background build of exact variants where its chunk set recurs.
+        True if a build was queued."""
         inputs = chunks.inputs
-        if not planner_class(result.mode).reuses_cache:
+        if not result.mode.reuses_cache:
             return False
         try:
             self.cache.variants.record_savings(result, inputs)
-            self.cache.variants.harvest(result, inputs)
+            self.cache.variants.harvest(result, inputs, decoded)
         except Exception:  # variants are an optimisation: never fail an answered request
             log.exception("keeping the request's variants failed")
         ids = [c.chunk_id for c in inputs]
         return self.cache.variants.policy.should_build(result.mode, ids) and self.builder.submit(
-            result, source_contexts(inputs)
+            result, source_contexts(inputs), decoded
         )
 
     def drain(self) -> None:

@@ -32,7 +32,7 @@ from app.catalog import Catalog, VariantContext
 from app.kvcache.keys import VariantKeys
 from app.store import TieredStore
 from engine.kv import ChunkId
-from engine.variants.order import Ordering, order_chunks
+from engine.variants.order import ChunkOrder, Ordering
 from engine.variants.tree import ChunkTree, Path
 
 log = logging.getLogger(__name__)
@@ -56,10 +56,10 @@ class ChunkTreeIndex:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def order(self, retrieved: Sequence[ChunkId], rule: str) -> Ordering:
+    def order(self, retrieved: Sequence[ChunkId], rule: ChunkOrder) -> Ordering:
         """`retrieved` in the order `rule` chooses over the tree as it stands."""
         with self._lock:
-            return order_chunks(self._tree, retrieved, rule)
+            return rule.order(self._tree, retrieved)
 
     def holds(self, path: Path) -> bool:
         with self._lock:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from app.kvcache.chunk_tree import ChunkTreeIndex
 from app.retrieve import Retrieved
-from engine.variants.order import Ordering
+from engine.variants.order import ChunkOrder, Ordering
 
 
 @dataclass(frozen=True)
@@ -34,13 +34,13 @@ class OrderedChunks:
 
 
 def order_retrieved(
-    tree: ChunkTreeIndex, retrieved: Sequence[Retrieved], rule: str, uses_variants: bool
+    tree: ChunkTreeIndex, retrieved: Sequence[Retrieved], rule: ChunkOrder, uses_variants: bool
 ) -> OrderedChunks:
     """`retrieved` (retrieval order) in the order `rule` chooses; the retrieval order when
     the mode does not load context variants (`uses_variants` False)."""
     ids = [r.chunk_id for r in retrieved]
     if not uses_variants or len(set(ids)) < len(ids):  # nothing to gain, or no one order per id
-        rule = "retrieval"
+        rule = ChunkOrder.RETRIEVAL
     ordering = tree.order(ids, rule)
     if ordering.order == tuple(ids):
         return OrderedChunks(list(retrieved), tuple(range(len(ids))), ordering)

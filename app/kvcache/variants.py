@@ -22,10 +22,12 @@ from app.kvcache.keys import VariantKeys
 from app.store import KVEntry, TieredStore, entry_from_chunk
 from app.store.quant import get_codec
 from engine.cachecraft.choice import Candidate
+from engine.decoding import Decoded
 from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.kv import ChunkId, ChunkKV, KVSource
 from engine.plan import ChunkInput
+from engine.planners import Mode
 from engine.result import PrefillResult
 from engine.variant_stats import VariantStats
 from engine.variants.build import build_variants
@@ -67,7 +69,7 @@ class ChunkVariants:
         self.tree = tree if tree is not None else ChunkTreeIndex(catalog, keys)
         self.policy = VariantPolicy(engine.config, engine.loaded.spec.num_layers)
 
-    def choose(self, mode: str, chunks: Sequence[tuple[ChunkId, Sequence[int]]]) -> list[ChunkRef]:
+    def choose(self, mode: Mode, chunks: Sequence[tuple[ChunkId, Sequence[int]]]) -> list[ChunkRef]:
         """Per chunk (chunk id, token ids), in request order, the stored variant `mode` uses
         (`VariantPolicy.choose`); the base variant when the mode uses no other or none fits."""
         order = [chunk_id for chunk_id, _ in chunks]
@@ -120,24 +122,32 @@ class ChunkVariants:
             self.catalog.update_variant_stats(key, VariantStats(expected_savings=mean))
             self.store.set_usage(key, savings=mean)
 
-    def harvest(self, result: PrefillResult, inputs: Sequence[ChunkInput]) -> int:
-        """Keep the chunk rows the request computed exactly in its context (no compute); returns
-        how many variants were stored. Only for modes whose requests leave variants."""
+    def harvest(
+        self, result: PrefillResult, inputs: Sequence[ChunkInput], decoded: Decoded | None = None
+    ) -> int:
+        """Keep the chunk rows the request computed exactly in its context (no compute; after
+        its decode `decoded`, whose repair makes every chunk exact); returns how many variants
+        were stored. Only for modes whose requests leave variants."""
         if not self.policy.harvests(result.mode):
             return 0
         stored = 0
-        for chunk_id, kv in harvest(self.engine, result, inputs):
+        for chunk_id, kv in harvest(self.engine, result, inputs, decoded):
             loaded = next((c.kv for c in inputs if c.chunk_id == chunk_id), None)
             stats = VariantStats(expected_savings=self.policy.prior_savings(kv.num_tokens))
             stored += self._keep(chunk_id, kv, stats, loaded)
         return stored
 
-    def build(self, result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] | None]) -> int:
+    def build(
+        self,
+        result: PrefillResult,
+        contexts: Sequence[tuple[ChunkId, ...] | None],
+        decoded: Decoded | None = None,
+    ) -> int:
         """Build and store the exact, measured variants of the request's inexact chunks
         (engine/variants/build.py); returns how many were stored. Whether a request is
         worth it is the caller's question (`VariantPolicy.should_build`)."""
         stored = 0
-        for draft in build_variants(self.engine, result, contexts, self.policy).drafts:
+        for draft in build_variants(self.engine, result, contexts, self.policy, decoded).drafts:
             stored += self._keep(draft.chunk_id, draft.kv, draft.stats)
         return stored
 

@@ -190,7 +190,7 @@ def run_codec_fidelity(args, engine, options) -> int:
     print(
         f"records {options.start}..{options.start + options.n - 1} of {options.dataset.name}, "
         f"{options.chunks} chunks, model {engine.fingerprint}, device {engine.device}, "
-        f"guard {options.fidelity or engine.config.fidelity}; chunk KV through each codec"
+        f"guard {options.fidelity or engine.config.fidelity.value}; chunk KV through each codec"
     )
     print(format_codec_table(report))
     if args.json:

@@ -37,11 +37,13 @@ from typing import TypedDict
 import torch
 
 from bench.fidelity.fidelity import Record, base_variant_chunks, load_dataset
-from engine.config import EngineConfig
+from engine.config import EngineConfig, Fidelity
+from engine.decoding import read_out
 from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.model.decode import SamplingParams
 from engine.plan import ChunkInput
+from engine.planners import Mode
 from engine.serving.threads import in_own_thread
 
 PASSAGES = [
@@ -110,7 +112,7 @@ def dataset_prompts(
 
 
 def run_round(
-    engine: Engine, prompts: Sequence[Prompt], concurrency: int, max_tokens: int, mode: str
+    engine: Engine, prompts: Sequence[Prompt], concurrency: int, max_tokens: int, mode: Mode
 ) -> Round:
     """`concurrency` requests at once, each on its own thread, request i with prompt i modulo
     their number; see the module docstring."""
@@ -125,15 +127,15 @@ def run_round(
         prefill_start.wait()
         started = time.perf_counter()
         chunks, question = prompts[i % len(prompts)]
-        result = engine.prefill(chunks, question, mode=mode, max_new_tokens=max_tokens)
+        result = engine.prefill(chunks, question, mode, max_new_tokens=max_tokens)
         ttft[i] = time.perf_counter() - started
         decode_start.wait()
         first_step.append(time.perf_counter())
         cpu.append(time.process_time())
-        list(engine.generate(result, SamplingParams(max_new_tokens=max_tokens)))
+        _, decoded = read_out(engine.generate(result, SamplingParams(max_new_tokens=max_tokens)))
         ends.append(time.perf_counter())
         cpu.append(time.process_time())
-        answers[i] = result.generated_ids
+        answers[i] = list(decoded.token_ids)
 
     threads = [threading.Thread(target=request, args=(i,)) for i in range(concurrency)]
     for thread in threads:
@@ -150,7 +152,7 @@ def measure(
     prompts: Sequence[Prompt],
     concurrency: int,
     max_tokens: int,
-    mode: str,
+    mode: Mode,
     rounds: int,
 ) -> Figures:
     """Alternate rounds off / on; return the figures of both and their ratios."""
@@ -235,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     engine_on = Engine.load(
         EngineConfig(
             data_dir=args.data_dir,
-            fidelity="fast",
+            fidelity=Fidelity.FAST,
             max_batch=args.max_batch,
             dtype=args.dtype,
             decode_attention=args.decode_attention,
@@ -256,7 +258,13 @@ def main(argv: list[str] | None = None) -> None:
     tokens = [sum(len(c.token_ids) for c in chunks) for chunks, _ in prompts]
     print(f"{len(prompts)} prompts of {min(tokens)}-{max(tokens)} context tokens")
     figures = measure(
-        engine_on, engine_off, prompts, args.concurrency, args.max_tokens, args.mode, args.rounds
+        engine_on,
+        engine_off,
+        prompts,
+        args.concurrency,
+        args.max_tokens,
+        Mode.named(args.mode),
+        args.rounds,
     )
     for label, f in (("off", figures["off"]), ("on", figures["on"])):
         print(

@@ -31,6 +31,7 @@ from bench.fidelity.metrics import kl_divergence, same_top1
 from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.plan import ChunkInput
+from engine.planners import Mode, reference_mode
 from engine.result import PrefillResult
 from engine.variants.book import VariantBook
 from engine.variants.policy import VariantPolicy
@@ -107,18 +108,19 @@ def _measure_record(
     base = base_variant_chunks(engine, record, options.chunks, index)
     foreign = base_variant_chunks(engine, other, options.swap, 10_000 + index)
     question = record["question"]
-    full = engine.prefill(base, question, mode="full", max_new_tokens=1)
-    blend = engine.prefill(base, question, mode=BLEND, max_new_tokens=1)
+    full = engine.prefill(base, question, reference_mode(), max_new_tokens=1)
+    blend = engine.prefill(base, question, Mode.named(BLEND), max_new_tokens=1)
     rows[-1.0].append(_row(full, blend))
     book = related_book(
         engine, question, base, foreign, options.warmup_orders, options.seed + index
     )
     ids = [c.chunk_id for c in base]
+    craft = Mode.named(CRAFT)
     for alpha in options.alphas:
         config = dataclasses.replace(engine.config, craft_alpha=alpha)
         policy = VariantPolicy(config, engine.loaded.spec.num_layers)
         result = engine.prefill(
-            book.inputs(ids, CRAFT, policy), question, mode=CRAFT, max_new_tokens=1, config=config
+            book.inputs(ids, craft, policy), question, craft, max_new_tokens=1, config=config
         )
         rows[alpha].append(_row(full, result))
 
@@ -149,14 +151,14 @@ def related_book(
     book = VariantBook(engine, policy=VariantPolicy(config, engine.loaded.spec.num_layers))
     for chunk in [*base, *foreign]:
         book.add(chunk.chunk_id, computed_kv(chunk))
-    rng = random.Random(seed)
+    rng, craft = random.Random(seed), Mode.named(CRAFT)
     for _ in range(orders):
         kept = rng.sample(base, len(base) - len(foreign))
         chunks = kept + list(foreign)
         rng.shuffle(chunks)
         ids = [c.chunk_id for c in chunks]
-        inputs = book.inputs(ids, CRAFT)
-        book.record(engine.prefill(inputs, question, mode=CRAFT, max_new_tokens=1), inputs)
+        inputs = book.inputs(ids, craft)
+        book.record(engine.prefill(inputs, question, craft, max_new_tokens=1), inputs)
     return book
 
 

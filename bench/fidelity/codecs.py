@@ -30,10 +30,13 @@ from app.store.entry import entry_from_chunk, roundtrip
 from app.store.quant import get_codec
 from bench.fidelity.fidelity import REFERENCE, DatasetSlice, base_variant_chunks
 from bench.fidelity.metrics import forced_logits, kl_divergence, same_top1, teacher_forced
+from engine.config import Fidelity
+from engine.decoding import read_out
 from engine.engine import Engine
 from engine.kv import ChunkKV
 from engine.model.decode import SamplingParams
 from engine.plan import ChunkInput
+from engine.planners import Mode, reference_mode
 from engine.result import PrefillResult
 
 
@@ -124,7 +127,7 @@ def run_codec_fidelity(engine: Engine, options: CodecOptions, progress: bool = T
     ):
         base = base_variant_chunks(engine, record, options.chunks, options.start + offset)
         question = record["question"]
-        reference = engine.prefill(base, question, mode=REFERENCE, max_new_tokens=answer_length)
+        reference = engine.prefill(base, question, reference_mode(), max_new_tokens=answer_length)
         full = reference.logits.clone()
         answer, full_forced = _full_answer(engine, reference, answer_length)
         kvs = [_base_kv(c) for c in base]
@@ -136,10 +139,10 @@ def run_codec_fidelity(engine: Engine, options: CodecOptions, progress: bool = T
                 result = engine.prefill(
                     inputs,
                     question,
-                    mode=mode,
+                    Mode.named(mode),
+                    Fidelity.named(options.fidelity) if options.fidelity else None,
                     ratio=options.ratio,
                     max_new_tokens=answer_length,
-                    fidelity=options.fidelity,
                 )
                 row = rows[codec, mode]
                 row.kl.append(kl_divergence(full, result.logits))
@@ -147,7 +150,7 @@ def run_codec_fidelity(engine: Engine, options: CodecOptions, progress: bool = T
                 forced = teacher_forced(engine, result, answer, full_forced)
                 row.answer_top1.append(forced.top1_share)
                 row.answer_kl.append(forced.mean_kl)
-                row.escalated.append(result.guard is not None and result.guard.escalated)
+                row.escalated.append(result.guard.escalated)
         if progress:  # running figures, so a run cut short still says something
             tqdm.write(
                 f"after {offset + 1} records: "
@@ -167,9 +170,8 @@ def _full_answer(
     engine: Engine, reference: PrefillResult, length: int
 ) -> tuple[list[int], torch.Tensor]:
     """full's greedy answer (ids) and its logits predicting each of them [len(ids), vocab]."""
-    for _ in engine.generate(reference, SamplingParams(max_new_tokens=length)):
-        pass  # the ids collect in reference.generated_ids
-    ids = list(reference.generated_ids)
+    _, decoded = read_out(engine.generate(reference, SamplingParams(max_new_tokens=length)))
+    ids = list(decoded.token_ids)
     return ids, forced_logits(engine, reference, ids)
 
 

@@ -47,19 +47,20 @@ from bench.fidelity.metrics import (
     same_top1,
     teacher_forced,
 )
-from engine.config import EngineConfig
+from engine.config import EngineConfig, Fidelity
+from engine.decoding import read_out
 from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.kv import ChunkId, ChunkKV
 from engine.model.decode import SamplingParams
 from engine.plan import ChunkInput
-from engine.planners import planner_class, reference_mode
+from engine.planners import Mode, reference_mode
 from engine.planners.base import VariantYield
 from engine.result import PrefillResult
 from engine.variants.book import VariantBook
 from engine.variants.policy import VariantPolicy
 
-REFERENCE = reference_mode()  # every row is measured against it
+REFERENCE = reference_mode().name  # the row every other row is measured against
 FLOOR = "floor"  # the row of full prefill in another chunk order against full in the first
 CRAFT = "cachecraft"  # the mode whose α `kvmosaic calibrate` fits
 WARM = "+warm"
@@ -340,20 +341,21 @@ def row_labels(options: FidelityOptions) -> tuple[str, ...]:
     warm = tuple(
         f"{m}{WARM}{options.warmup_orders}"
         for m in modes
-        if options.warmup_orders > 0 and planner_class(mode_of(m)).leaves is not VariantYield.NONE
+        if options.warmup_orders > 0 and mode_of(m).leaves is not VariantYield.NONE
     )
     return modes + warm
 
 
-def mode_of(label: str) -> str:
+def mode_of(label: str) -> Mode:
     """The mode of a row label such as `cachecraft@fast[guard_margin=0.5]+warm3`."""
-    return _head(label).split(AT)[0]
+    return Mode.named(_head(label).split(AT)[0])
 
 
-def fidelity_of(label: str, options: FidelityOptions) -> str | None:
+def fidelity_of(label: str, options: FidelityOptions) -> Fidelity | None:
     """The guard level of a row label (`mode@fast`), else the options' (None: the engine's)."""
     head = _head(label)
-    return head.split(AT)[1] if AT in head else options.fidelity
+    name = head.split(AT)[1] if AT in head else options.fidelity
+    return Fidelity.named(name) if name is not None else None
 
 
 def _head(label: str) -> str:
@@ -439,12 +441,14 @@ def warmed_book(
     base: list[ChunkInput],
     orders: int,
     seed: int,
-    mode: str = CRAFT,
+    mode: Mode | None = None,
     policy: VariantPolicy | None = None,
 ) -> tuple[VariantBook, float]:
     """A book holding the base variants plus what `orders` untimed `mode` requests in other
     orders of the same chunks left (through the book's policy); and what those requests and
-    builds cost, in full prefills of the chunks in their own order (0 without warm-up)."""
+    builds cost, in full prefills of the chunks in their own order (0 without warm-up).
+    `mode` None: `CRAFT`'s."""
+    mode = Mode.named(CRAFT) if mode is None else mode
     book = VariantBook(engine, policy=policy)
     for chunk in base:
         book.add(chunk.chunk_id, computed_kv(chunk))
@@ -454,11 +458,11 @@ def warmed_book(
     work = 0.0
     for order in other_orders([c.chunk_id for c in base], orders, seed):
         inputs = book.inputs(order, mode)
-        result = engine.prefill(inputs, question, mode=mode, max_new_tokens=1)
+        result = engine.prefill(inputs, question, mode, max_new_tokens=1)
         work += flops.prefill(result.layers_computed)
         book.record(result, inputs)
     work += sum(flops.prefill(layers) for layers in book.build_work)
-    full = engine.prefill(base, question, mode=REFERENCE, max_new_tokens=1)
+    full = engine.prefill(base, question, reference_mode(), max_new_tokens=1)
     return book, work / max(flops.prefill(full.layers_computed), 1.0)
 
 
@@ -542,13 +546,14 @@ def _run_record(
         )
         logits = result.logits.clone()
         work = flops.prefill(result.layers_computed)
-        answer = "".join(engine.generate(result, params)).strip()
-        repair = result.repair_layers
+        answer, decoded = read_out(engine.generate(result, params))
+        answer = answer.strip()
+        repair = decoded.repair
         work_all = work + (
-            flops.prefill(repair) if repair is not None else 0.0
+            flops.prefill(repair.layers_computed) if repair is not None else 0.0
         )  # the guard's repair is charged
         if reference is None:
-            ids = list(result.generated_ids)
+            ids = list(decoded.token_ids)
             reference = Reference(
                 result, result.ttft_s, work, logits, answer, ids, forced_logits(engine, result, ids)
             )
@@ -566,8 +571,8 @@ def _run_record(
             warmup_cost=warmup_cost,
             answer_top1=forced.top1_share,
             answer_kl=forced.mean_kl,
-            escalated=bool(result.guard is not None and result.guard.escalated),
-            repaired=result.repaired,
+            escalated=result.guard.escalated,
+            repaired=decoded.repaired,
             work_share=work_all / max(reference.work, 1.0),
             identical=answer == reference.answer,
             score=score_answer(answer, record.get("answers", [])),

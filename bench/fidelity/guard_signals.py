@@ -36,9 +36,10 @@ from tqdm import tqdm
 
 from bench.fidelity.fidelity import DatasetSlice, Record, record_chunk_id
 from bench.fidelity.metrics import kl_divergence
-from engine.config import EngineConfig
+from engine.config import EngineConfig, Fidelity
 from engine.engine import Engine
 from engine.plan import ChunkInput
+from engine.planners import Mode, reference_mode
 from engine.serving.guard import first_token_margin
 
 SIGNALS = ("margin", "entropy", "top_prob")
@@ -135,8 +136,10 @@ def measure(engine: Engine, options: SignalOptions, progress: bool = True) -> li
     ):
         index = options.start + offset
         chunks = record_chunks(engine, record, options, index)
-        reference = engine.prefill(chunks, record["question"], mode="full", fidelity="exact")
-        blended = engine.prefill(chunks, record["question"], mode=options.mode, fidelity="fast")
+        reference = engine.prefill(chunks, record["question"], reference_mode(), Fidelity.EXACT)
+        blended = engine.prefill(
+            chunks, record["question"], Mode.named(options.mode), Fidelity.FAST
+        )
         assert (
             reference.logits is not None and blended.logits is not None
         )  # prefill keeps the logits

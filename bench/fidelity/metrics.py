@@ -124,12 +124,12 @@ def guarded_logits(
     result: PrefillResult, logits: torch.Tensor, reference_logits: torch.Tensor
 ) -> torch.Tensor:
     """The forced `logits` as the fidelity guard would leave them: from the first position
-    where the result's answer check fires (engine.serving.guard.AnswerCheck) on the mode's own
+    where the result's answer watch fires (engine.serving.guard.AnswerWatch) on the mode's own
     logits, decoding goes on from the reference state, so those rows are the reference's
     (its repair is a reference prefill of the same prompt and answer tokens)."""
-    if result.answer_check is None or reference_logits.shape != logits.shape:
+    if result.watch is None or reference_logits.shape != logits.shape:
         return logits
-    fired = first_repair([first_token_margin(row) for row in logits], result.answer_check)
+    fired = first_repair([first_token_margin(row) for row in logits], result.watch)
     if fired is None:
         return logits
     return torch.cat([logits[:fired], reference_logits[fired:].to(logits.dtype)])
@@ -140,7 +140,7 @@ def forced_logits(engine: Engine, result: PrefillResult, ids: Sequence[int]) -> 
 
     Row 0 is the prefill's first-token logits; rows 1.. come from one pass of ids[:-1] at
     positions prompt_len.. through every layer, attending to the cache the mode's prefill
-    produced (`prefill_cache` after a guard repair, else `cache`; written in place: those
+    produced (`result.cache`, which a guard repair leaves as it was; written in place: those
     rows of the cache are the teacher's tokens afterwards). The pass runs on the engine's
     compute thread (`Engine.compute`), like the requests' own work.
     """
@@ -149,7 +149,7 @@ def forced_logits(engine: Engine, result: PrefillResult, ids: Sequence[int]) -> 
 
 def _forced_logits(engine: Engine, result: PrefillResult, ids: Sequence[int]) -> torch.Tensor:
     stack, start = engine.stack, result.layout.total_len
-    cache = result.prefill_cache if result.prefill_cache is not None else result.cache
+    cache = result.cache
     fed = list(ids)[:-1]
     if start + len(fed) > cache.capacity:
         raise ValueError(f"{len(fed)} forced tokens do not fit in a cache of {cache.capacity} rows")

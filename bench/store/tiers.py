@@ -28,6 +28,7 @@ import torch
 from app.store import EntryMeta, KVEntry, StoreConfig, TierUnavailable, create_tier
 from app.store.lazy import hidden_share
 from app.store.quant import get_codec
+from engine.planners import Mode
 
 SHAPES = {"chunk-512": (30, 2, 3, 512, 64), "10MiB": (20, 2, 2, 1024, 64)}
 QUESTION = "Which of these passages mentions a date, and what happened then?"
@@ -303,7 +304,7 @@ def run_overlap(engine, options: StoreBenchOptions, work_dir: Path) -> OverlapRe
             )
             for r in refs
         ]
-        engine.prefill(in_memory, QUESTION, mode="cacheblend")  # warm-up
+        engine.prefill(in_memory, QUESTION, Mode.named("cacheblend"))  # warm-up
         samples = [
             _overlap_sample(engine, cache, refs, in_memory, config.disk_dir)
             for _ in range(options.blend_repeats)
@@ -328,12 +329,12 @@ def _overlap_sample(engine, cache, refs, in_memory, disk_dir: Path) -> dict:
     evict_page_cache(disk_dir)
     started = time.perf_counter()
     with cache.loader.load(refs) as loaded:
-        engine.prefill(loaded.inputs, QUESTION, mode="cacheblend")
+        engine.prefill(loaded.inputs, QUESTION, Mode.named("cacheblend"))
         ttft_cold = time.perf_counter() - started
         stats = loaded.load_stats()
         if loaded.computed:
             raise RuntimeError(f"chunks {loaded.computed} were recomputed, not loaded")
-    ttft_memory = engine.prefill(in_memory, QUESTION, mode="cacheblend").ttft_s
+    ttft_memory = engine.prefill(in_memory, QUESTION, Mode.named("cacheblend")).ttft_s
     return {
         "load_s": stats.load_s,
         "wait_s": stats.wait_s,

@@ -194,24 +194,24 @@ def _digest(engine, fidelity: Fidelity) -> Callable[[Outcome, object], RequestFa
 
 
 def _facts(outcome: Outcome, answer) -> RequestFacts:
-    result = answer.result
+    result, decoded = answer.result, answer.decoded
     first = outcome.first_piece or outcome.finished
     return RequestFacts(
         outcome.index,
         tuple(r.chunk.id for r in answer.retrieved),
         answer.text,
-        len(result.generated_ids),
+        len(decoded.token_ids),
         result.logits.detach().float().cpu().clone(),
         first - outcome.submitted,
         answer.stages.get("load", 0.0) + answer.stages.get("prefill", 0.0),
         outcome.finished - outcome.submitted,
         result.recompute_share,
         sum(label.startswith("base (computed") for label in answer.variants),
-        tuple(result.generated_ids),
-        bool(result.guard is not None and result.guard.escalated),
-        result.repaired,
-        result.guard.margin if result.guard is not None else None,
-        skipped_blend=bool(result.guard is not None and result.guard.skipped_blend),
+        decoded.token_ids,
+        result.guard.escalated,
+        decoded.repaired,
+        result.guard.margin,
+        skipped_blend=result.guard.skipped_blend,
         decoding=(outcome.first_piece, outcome.last_piece)
         if outcome.first_piece is not None and outcome.last_piece is not None
         else None,

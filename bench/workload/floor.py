@@ -28,7 +28,10 @@ from bench.fidelity.metrics import teacher_forced
 from bench.workload.cell import RequestFacts
 from bench.workload.summary import Fidelity, pair_fidelity
 from bench.workload.trace import TraceRequest
+from engine.config import Fidelity as GuardLevel
+from engine.decoding import read_out
 from engine.model.decode import SamplingParams
+from engine.planners import reference_mode
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ def measure_floor(
         )
         if tuple(h.chunk.id for h in hits) != ref.chunk_ids:
             continue  # the index answered differently: not the same request
-        chunks = services.chunk_cache.load(hits, "full").inputs
+        chunks = services.chunk_cache.load(hits, reference_mode()).inputs
         pairs.append((ref, _reordered_full(engine, chunks, request.question, ref, max_tokens, rng)))
     return pair_fidelity(pairs)
 
@@ -80,12 +83,13 @@ def _reordered_full(
     result = engine.prefill(
         [chunks[i] for i in order],
         question,
-        mode="full",
+        reference_mode(),
+        GuardLevel.EXACT,
         max_new_tokens=max_tokens,
-        fidelity="exact",
     )
     logits = result.logits.detach().float().cpu().clone()
-    text = "".join(engine.generate(result, SamplingParams(max_new_tokens=max_tokens))).strip()
+    text, decoded = read_out(engine.generate(result, SamplingParams(max_new_tokens=max_tokens)))
+    text = text.strip()
     answer = (
         teacher_forced(engine, result, ref.generated_ids, ref.forced)
         if ref.forced is not None
@@ -95,14 +99,14 @@ def _reordered_full(
         ref.index,
         tuple(chunks[i].chunk_id for i in order),
         text,
-        len(result.generated_ids),
+        len(decoded.token_ids),
         logits,
         0.0,
         0.0,
         0.0,
         1.0,
         0,
-        tuple(result.generated_ids),
+        decoded.token_ids,
         answer=answer,
     )
 

@@ -27,6 +27,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from bench.workload.corpus import Corpus
+from engine.config import Fidelity
+from engine.planners import reference_mode
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,7 @@ def _full_prefill(corpus: Corpus, options: IngestOptions, open_services, say) ->
         for _ in range(options.prefill_repeats + 1):  # the first run warms up and is not counted
             started = time.perf_counter()
             result = engine.prefill(
-                inputs, question, mode="full", max_new_tokens=1, fidelity="exact"
+                inputs, question, reference_mode(), Fidelity.EXACT, max_new_tokens=1
             )
             times.append(time.perf_counter() - started)
             tokens = result.layout.total_len

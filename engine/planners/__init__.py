@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from engine.planners.registry import (
     PLANNERS,
+    Mode,
     create_planner,
+    exact_reuse_mode,
     exact_reuse_planner,
     planner_class,
     planner_names,
@@ -19,7 +21,9 @@ from engine.planners.registry import (
 
 __all__ = [
     "PLANNERS",
+    "Mode",
     "create_planner",
+    "exact_reuse_mode",
     "exact_reuse_planner",
     "planner_class",
     "planner_names",

@@ -56,6 +56,12 @@ class BasePlanner(ABC):
     def __init__(self, config: EngineConfig):
         self.config = config
 
+    @classmethod
+    def blends(cls) -> bool:
+        """Its plan reuses cached chunks in contexts they were not computed in and fixes them
+        inexactly: what the fidelity guard judges."""
+        return cls.reuses_cache and not (cls.exact or cls.exact_reuse)
+
     @abstractmethod
     def plan(self, request: PlanRequest) -> Plan:
         """Return the plan; must not modify the request."""

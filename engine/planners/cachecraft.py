@@ -113,7 +113,7 @@ def exact_tail_start(request: PlanRequest) -> int | None:
     """The first chunk of an exact tail (see the module docstring), or None: not `balanced`,
     no leading exact chunk, every chunk exact already, or a tail over `craft_exact_tail`."""
     share = request.config.craft_exact_tail
-    if request.fidelity != "balanced" or share <= 0 or not request.chunks:
+    if not request.fidelity.guards or share <= 0 or not request.chunks:
         return None
     lead = 0
     for i, chunk in enumerate(request.chunks):

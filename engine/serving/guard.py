@@ -26,13 +26,12 @@ faithful than its mode.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from engine.config import FIDELITIES, EngineConfig
-from engine.errors import InvalidRequest
+from engine.config import EngineConfig, Fidelity
 
 if TYPE_CHECKING:
     from engine.model.runner import RunOutput
@@ -50,7 +49,7 @@ class GuardReport:
     seconds of that second prefill (0 when none), already inside the result's TTFT.
     """
 
-    fidelity: str
+    fidelity: Fidelity
     margin: float | None = None
     threshold: float | None = None
     escalated: bool = False
@@ -74,11 +73,11 @@ class GuardReport:
             return "not judged: the engine was busy, so the context was computed exactly"
         if self.margin is None:
             return (
-                "exact state: nothing to judge"
-                if self.fidelity != "exact"
-                else "exact: full prefill"
+                "exact: full prefill"
+                if self.fidelity.runs_reference
+                else "exact state: nothing to judge"
             )
-        if self.fidelity == "fast" or self.threshold is None:
+        if not self.fidelity.guards or self.threshold is None:
             return f"first-token margin {self.margin:.2f} nats, not judged (fast)"
         side = "inside" if self.margin >= self.threshold else "may leave"
         verdict = "re-ran in full" if self.escalated else "kept"
@@ -103,19 +102,15 @@ class GuardReport:
             return "repaired"
         return "exact" if self.margin is None else "kept"
 
-
-def check_fidelity(fidelity: str | None, config: EngineConfig) -> str:
-    """The request's level (config default when None); InvalidRequest if unknown."""
-    fidelity = config.fidelity if fidelity is None else fidelity
-    if fidelity not in FIDELITIES:
-        raise InvalidRequest(f"unknown fidelity {fidelity!r}; known: {', '.join(FIDELITIES)}")
-    return fidelity
+    def repaired(self, at: int, margin: float, seconds: float) -> GuardReport:
+        """This report with the repair made while decoding (a new record; this one stays)."""
+        return replace(self, repaired_at=at, repair_margin=margin, repair_s=seconds)
 
 
-def default_ratio(fidelity: str, config: EngineConfig) -> float:
+def default_ratio(fidelity: Fidelity, config: EngineConfig) -> float:
     """The recompute ratio of a request that names none: `guard_recompute_ratio` for a
-    `balanced` one (when set), else `recompute_ratio`."""
-    if fidelity == "balanced" and config.guard_recompute_ratio is not None:
+    guarded (`balanced`) one when set, else `recompute_ratio`."""
+    if fidelity.guards and config.guard_recompute_ratio is not None:
         return config.guard_recompute_ratio
     return config.recompute_ratio
 
@@ -150,7 +145,11 @@ class Verdict(NamedTuple):
 
 
 def judge(
-    fidelity: str, config: EngineConfig, planner: BasePlanner, out: RunOutput, exact_state: bool
+    fidelity: Fidelity,
+    config: EngineConfig,
+    planner: BasePlanner,
+    out: RunOutput,
+    exact_state: bool,
 ) -> Verdict:
     """The verdict on `out`, the first attempt of `planner` at level `fidelity`.
 
@@ -160,13 +159,25 @@ def judge(
     first token's margin is measured; `fast` only reports it, `balanced` asks for a re-run when
     `should_escalate`. Raises ValueError for an attempt run without logits.
     """
-    if fidelity == "exact" or planner.exact or exact_state:
+    if fidelity.runs_reference or planner.exact or exact_state:
         return Verdict(GuardReport(fidelity), rerun=False)
     if out.logits is None:
         raise ValueError("the guard judges a prefill by its first token: run it with logits")
     margin = first_token_margin(out.logits)
     report = GuardReport(fidelity, margin, config.guard_margin)
-    return Verdict(report, rerun=fidelity == "balanced" and should_escalate(margin, config))
+    return Verdict(report, rerun=fidelity.guards and should_escalate(margin, config))
+
+
+@dataclass(frozen=True)
+class AnswerWatch:
+    """What the balanced guard watches while a request decodes: answer steps in [1, `window`)
+    whose top-token margin is below `threshold` nats. `start` makes one decode's check."""
+
+    threshold: float
+    window: int
+
+    def start(self) -> AnswerCheck:
+        return AnswerCheck(self.threshold, self.window)
 
 
 class AnswerCheck:
@@ -190,20 +201,20 @@ class AnswerCheck:
         return True
 
 
-def answer_check(report: GuardReport, config: EngineConfig) -> AnswerCheck | None:
-    """The check a decode runs under, or None: only `balanced` requests that decode from an
-    inexact prefill of their mode are watched (the first-token check measured a margin and
-    did not escalate); `exact`, `fast`, escalated and exact-plan prefills are not."""
-    if report.fidelity != "balanced" or report.escalated or report.margin is None:
+def answer_watch(report: GuardReport, config: EngineConfig) -> AnswerWatch | None:
+    """What a decode is watched for, or None: only guarded (`balanced`) requests that decode
+    from an inexact prefill of their mode are watched (the first-token check measured a margin
+    and did not escalate); `exact`, `fast`, escalated and exact-plan prefills are not."""
+    if not report.fidelity.guards or report.escalated or report.margin is None:
         return None
     if config.guard_answer_tokens <= 1:
         return None
-    return AnswerCheck(config.guard_answer_margin, config.guard_answer_tokens)
+    return AnswerWatch(config.guard_answer_margin, config.guard_answer_tokens)
 
 
-def first_repair(margins: list[float], check: AnswerCheck) -> int | None:
-    """Where `check` would fire along an answer whose per-step margins are `margins` (steps 0..),
-    without firing it (teacher-forced figures follow the guard with this)."""
+def first_repair(margins: list[float], check: AnswerWatch) -> int | None:
+    """Where a check of `check` would fire along an answer whose per-step margins are `margins`
+    (steps 0..) (teacher-forced figures follow the guard with this)."""
     return next(
         (
             step

@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.cachecraft.choice import Candidate
+from engine.decoding import Decoded
 from engine.kv import ChunkId, ChunkKV
 from engine.plan import ChunkInput
+from engine.planners import Mode
 from engine.result import PrefillResult
 from engine.variant_stats import VariantStats
 from engine.variants.build import build_variants
@@ -65,7 +67,7 @@ class VariantBook:
         self._variants[chunk_id] = [entries[i] for i in kept]
 
     def inputs(
-        self, chunk_ids: Sequence[ChunkId], mode: str, policy: VariantPolicy | None = None
+        self, chunk_ids: Sequence[ChunkId], mode: Mode, policy: VariantPolicy | None = None
     ) -> list[ChunkInput]:
         """The request's chunk inputs in this order, each with the variant `mode` uses (by the
         book's policy, or `policy`: e.g. the same variants at another α)."""
@@ -86,19 +88,21 @@ class VariantBook:
             inputs[start:] = [ChunkInput(c.chunk_id, c.token_ids) for c in inputs[start:]]
         return inputs
 
-    def record(self, result: PrefillResult, inputs: Sequence[ChunkInput]) -> int:
-        """Count the uses of the request's context variants, then add what it leaves; returns
-        how many variants were added."""
+    def record(
+        self, result: PrefillResult, inputs: Sequence[ChunkInput], decoded: Decoded | None = None
+    ) -> int:
+        """Count the uses of the request's context variants, then add what it leaves (after its
+        decode, `decoded`, when it decoded); returns how many variants were added."""
         self._count_uses(result, inputs)
         contexts = source_contexts(inputs)
         ids = [c.chunk_id for c in inputs]
         added = 0
         if self.policy.harvests(result.mode):
-            for chunk_id, kv in harvest(self.engine, result, inputs):
+            for chunk_id, kv in harvest(self.engine, result, inputs, decoded):
                 self.add(chunk_id, kv, _prior(self.policy, kv))
                 added += 1
         if self.policy.should_build(result.mode, ids):
-            build = build_variants(self.engine, result, contexts, self.policy)
+            build = build_variants(self.engine, result, contexts, self.policy, decoded)
             if build.layers_computed is not None:
                 self.build_work.append(build.layers_computed)
             for draft in build.drafts:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.cachecraft.stats import ChunkStats, measure_context_stats
+from engine.decoding import Decoded
 from engine.kv import ChunkId, ChunkKV
 from engine.result import PrefillResult
 from engine.variant_stats import VariantStats
@@ -70,18 +71,20 @@ def build_variants(
     result: PrefillResult,
     contexts: Sequence[tuple[ChunkId, ...] | None],
     policy: VariantPolicy,
+    decoded: Decoded | None = None,
 ) -> Build:
     """Exact, measured variants of every chunk of `result` that was not exact in its context.
 
-    contexts: per chunk, the context of the cached KV the request started from (None: none).
+    contexts: per chunk, the context of the cached KV the request started from (None: none);
+    decoded: the request's decode record (after a repair every chunk is exact already).
     Empty (and nothing runs) when every chunk was exact already.
     """
-    exact = exact_chunks(result, contexts, engine.loaded.spec.num_layers)
+    exact = exact_chunks(result, contexts, engine.loaded.spec.num_layers, decoded)
     skip = next((i for i, is_exact in enumerate(exact) if not is_exact), len(exact))
     if skip == len(exact):
         return Build([])
     ids = [report.chunk_id for report in result.chunks]
-    leading = [chunk_rows(engine, result, i) for i in range(skip)]
+    leading = [chunk_rows(engine, result, i, decoded) for i in range(skip)]
     layers = [
         layer for layer in engine.config.craft_stats_layers if layer < engine.loaded.spec.num_layers
     ]

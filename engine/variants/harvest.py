@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from engine.decoding import Decoded
 from engine.kv import ChunkId, ChunkKV, exact_context
 from engine.plan import ChunkInput, exact_in_context
 from engine.result import PrefillResult
@@ -31,14 +32,18 @@ def source_contexts(inputs: Sequence[ChunkInput]) -> list[tuple[ChunkId, ...] | 
 
 
 def exact_chunks(
-    result: PrefillResult, contexts: Sequence[tuple[ChunkId, ...] | None], num_layers: int
+    result: PrefillResult,
+    contexts: Sequence[tuple[ChunkId, ...] | None],
+    num_layers: int,
+    decoded: Decoded | None = None,
 ) -> list[bool]:
-    """Per chunk of `result`, whether its rows in `result.cache` are exact in this context.
+    """Per chunk of `result`, whether its rows in the cache its answer was decoded in
+    (`decoded.cache`; the prefill's when `decoded` is None) are exact in this context.
 
     contexts: per chunk, the context of the cached KV the prefill started from (None: none).
-    After a guard repair the cache is the reference prefill's, so every chunk is.
+    After a guard repair that cache is the reference prefill's, so every chunk is.
     """
-    if result.repaired:
+    if decoded is not None and decoded.repaired:
         return [True] * len(result.chunks)
     return exact_in_context(
         [report.chunk_id for report in result.chunks],
@@ -50,29 +55,37 @@ def exact_chunks(
 
 
 def harvest(
-    engine: Engine, result: PrefillResult, inputs: Sequence[ChunkInput]
+    engine: Engine,
+    result: PrefillResult,
+    inputs: Sequence[ChunkInput],
+    decoded: Decoded | None = None,
 ) -> list[tuple[ChunkId, ChunkKV]]:
-    """(chunk id, KV in this context) of every chunk the prefill computed exactly and that did
+    """(chunk id, KV in this context) of every chunk the request computed exactly and that did
     not load an exact variant of this very context already (one read back through a lossy
     codec is returned: the caller may keep a float copy). `inputs`: the request's chunks, as
-    the prefill got them. Copies rows; computes nothing."""
+    the prefill got them; `decoded`: its decode's record (a repair's cache is all exact).
+    Copies rows; computes nothing."""
     ids = [report.chunk_id for report in result.chunks]
     contexts = source_contexts(inputs)
-    exact = exact_chunks(result, contexts, engine.loaded.spec.num_layers)
+    exact = exact_chunks(result, contexts, engine.loaded.spec.num_layers, decoded)
     kept = []
     for i, (is_exact, context) in enumerate(zip(exact, contexts)):
         if not is_exact or (context is not None and context == tuple(ids[:i])):
             continue
-        kept.append((ids[i], chunk_rows(engine, result, i)))
+        kept.append((ids[i], chunk_rows(engine, result, i, decoded)))
     return kept
 
 
-def chunk_rows(engine: Engine, result: PrefillResult, index: int) -> ChunkKV:
-    """Chunk `index` of `result` as a variant of its context (the chunks before it)."""
+def chunk_rows(
+    engine: Engine, result: PrefillResult, index: int, decoded: Decoded | None = None
+) -> ChunkKV:
+    """Chunk `index` of `result` as a variant of its context (the chunks before it), from the
+    cache its answer was decoded in (the prefill's when `decoded` is None)."""
     start, end = result.layout.chunk_spans[index]
+    cache = decoded.cache if decoded is not None else result.cache
     return ChunkKV(
         token_ids=result.layout.chunk_ids[index],
-        kv=result.cache.rows(start, end),
+        kv=cache.rows(start, end),
         base_position=start,
         fingerprint=engine.fingerprint,
         prefix_digest=engine.prompts.prefix_digest,

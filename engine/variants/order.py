@@ -27,14 +27,38 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from itertools import permutations
-from typing import Literal, get_args
 
+from engine.errors import InvalidRequest
 from engine.kv import ChunkId
 from engine.variants.tree import ChunkTree, Path, TreeNode
 
-ChunkOrder = Literal["retrieval", "cache-aware"]
-CHUNK_ORDERS: tuple[str, ...] = get_args(ChunkOrder)
+
+class ChunkOrder(Enum):
+    """The rule that orders a request's chunks (`KVMOSAIC_CHUNK_ORDER`), resolved from its name
+    once where the request enters (`named`); `order` applies it."""
+
+    RETRIEVAL = "retrieval"  # the retriever's order, as vLLM's prefix caching sees it
+    CACHE_AWARE = "cache-aware"  # the longest held path first, the rest by `REST_RULE`
+
+    @classmethod
+    def named(cls, name: str) -> ChunkOrder:
+        """The rule called `name`; InvalidRequest naming the known ones otherwise."""
+        try:
+            return cls(name)
+        except ValueError:
+            known = ", ".join(rule.value for rule in cls)
+            raise InvalidRequest(f"unknown chunk order {name!r}; known: {known}") from None
+
+    def order(self, tree: ChunkTree, retrieved: Sequence[ChunkId]) -> Ordering:
+        """`retrieved` (retrieval order, distinct ids) in this rule's order."""
+        if self is ChunkOrder.CACHE_AWARE:
+            return cache_aware_order(tree, retrieved)
+        return Ordering(tuple(retrieved), tree.exact_prefix(retrieved), self)
+
+
+CHUNK_ORDERS: tuple[str, ...] = tuple(rule.value for rule in ChunkOrder)
 REST_RULE = "retrieval rank"  # where the chunks off the path go (see the module docstring)
 SEARCH_BUDGET = 4096  # tree nodes `best_path` expands at most per request
 
@@ -46,16 +70,7 @@ class Ordering:
 
     order: tuple[ChunkId, ...]
     exact: int
-    rule: str
-
-
-def order_chunks(tree: ChunkTree, retrieved: Sequence[ChunkId], rule: str) -> Ordering:
-    """`retrieved` (retrieval order, distinct ids) in the order `rule` chooses."""
-    if rule == "retrieval":
-        return Ordering(tuple(retrieved), tree.exact_prefix(retrieved), rule)
-    if rule == "cache-aware":
-        return cache_aware_order(tree, retrieved)
-    raise ValueError(f"unknown chunk order {rule!r}; known: {', '.join(CHUNK_ORDERS)}")
+    rule: ChunkOrder
 
 
 def cache_aware_order(
@@ -64,7 +79,9 @@ def cache_aware_order(
     """The longest held path among `retrieved` first (`best_path`), the rest by `REST_RULE`."""
     path = best_path(tree, retrieved, budget)
     on_path = set(path)
-    return Ordering((*path, *(c for c in retrieved if c not in on_path)), len(path), "cache-aware")
+    return Ordering(
+        (*path, *(c for c in retrieved if c not in on_path)), len(path), ChunkOrder.CACHE_AWARE
+    )
 
 
 def greedy_path(tree: ChunkTree, retrieved: Sequence[ChunkId]) -> Path:

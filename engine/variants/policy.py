@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from engine.cachecraft.choice import Candidate, choose_variant
 from engine.config import EngineConfig
 from engine.kv import ChunkId
-from engine.planners import planner_class
+from engine.planners import Mode
 from engine.planners.base import VariantUse, VariantYield
 from engine.planners.cacheblend import blend_schedule
 from engine.variants.traffic import RecentTraffic
@@ -52,18 +52,17 @@ class VariantPolicy:
 
     # -- choosing --------------------------------------------------------------------------------
 
-    def uses_variants(self, mode: str) -> bool:
+    def uses_variants(self, mode: Mode) -> bool:
         """False when the mode plans with base variants only (no catalog lookup needed)."""
-        cls = planner_class(mode)
-        return cls.reuses_cache and cls.variant_use is not VariantUse.BASE
+        return mode.reuses_cache and mode.variant_use is not VariantUse.BASE
 
     def choose(
-        self, mode: str, chunk_ids: Sequence[ChunkId], candidates: Sequence[Sequence[Candidate]]
+        self, mode: Mode, chunk_ids: Sequence[ChunkId], candidates: Sequence[Sequence[Candidate]]
     ) -> list[int | None]:
         """Per chunk, in request order, the index into its candidates to load; None means the
         base variant (stored or not). Records the request in the recent traffic."""
         self.traffic.observe(chunk_ids)
-        use = planner_class(mode).variant_use
+        use = mode.variant_use
         return [
             self._choose_one(use, tuple(chunk_ids[:i]), options)
             for i, options in enumerate(candidates)
@@ -83,18 +82,18 @@ class VariantPolicy:
 
     # -- leaving ---------------------------------------------------------------------------------
 
-    def harvests(self, mode: str) -> bool:
+    def harvests(self, mode: Mode) -> bool:
         """Whether the mode's requests keep the chunk rows they computed exactly."""
-        return planner_class(mode).leaves is not VariantYield.NONE
+        return mode.leaves is not VariantYield.NONE
 
-    def should_build(self, mode: str, chunk_ids: Sequence[ChunkId]) -> bool:
+    def should_build(self, mode: Mode, chunk_ids: Sequence[ChunkId]) -> bool:
         """Whether this finished request's exact variants are worth building in the background:
         the mode builds, builds run in the background (`craft_build`), and the request's chunk set
         recurs (`recurs`)."""
         return self.config.craft_build == "background" and self._builds(mode, chunk_ids)
 
     def compute_from(
-        self, mode: str, chunk_ids: Sequence[ChunkId], contexts: Sequence[tuple[ChunkId, ...]]
+        self, mode: Mode, chunk_ids: Sequence[ChunkId], contexts: Sequence[tuple[ChunkId, ...]]
     ) -> int | None:
         """With inline builds: the first chunk that the request itself should compute exactly,
         every chunk after it too (its harvest then keeps them), when its chunk set recurs and
@@ -106,10 +105,10 @@ class VariantPolicy:
             None,
         )
 
-    def _builds(self, mode: str, chunk_ids: Sequence[ChunkId]) -> bool:
+    def _builds(self, mode: Mode, chunk_ids: Sequence[ChunkId]) -> bool:
         """The mode builds, and its chunk set came up at least `craft_build_after` times before
         in the recent traffic (the request itself was observed when its variants were chosen)."""
-        if planner_class(mode).leaves is not VariantYield.BUILD:
+        if mode.leaves is not VariantYield.BUILD:
             return False
         return self.traffic.seen(chunk_ids) - 1 >= self.config.craft_build_after
 

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 
 from app.retrieve import chunk_token_ids
+from engine.config import Fidelity
+from engine.decoding import read_out
 from engine.model.decode import SamplingParams
 from engine.plan import ChunkInput
-from engine.planners import planner_names
+from engine.planners import Mode, planner_names
 from tests.app.conftest import DOCS
 
 REUSE_MODES = [m for m in planner_names() if m != "full"]
@@ -52,10 +54,16 @@ def engine_answer(services, question: str, chunks: list[dict], max_tokens: int):
     """The engine's own answer to the prompt of these chunks: full prefill, greedy decoding."""
     inputs = [ChunkInput(str(c["chunk_id"]), prompt_ids(services, c)) for c in chunks]
     result = services.engine.prefill(
-        inputs, question, mode="full", max_new_tokens=max_tokens, fidelity="fast"
+        inputs,
+        question,
+        mode=Mode.named("full"),
+        max_new_tokens=max_tokens,
+        fidelity=Fidelity.named("fast"),
     )
-    text = "".join(services.engine.generate(result, SamplingParams(max_new_tokens=max_tokens)))
-    return text, result
+    text, decoded = read_out(
+        services.engine.generate(result, SamplingParams(max_new_tokens=max_tokens))
+    )
+    return text, result, decoded
 
 
 def prompt_len(services, question: str, chunks: list[dict]) -> int:
@@ -130,9 +138,9 @@ def test_every_registered_mode_answers(client, services, mode):
 def test_full_answers_what_the_engine_answers_greedily(client, services):
     question = "When was the mill built?"
     body = ask(client, question=question, mode="full", top_k=2, max_tokens=6)
-    expected, result = engine_answer(services, question, body["chunks"], 6)
+    expected, result, decoded = engine_answer(services, question, body["chunks"], 6)
     assert body["answer"] == expected and expected
-    assert body["usage"]["completion_tokens"] == len(result.generated_ids)
+    assert body["usage"]["completion_tokens"] == len(decoded.token_ids)
     assert body["usage"]["prompt_tokens"] == result.layout.total_len
 
 

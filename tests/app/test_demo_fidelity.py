@@ -22,6 +22,7 @@ import pytest
 from bench.fidelity.accuracy import score_answer
 from bench.fidelity.metrics import rouge_l
 from engine.model.decode import SamplingParams
+from engine.planners import Mode
 from retrieval.sources import load_sources
 from tests.app.conftest import make_settings
 
@@ -86,10 +87,10 @@ def answer(services, question: str, mode: str | None = None):
 
 def reversed_full(services, reply, question: str) -> str:
     """Full prefill of `reply`'s chunks in reverse order, decoded as the server decodes."""
-    loaded = services.chunk_cache.load(list(reversed(reply.retrieved)), "full")
+    loaded = services.chunk_cache.load(list(reversed(reply.retrieved)), Mode.named("full"))
     try:
         result = services.engine.prefill(
-            loaded.inputs, question, mode="full", max_new_tokens=MAX_TOKENS
+            loaded.inputs, question, mode=Mode.named("full"), max_new_tokens=MAX_TOKENS
         )
     finally:
         loaded.release()

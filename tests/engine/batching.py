@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 from engine.model.decode import SamplingParams
-from tests.engine.helpers import QUESTION
+from engine.planners import Mode
+from tests.engine.helpers import QUESTION, answer_ids
 
 QUESTIONS = [QUESTION, "Where does the Danube flow?", "What is green tea?", "How warm is a hive?"]
 BUDGETS = [14, 6, 10, 3]  # requests leave the batch at different steps
 
 
 def prefill(engine, chunks, i, mode):
-    return engine.prefill(chunks[i % 2 :], QUESTIONS[i], mode=mode, max_new_tokens=BUDGETS[i])
+    return engine.prefill(
+        chunks[i % 2 :], QUESTIONS[i], mode=Mode.named(mode), max_new_tokens=BUDGETS[i]
+    )
 
 
 def decode_alone(engine, chunks, mode, params=None):
     tokens = []
     for i in range(len(QUESTIONS)):
         result = prefill(engine, chunks, i, mode)
-        list(engine.generate(result, params or SamplingParams(max_new_tokens=BUDGETS[i])))
-        tokens.append(result.generated_ids)
+        tokens.append(
+            answer_ids(engine, result, params or SamplingParams(max_new_tokens=BUDGETS[i]))
+        )
     return tokens
 
 
@@ -65,4 +69,4 @@ def decode_joined(
         join()
     for i in range(1, len(QUESTIONS)):
         list(streams[i])
-    return [r.generated_ids for r in results]
+    return [list(streams[i].decoded().token_ids) for i in range(len(QUESTIONS))]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.decoding import read_out
 from engine.plan import ChunkInput
 
 PASSAGES = [
@@ -44,3 +45,8 @@ def kl(reference_logits: torch.Tensor, logits: torch.Tensor) -> float:
     p = torch.log_softmax(reference_logits.double(), -1)
     q = torch.log_softmax(logits.double(), -1)
     return float((p.exp() * (p - q)).sum())
+
+
+def answer_ids(engine, result, params=None) -> list[int]:
+    """Decode `result` to its end; the answer's token ids (from the decode's record)."""
+    return list(read_out(engine.generate(result, params))[1].token_ids)

@@ -9,8 +9,11 @@ import pytest
 import torch
 
 from engine import EngineConfig
+from engine.config import Fidelity
+from engine.decoding import read_out
 from engine.engine import Engine
 from engine.model.decode import SamplingParams
+from engine.planners import Mode
 from engine.serving.busy import EXPLORE_EVERY, BusyGate, RepairOdds
 from tests.engine.helpers import QUESTION, chunk_inputs
 
@@ -73,12 +76,14 @@ def test_a_busy_engine_computes_exactly_instead_of_blending(tiny_engine, chunks)
     engine = engine_with(tiny_engine)
     for _ in range(4):
         engine.busy.odds.record(True)
-    full = tiny_engine.prefill(chunks, QUESTION, mode="full", max_new_tokens=TOKENS)
+    full = tiny_engine.prefill(chunks, QUESTION, mode=Mode.named("full"), max_new_tokens=TOKENS)
     with engine.busy.in_flight():  # another request's prefill is in flight
-        result = engine.prefill(chunks, QUESTION, mode="cacheblend", max_new_tokens=TOKENS)
+        result = engine.prefill(
+            chunks, QUESTION, mode=Mode.named("cacheblend"), max_new_tokens=TOKENS
+        )
     guard = result.guard
     assert guard.skipped_blend and not guard.escalated and guard.margin is None
-    assert result.answer_check is None and engine.busy.skipped == 1 and guard.outcome == "skipped"
+    assert result.watch is None and engine.busy.skipped == 1 and guard.outcome == "skipped"
     n = full.layout.total_len
     assert torch.allclose(result.logits, full.logits, atol=1e-4)
     assert torch.allclose(result.cache.data[:, :, :, :n], full.cache.data[:, :, :, :n], atol=1e-4)
@@ -94,13 +99,15 @@ def test_a_request_decoding_in_the_batch_makes_the_engine_busy(tiny_engine, chun
     try:
         for _ in range(4):
             engine.busy.odds.record(True)
-        first = engine.prefill(chunks, QUESTION, mode="cacheblend", max_new_tokens=64)
+        first = engine.prefill(chunks, QUESTION, mode=Mode.named("cacheblend"), max_new_tokens=64)
         assert not first.guard.skipped_blend  # nothing else was being served
         stream = engine.generate(first, SamplingParams(max_new_tokens=64))
         next(iter(stream))  # it decodes in the batch now
-        second = engine.prefill(chunks, QUESTION, mode="cacheblend", max_new_tokens=TOKENS)
+        second = engine.prefill(
+            chunks, QUESTION, mode=Mode.named("cacheblend"), max_new_tokens=TOKENS
+        )
         stream.close()
-        assert second.guard.skipped_blend and second.answer_check is None
+        assert second.guard.skipped_blend and second.watch is None
     finally:
         engine.close()
 
@@ -110,7 +117,7 @@ def test_a_request_served_from_exact_variants_has_no_blend_to_skip(tiny_engine, 
 
     from engine.variants.harvest import chunk_rows
 
-    full = tiny_engine.prefill(chunks, QUESTION, mode="full")
+    full = tiny_engine.prefill(chunks, QUESTION, mode=Mode.named("full"))
     exact = [chunks[0]] + [
         dataclasses.replace(c, kv=chunk_rows(tiny_engine, full, i))
         for i, c in enumerate(chunks)
@@ -120,7 +127,7 @@ def test_a_request_served_from_exact_variants_has_no_blend_to_skip(tiny_engine, 
     for _ in range(4):
         engine.busy.odds.record(True)
     with engine.busy.in_flight():
-        result = engine.prefill(exact, QUESTION, mode="cachecraft")
+        result = engine.prefill(exact, QUESTION, mode=Mode.named("cachecraft"))
     assert (
         not result.guard.skipped_blend
         and result.guard.outcome == "exact"
@@ -134,7 +141,9 @@ def test_only_balanced_requests_skip(tiny_engine, chunks, fidelity):
     for _ in range(4):
         engine.busy.odds.record(True)
     with engine.busy.in_flight():
-        result = engine.prefill(chunks, QUESTION, mode="cacheblend", fidelity=fidelity)
+        result = engine.prefill(
+            chunks, QUESTION, mode=Mode.named("cacheblend"), fidelity=Fidelity.named(fidelity)
+        )
     assert not result.guard.skipped_blend and engine.busy.skipped == 0
 
 
@@ -142,12 +151,12 @@ def test_an_idle_engine_or_good_odds_keep_the_blend(tiny_engine, chunks):
     engine = engine_with(tiny_engine)
     for _ in range(4):
         engine.busy.odds.record(True)
-    idle = engine.prefill(chunks, QUESTION, mode="cacheblend")
+    idle = engine.prefill(chunks, QUESTION, mode=Mode.named("cacheblend"))
     assert not idle.guard.skipped_blend and idle.guard.margin is not None
     for _ in range(20):
         engine.busy.odds.record(False)
     with engine.busy.in_flight():
-        busy = engine.prefill(chunks, QUESTION, mode="cacheblend")
+        busy = engine.prefill(chunks, QUESTION, mode=Mode.named("cacheblend"))
     assert not busy.guard.skipped_blend and torch.equal(busy.logits, idle.logits)
 
 
@@ -155,28 +164,38 @@ def test_the_odds_learn_from_reruns_and_repairs_only(tiny_engine, chunks):
     params = SamplingParams(max_new_tokens=TOKENS)
     rerun = engine_with(tiny_engine, guard_margin=1e9)
     # known at once
-    assert rerun.prefill(chunks, QUESTION, mode="cacheblend").guard.outcome == "rerun"
+    assert rerun.prefill(chunks, QUESTION, mode=Mode.named("cacheblend")).guard.outcome == "rerun"
     assert rerun.busy.odds.count == 1 and rerun.busy.odds.share == pytest.approx(2 / 3)
     repaired = engine_with(tiny_engine, guard_answer_margin=1e9)
-    result = repaired.prefill(chunks, QUESTION, mode="cacheblend", max_new_tokens=TOKENS)
+    result = repaired.prefill(
+        chunks, QUESTION, mode=Mode.named("cacheblend"), max_new_tokens=TOKENS
+    )
     assert repaired.busy.odds.count == 0  # known only once the decode ends
-    "".join(repaired.generate(result, params))
-    assert result.guard.repaired_at is not None and repaired.busy.odds.share == pytest.approx(2 / 3)
-    assert result.guard.outcome == "repaired"
+    _, decoded = read_out(repaired.generate(result, params))
+    assert decoded.guard.repaired_at is not None and repaired.busy.odds.share == pytest.approx(
+        2 / 3
+    )
+    assert decoded.guard.outcome == "repaired" and result.guard.outcome == "kept"
     kept = engine_with(tiny_engine, guard_answer_margin=0.0)
-    result = kept.prefill(chunks, QUESTION, mode="cacheblend", max_new_tokens=TOKENS)
-    "".join(kept.generate(result, params))
+    result = kept.prefill(chunks, QUESTION, mode=Mode.named("cacheblend"), max_new_tokens=TOKENS)
+    _, decoded = read_out(kept.generate(result, params))
     assert kept.busy.odds.count == 1 and kept.busy.odds.share == pytest.approx(1 / 3)
-    assert result.guard.outcome == "kept"
+    assert decoded.guard.outcome == "kept"
     for fidelity, mode in (("fast", "cacheblend"), ("balanced", "full")):
-        result = kept.prefill(chunks, QUESTION, mode=mode, fidelity=fidelity, max_new_tokens=TOKENS)
+        result = kept.prefill(
+            chunks,
+            QUESTION,
+            mode=Mode.named(mode),
+            fidelity=Fidelity.named(fidelity),
+            max_new_tokens=TOKENS,
+        )
         "".join(kept.generate(result, params))
     assert kept.busy.odds.count == 1
 
 
 def test_a_cancelled_decode_teaches_nothing(tiny_engine, chunks):
     engine = engine_with(tiny_engine, guard_answer_margin=0.0)
-    result = engine.prefill(chunks, QUESTION, mode="cacheblend", max_new_tokens=TOKENS)
+    result = engine.prefill(chunks, QUESTION, mode=Mode.named("cacheblend"), max_new_tokens=TOKENS)
     stream = engine.generate(result, SamplingParams(max_new_tokens=TOKENS))
     next(iter(stream))
     stream.close()

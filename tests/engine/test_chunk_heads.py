@@ -8,8 +8,9 @@ import dataclasses
 import pytest
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, Fidelity
 from engine.plan import ChunkInput, PlanRequest
+from engine.planners import Mode
 from tests.engine.helpers import QUESTION, chunk_inputs
 
 
@@ -22,6 +23,7 @@ def _request(engine, chunks, config=None) -> PlanRequest:
         0.15,
         config or engine.config,
         engine.loaded.spec.num_layers,
+        (config or engine.config).fidelity,
     )
 
 
@@ -62,13 +64,23 @@ def test_blending_modes_recompute_every_head_row_through_every_layer(tiny_engine
     layers = tiny_engine.loaded.spec.num_layers
     config = dataclasses.replace(tiny_engine.config, blend_head_tokens=2, focus_layer=None)
     result = tiny_engine.prefill(
-        chunks, QUESTION, mode=mode, ratio=0.5, fidelity="fast", config=config
+        chunks,
+        QUESTION,
+        mode=Mode.named(mode),
+        ratio=0.5,
+        fidelity=Fidelity.named("fast"),
+        config=config,
     )
     heads = _request(tiny_engine, chunks, config).chunk_heads(2)
     assert bool((result.layers_computed[heads] == layers).all())
     none = dataclasses.replace(config, blend_head_tokens=0)
     plain = tiny_engine.prefill(
-        chunks, QUESTION, mode=mode, ratio=0.5, fidelity="fast", config=none
+        chunks,
+        QUESTION,
+        mode=Mode.named(mode),
+        ratio=0.5,
+        fidelity=Fidelity.named("fast"),
+        config=none,
     )
     assert int(plain.layers_computed.sum()) == int(result.layers_computed.sum())  # the same budget
 
@@ -78,6 +90,8 @@ def test_ratio_zero_keeps_no_head_rows(tiny_engine):
     config = EngineConfig(
         data_dir=tiny_engine.config.data_dir, blend_head_tokens=4, fidelity="fast"
     )
-    result = tiny_engine.prefill(chunks, QUESTION, mode="cacheblend", ratio=0.0, config=config)
+    result = tiny_engine.prefill(
+        chunks, QUESTION, mode=Mode.named("cacheblend"), ratio=0.0, config=config
+    )
     heads = _request(tiny_engine, chunks, config).chunk_heads(4)
     assert bool((result.layers_computed[heads] < tiny_engine.loaded.spec.num_layers).all())

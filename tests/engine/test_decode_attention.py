@@ -20,6 +20,7 @@ from engine.model.decode_attention import (
     step_attention,
 )
 from engine.model.layers import DecoderStack
+from engine.planners import Mode
 from engine.serving.threads import in_own_thread, use_threads
 from tests.engine.helpers import QUESTION, chunk_inputs
 
@@ -207,7 +208,8 @@ def test_decode_steps_of_the_tiny_model_agree_on_both_attentions(tiny_engine, ti
     to rounding, the same greedy tokens, step after step."""
     chunks = chunk_inputs(tiny_engine)
     prefilled = [
-        tiny_engine.prefill(chunks[i:], QUESTION, mode="full", max_new_tokens=8) for i in range(3)
+        tiny_engine.prefill(chunks[i:], QUESTION, mode=Mode.named("full"), max_new_tokens=8)
+        for i in range(3)
     ]
     stacks = {kind: DecoderStack(tiny_loaded, kind) for kind in ("native", "torch")}
     runs = {}

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine.model.decode import decode_batch, decode_step
+from engine.planners import Mode
 from tests.engine.helpers import QUESTION, chunk_inputs
 
 QUESTIONS = [
@@ -27,7 +28,9 @@ def prefilled(tiny_engine):
     results = []
     for i, question in enumerate(QUESTIONS):
         mode = ("full", "naive", "cacheblend")[i % 3]
-        result = tiny_engine.prefill(chunks[i % 2 :], question, mode=mode, max_new_tokens=8)
+        result = tiny_engine.prefill(
+            chunks[i % 2 :], question, mode=Mode.named(mode), max_new_tokens=8
+        )
         results.append((result.cache, int(result.logits.argmax())))
     return results
 

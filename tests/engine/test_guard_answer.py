@@ -3,13 +3,19 @@ fires the rest of the answer comes from the exact state; where it does not, noth
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pytest
 import torch
 
 from bench.fidelity.metrics import forced_logits, guarded_logits, teacher_forced
 from engine import EngineConfig
+from engine.config import Fidelity
+from engine.decoding import Decoded, read_out
 from engine.engine import Engine
 from engine.model.decode import SamplingParams
+from engine.planners import Mode
+from engine.result import PrefillResult
 from engine.serving.guard import AnswerCheck, first_repair, first_token_margin
 from tests.engine.helpers import QUESTION, chunk_inputs
 
@@ -30,18 +36,28 @@ def engine_with(tiny_engine, batching: bool = False, **overrides) -> Engine:
     )
 
 
+class Answered(NamedTuple):
+    """A request's prefill and the record of its decode."""
+
+    result: PrefillResult
+    decoded: Decoded
+
+
 def answer(
     engine: Engine,
     chunks,
     mode: str = "cacheblend",
     fidelity: str | None = None,
     params: SamplingParams = SamplingParams(max_new_tokens=TOKENS),
-):
+) -> Answered:
     result = engine.prefill(
-        chunks, QUESTION, mode=mode, max_new_tokens=params.max_new_tokens, fidelity=fidelity
+        chunks,
+        QUESTION,
+        mode=Mode.named(mode),
+        max_new_tokens=params.max_new_tokens,
+        fidelity=Fidelity.named(fidelity) if fidelity else None,
     )
-    "".join(engine.generate(result, params))
-    return result
+    return Answered(result, read_out(engine.generate(result, params))[1])
 
 
 def test_the_check_fires_at_the_first_low_margin_inside_its_window():
@@ -61,25 +77,28 @@ def test_the_check_fires_at_the_first_low_margin_inside_its_window():
 def test_a_fired_check_goes_on_from_the_exact_state(tiny_engine, chunks, batching):
     engine = engine_with(tiny_engine, batching=batching, guard_answer_margin=1e9)
     try:
-        result = answer(engine, chunks)
+        result, decoded = answer(engine, chunks)
     finally:
         engine.close()
-    guard = result.guard
+    guard = decoded.guard
     assert guard.repaired_at == 1 and guard.repair_s > 0 and guard.repair_margin < 1e9
-    ids = result.generated_ids
+    assert result.guard.repaired_at is None  # the prefill's own record is never changed
+    ids = list(decoded.token_ids)
     assert len(ids) >= 2  # the tiny model's EOS never wins a greedy pick here
     # the cache decoding went on from is full's prefill of the prompt plus the first answer token
-    full = tiny_engine.prefill(chunks, QUESTION + "", mode="full", max_new_tokens=TOKENS)
+    full = tiny_engine.prefill(
+        chunks, QUESTION + "", mode=Mode.named("full"), max_new_tokens=TOKENS
+    )
     n = full.layout.total_len
-    assert torch.allclose(result.cache.data[:, :, :, :n], full.cache.data[:, :, :, :n], atol=1e-4)
-    assert result.prefill_cache is not None
+    assert torch.allclose(decoded.cache.data[:, :, :, :n], full.cache.data[:, :, :, :n], atol=1e-4)
+    assert decoded.repair is not None and decoded.cache is decoded.repair.cache
     assert not torch.allclose(
-        result.prefill_cache.data[:, :, :, :n], full.cache.data[:, :, :, :n], atol=1e-4
+        result.cache.data[:, :, :, :n], full.cache.data[:, :, :, :n], atol=1e-4
     )
     # the repair reused the exact rows (system prefix, first chunk: its base variant is exact
     # there) and computed every later row, the first answer token's included, through every layer
     exact_rows = full.layout.chunk_spans[0][1]
-    layers = result.repair_layers
+    layers = decoded.repair.layers_computed
     assert layers.numel() == n + 1 and int(layers[:exact_rows].sum()) == 0
     assert bool((layers[exact_rows:] == tiny_engine.loaded.spec.num_layers).all())
     # and the tokens after the repair are the greedy ones of that exact state
@@ -90,8 +109,9 @@ def test_a_fired_check_goes_on_from_the_exact_state(tiny_engine, chunks, batchin
 def test_a_silent_check_changes_nothing(tiny_engine, chunks):
     watched = answer(engine_with(tiny_engine, guard_answer_margin=0.0), chunks)
     fast = answer(tiny_engine, chunks, fidelity="fast")
-    assert watched.answer_check is not None and watched.guard.repaired_at is None
-    assert watched.generated_ids == fast.generated_ids and watched.prefill_cache is None
+    assert watched.result.watch is not None and watched.decoded.guard.repaired_at is None
+    assert watched.decoded.token_ids == fast.decoded.token_ids and not watched.decoded.repaired
+    assert watched.decoded.cache is watched.result.cache
 
 
 @pytest.mark.parametrize(
@@ -99,24 +119,24 @@ def test_a_silent_check_changes_nothing(tiny_engine, chunks):
     [("cacheblend", "fast"), ("cacheblend", "exact"), ("full", None), ("prefix", None)],
 )
 def test_only_balanced_inexact_prefills_are_watched(tiny_engine, chunks, mode, fidelity):
-    result = answer(
+    result, decoded = answer(
         engine_with(tiny_engine, guard_answer_margin=1e9), chunks, mode=mode, fidelity=fidelity
     )
-    assert result.answer_check is None and result.guard.repaired_at is None
+    assert result.watch is None and decoded.guard.repaired_at is None
 
 
 def test_an_escalated_prefill_is_not_watched(tiny_engine, chunks):
-    result = answer(engine_with(tiny_engine, guard_margin=1e9, guard_answer_margin=1e9), chunks)
-    assert (
-        result.guard.escalated and result.answer_check is None and result.guard.repaired_at is None
+    result, decoded = answer(
+        engine_with(tiny_engine, guard_margin=1e9, guard_answer_margin=1e9), chunks
     )
+    assert result.guard.escalated and result.watch is None and decoded.guard.repaired_at is None
 
 
 def test_a_zero_window_turns_the_check_off(tiny_engine, chunks):
-    result = answer(
+    result, _ = answer(
         engine_with(tiny_engine, guard_answer_margin=1e9, guard_answer_tokens=1), chunks
     )
-    assert result.answer_check is None
+    assert result.watch is None
 
 
 @pytest.mark.parametrize("batching", [False, True])
@@ -127,29 +147,33 @@ def test_a_seeded_sample_is_repeatable_through_a_repair(tiny_engine, chunks, bat
         first, second = answer(engine, chunks, params=params), answer(engine, chunks, params=params)
     finally:
         engine.close()
-    assert first.guard.repaired_at == 1 and first.generated_ids == second.generated_ids
+    assert first.decoded.guard.repaired_at == 1
+    assert first.decoded.token_ids == second.decoded.token_ids
 
 
 @pytest.mark.parametrize("batching", [False, True])
 def test_closing_the_stream_after_a_repair_cancels_it(tiny_engine, chunks, batching):
     engine = engine_with(tiny_engine, batching=batching, guard_answer_margin=1e9)
     try:
-        result = engine.prefill(chunks, QUESTION, mode="cacheblend", max_new_tokens=TOKENS)
+        result = engine.prefill(
+            chunks, QUESTION, mode=Mode.named("cacheblend"), max_new_tokens=TOKENS
+        )
         stream = engine.generate(result, SamplingParams(max_new_tokens=TOKENS))
         pieces = [next(stream), next(stream)]  # the second piece comes from the repaired state
         stream.close()
-        assert pieces and result.guard.repaired_at == 1
-        assert len(result.generated_ids) < TOKENS
+        decoded = stream.decoded()
+        assert pieces and decoded.guard.repaired_at == 1
+        assert len(decoded.token_ids) < TOKENS
     finally:
         engine.close()
 
 
 def test_teacher_forcing_follows_the_guard(tiny_engine, chunks):
     engine = engine_with(tiny_engine, guard_answer_margin=1e9)
-    full = answer(tiny_engine, chunks, mode="full")
-    ids = list(full.generated_ids)
+    full, full_decoded = answer(tiny_engine, chunks, mode="full")
+    ids = list(full_decoded.token_ids)
     reference = forced_logits(tiny_engine, full, ids)
-    result = answer(engine, chunks)
+    result, _ = answer(engine, chunks)
     own = forced_logits(
         tiny_engine, result, ids
     )  # the mode's own state, though decoding was repaired
@@ -160,7 +184,7 @@ def test_teacher_forcing_follows_the_guard(tiny_engine, chunks):
     assert score.top1_share == pytest.approx(
         float((guarded.argmax(-1) == torch.tensor(ids)).double().mean())
     )
-    fast = answer(tiny_engine, chunks, fidelity="fast")
+    fast, _ = answer(tiny_engine, chunks, fidelity="fast")
     assert guarded_logits(fast, own, reference) is own  # an unwatched result keeps its own logits
 
 
@@ -168,14 +192,17 @@ def test_a_repaired_request_leaves_every_chunk_exact(tiny_engine, chunks):
     from engine.variants.harvest import exact_chunks, harvest, source_contexts
 
     layers = tiny_engine.loaded.spec.num_layers
-    result = answer(engine_with(tiny_engine, guard_answer_margin=1e9), chunks, mode="cachecraft")
-    assert result.repaired
-    assert exact_chunks(result, source_contexts(chunks), layers) == [True] * len(chunks)
-    kept = harvest(tiny_engine, result, chunks)
+    result, decoded = answer(
+        engine_with(tiny_engine, guard_answer_margin=1e9), chunks, mode="cachecraft"
+    )
+    assert decoded.repaired
+    assert exact_chunks(result, source_contexts(chunks), layers, decoded) == [True] * len(chunks)
+    assert exact_chunks(result, source_contexts(chunks), layers) != [True] * len(chunks)
+    kept = harvest(tiny_engine, result, chunks, decoded)
     assert [chunk_id for chunk_id, _ in kept] == [
         c.chunk_id for c in chunks[1:]
     ]  # the first was exact already
-    full = tiny_engine.prefill(chunks, QUESTION, mode="full")
+    full = tiny_engine.prefill(chunks, QUESTION, mode=Mode.named("full"))
     for chunk_id, kv in kept:
         start, end = full.layout.chunk_spans[chunk_id]
         assert torch.allclose(kv.kv, full.cache.rows(start, end), atol=1e-4)
@@ -186,23 +213,20 @@ def test_a_prefill_from_exact_variants_is_neither_rerun_nor_watched(tiny_engine,
 
     from engine.variants.harvest import chunk_rows
 
-    full = tiny_engine.prefill(chunks, QUESTION, mode="full")
+    full = tiny_engine.prefill(chunks, QUESTION, mode=Mode.named("full"))
     exact = [chunks[0]] + [
         dataclasses.replace(c, kv=chunk_rows(tiny_engine, full, i))
         for i, c in enumerate(chunks)
         if i > 0
     ]
     engine = engine_with(tiny_engine, guard_margin=1e9, guard_answer_margin=1e9)
-    result = answer(engine, exact, mode="cachecraft")
-    assert (
-        not result.guard.escalated and result.guard.margin is None and result.answer_check is None
-    )
+    result, _ = answer(engine, exact, mode="cachecraft")
+    assert not result.guard.escalated and result.guard.margin is None and result.watch is None
     assert result.recompute_share == 0.0
     assert torch.allclose(result.logits, full.logits, atol=1e-3)
-    one_blended = answer(engine, exact[:2] + chunks[2:], mode="cachecraft")
-    assert (
-        one_blended.guard.escalated
-    )  # a chunk from another context: the state is inexact, the guard acts
+    one_blended, _ = answer(engine, exact[:2] + chunks[2:], mode="cachecraft")
+    # a chunk from another context: the state is inexact, the guard acts
+    assert one_blended.guard.escalated
 
 
 def _exact_variants(tiny_engine, chunks):
@@ -210,7 +234,7 @@ def _exact_variants(tiny_engine, chunks):
 
     from engine.variants.harvest import chunk_rows
 
-    full = tiny_engine.prefill(chunks, QUESTION, mode="full")
+    full = tiny_engine.prefill(chunks, QUESTION, mode=Mode.named("full"))
     return full, [chunks[0]] + [
         dataclasses.replace(c, kv=chunk_rows(tiny_engine, full, i))
         for i, c in enumerate(chunks)
@@ -230,12 +254,10 @@ def test_a_short_tail_after_exact_chunks_is_computed_fully_and_the_state_is_exac
     engine = engine_with(
         tiny_engine, guard_margin=1e9, guard_answer_margin=1e9, craft_exact_tail=share
     )
-    result = answer(engine, mixed, mode="cachecraft")
+    result, decoded = answer(engine, mixed, mode="cachecraft")
     assert [c.strategy for c in result.chunks] == ["reuse"] * (len(chunks) - 1) + ["tail"]
-    assert (
-        not result.guard.escalated and result.guard.margin is None and result.answer_check is None
-    )
-    assert not result.repaired
+    assert not result.guard.escalated and result.guard.margin is None and result.watch is None
+    assert not decoded.repaired
     assert torch.allclose(result.logits, full.logits, atol=1e-3)
     assert exact_chunks(result, source_contexts(mixed), tiny_engine.loaded.spec.num_layers) == [
         True
@@ -244,8 +266,8 @@ def test_a_short_tail_after_exact_chunks_is_computed_fully_and_the_state_is_exac
     over = engine_with(
         tiny_engine, guard_margin=1e9, guard_answer_margin=1e9, craft_exact_tail=share * 0.99
     )
-    assert answer(over, mixed, mode="cachecraft").guard.escalated
-    fast = answer(engine, mixed, mode="cachecraft", fidelity="fast")
+    assert answer(over, mixed, mode="cachecraft").result.guard.escalated
+    fast, _ = answer(engine, mixed, mode="cachecraft", fidelity="fast")
     assert fast.guard.margin is not None and fast.recompute_share < result.recompute_share
 
 
@@ -266,7 +288,7 @@ def test_no_exact_tail_without_a_leading_exact_chunk_or_when_off(tiny_engine, ch
                 0.15,
                 config,
                 tiny_engine.loaded.spec.num_layers,
-                fidelity,
+                Fidelity.named(fidelity),
             )
         )
 
@@ -296,9 +318,9 @@ def test_a_lossy_copy_of_exact_variants_is_checked_and_re_run_not_taken_for_exac
     engine = engine_with(
         tiny_engine, guard_margin=1e9, guard_answer_margin=1e9
     )  # escalate whenever asked
-    as_stored = answer(engine, exact, mode="cachecraft")
+    as_stored, _ = answer(engine, exact, mode="cachecraft")
     assert as_stored.guard.margin is None and not as_stored.guard.escalated  # exact: never judged
-    rounded = answer(engine, lossy, mode="cachecraft")
+    rounded, _ = answer(engine, lossy, mode="cachecraft")
     assert rounded.guard.margin is not None and rounded.guard.escalated
     assert "tail" not in [c.strategy for c in rounded.chunks]  # no exact lead to start a tail after
     assert torch.allclose(rounded.logits, full.logits, atol=1e-3)  # the re-run is full prefill's
@@ -308,7 +330,9 @@ def test_a_lossy_copy_of_exact_variants_is_checked_and_re_run_not_taken_for_exac
     assert [chunk_id for chunk_id, _ in kept] == [c.chunk_id for c in lossy]
     assert all(torch.allclose(kv.kv, c.kv.kv, atol=1e-3) for (_, kv), c in zip(kept[1:], exact[1:]))
     assert harvest(engine, as_stored, exact) == []  # exact sources: nothing new
-    blended = engine.prefill(lossy, QUESTION, mode="cachecraft", fidelity="fast")
+    blended = engine.prefill(
+        lossy, QUESTION, mode=Mode.named("cachecraft"), fidelity=Fidelity.named("fast")
+    )
     assert exact_chunks(blended, source_contexts(lossy), layers) == [False] * len(chunks)
 
 
@@ -318,9 +342,9 @@ def test_prefix_over_a_lossy_prefix_is_judged_and_over_a_float_one_is_not(tiny_e
     from app.store.entry import roundtrip
 
     engine = engine_with(tiny_engine, guard_margin=1e9, guard_answer_margin=1e9)
-    as_computed = engine.prefill(chunks, QUESTION, mode="prefix")
+    as_computed = engine.prefill(chunks, QUESTION, mode=Mode.named("prefix"))
     assert as_computed.guard.margin is None and not as_computed.guard.escalated
     lossy = [dataclasses.replace(c, kv=roundtrip(c.kv, "int8")) for c in chunks]
-    rounded = engine.prefill(lossy, QUESTION, mode="prefix")
+    rounded = engine.prefill(lossy, QUESTION, mode=Mode.named("prefix"))
     assert rounded.guard.margin is not None and rounded.guard.escalated
     assert torch.allclose(rounded.logits, as_computed.logits, atol=1e-3)  # re-run: the reference's

@@ -20,6 +20,7 @@ import torch
 from engine import kernels
 from engine.kernels import build, launch, library
 from engine.model import ops
+from engine.planners import Mode
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DEVICES = [
@@ -254,9 +255,11 @@ def test_a_prefill_through_the_kernels_equals_the_twins(tiny_engine, kernels_on_
     from tests.engine.helpers import QUESTION, chunk_inputs
 
     chunks = chunk_inputs(tiny_engine)
-    through_kernels = tiny_engine.prefill(chunks, QUESTION, mode="cacheblend", ratio=0.3)
+    through_kernels = tiny_engine.prefill(
+        chunks, QUESTION, mode=Mode.named("cacheblend"), ratio=0.3
+    )
     monkeypatch.setattr(kernels, "for_tensor", lambda x: None)
-    through_twins = tiny_engine.prefill(chunks, QUESTION, mode="cacheblend", ratio=0.3)
+    through_twins = tiny_engine.prefill(chunks, QUESTION, mode=Mode.named("cacheblend"), ratio=0.3)
     torch.testing.assert_close(through_kernels.logits, through_twins.logits, rtol=1e-4, atol=1e-4)
 
 
@@ -294,10 +297,14 @@ def test_a_gpu_prefill_through_the_kernels_equals_the_twins(cuda_tiny_engine, li
         kernels, "for_tensor", lambda x: calls.append(1) or (lib if x.is_cuda else None)
     )
     chunks = chunk_inputs(cuda_tiny_engine)
-    through_kernels = cuda_tiny_engine.prefill(chunks, QUESTION, mode="cacheblend", ratio=0.3)
+    through_kernels = cuda_tiny_engine.prefill(
+        chunks, QUESTION, mode=Mode.named("cacheblend"), ratio=0.3
+    )
     assert calls, "no op reached the kernel dispatch"
     monkeypatch.setattr(kernels, "for_tensor", lambda x: None)
-    through_twins = cuda_tiny_engine.prefill(chunks, QUESTION, mode="cacheblend", ratio=0.3)
+    through_twins = cuda_tiny_engine.prefill(
+        chunks, QUESTION, mode=Mode.named("cacheblend"), ratio=0.3
+    )
     torch.testing.assert_close(through_kernels.logits, through_twins.logits, rtol=1e-4, atol=1e-4)
 
 

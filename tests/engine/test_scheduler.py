@@ -29,7 +29,7 @@ from tests.engine.batching import (
     decode_joined,
     prefill,
 )
-from tests.engine.helpers import chunk_inputs
+from tests.engine.helpers import answer_ids, chunk_inputs
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +144,7 @@ def test_no_decode_step_starts_while_a_prefill_is_pending(engines, chunks):
         time.sleep(0.3)
         assert engine.scheduler.num_steps == steps and engine.scheduler.num_waiting == 1
     list(stream)
-    assert len(result.generated_ids) == 8 and engine.scheduler.num_steps >= steps + 7
+    assert len(stream.decoded().token_ids) == 8 and engine.scheduler.num_steps >= steps + 7
 
 
 def test_requests_from_many_threads_match_alone(engines, chunks):
@@ -153,8 +153,7 @@ def test_requests_from_many_threads_match_alone(engines, chunks):
 
     def ask(i):
         result = prefill(engine, chunks, i, "epic")
-        list(engine.generate(result, SamplingParams(max_new_tokens=BUDGETS[i])))
-        got[i] = result.generated_ids
+        got[i] = answer_ids(engine, result, SamplingParams(max_new_tokens=BUDGETS[i]))
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(QUESTIONS))]
     for thread in threads:
@@ -217,7 +216,7 @@ def test_calls_run_while_decode_steps_are_paused(engines, chunks):
         assert engine.scheduler.call(lambda: "ran") == "ran"
         assert engine.scheduler.num_steps == steps
     list(stream)
-    assert len(result.generated_ids) == 4
+    assert len(stream.decoded().token_ids) == 4
 
 
 def test_background_work_run_for_a_marked_thread_counts_as_background(engines, chunks):
@@ -289,8 +288,7 @@ def test_a_request_whose_token_pick_fails_gets_the_error_and_the_others_go_on(
     with pytest.raises(RuntimeError, match="nan"):
         list(engine.generate(prefill(engine, chunks, 0, "naive"), SamplingParams(max_new_tokens=4)))
     result = prefill(engine, chunks, 1, "naive")
-    list(engine.generate(result, SamplingParams(max_new_tokens=4)))
-    assert len(result.generated_ids) == 4
+    assert len(answer_ids(engine, result, SamplingParams(max_new_tokens=4))) == 4
 
 
 def test_a_failing_scheduler_thread_fails_its_waiters_and_a_new_one_serves(
@@ -310,6 +308,5 @@ def test_a_failing_scheduler_thread_fails_its_waiters_and_a_new_one_serves(
     with pytest.raises(RuntimeError, match="scheduler bug"):
         list(engine.generate(prefill(engine, chunks, 0, "naive"), SamplingParams(max_new_tokens=4)))
     result = prefill(engine, chunks, 1, "naive")  # a fresh scheduler thread runs it
-    list(engine.generate(result, SamplingParams(max_new_tokens=4)))
-    assert len(result.generated_ids) == 4
+    assert len(answer_ids(engine, result, SamplingParams(max_new_tokens=4))) == 4
     engine.close()

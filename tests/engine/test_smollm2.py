@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.decoding import read_out
 from engine.model.decode import SamplingParams
 from engine.plan import ChunkInput
+from engine.planners import Mode
 from tests.engine.helpers import QUESTION, chunk_inputs, kl
 
 pytestmark = pytest.mark.slow
@@ -27,7 +29,9 @@ def test_fingerprint_is_stable_across_loads(smol_engine, test_data_dir):
 
 
 def test_full_equals_hugging_face_forward(smol_engine):
-    result = smol_engine.prefill(chunk_inputs(smol_engine, cached=False), QUESTION, mode="full")
+    result = smol_engine.prefill(
+        chunk_inputs(smol_engine, cached=False), QUESTION, mode=Mode.named("full")
+    )
     with torch.no_grad():
         reference = (
             smol_engine.loaded.model(result.layout.token_tensor()[None]).logits[0, -1].float()
@@ -37,9 +41,13 @@ def test_full_equals_hugging_face_forward(smol_engine):
 
 def test_greedy_decode_at_full_ratio_equals_generate(smol_engine):
     result = smol_engine.prefill(
-        chunk_inputs(smol_engine), QUESTION, mode="cacheblend", ratio=1.0, max_new_tokens=16
+        chunk_inputs(smol_engine),
+        QUESTION,
+        mode=Mode.named("cacheblend"),
+        ratio=1.0,
+        max_new_tokens=16,
     )
-    list(smol_engine.generate(result, SamplingParams(max_new_tokens=16)))
+    _, decoded = read_out(smol_engine.generate(result, SamplingParams(max_new_tokens=16)))
     prompt = result.layout.token_tensor()[None]
     with torch.no_grad():
         reference = smol_engine.loaded.model.generate(prompt, max_new_tokens=16, do_sample=False)
@@ -48,7 +56,7 @@ def test_greedy_decode_at_full_ratio_equals_generate(smol_engine):
         for t in reference[0, prompt.shape[1] :].tolist()
         if t not in smol_engine.loaded.eos_token_ids
     ]
-    assert result.generated_ids == expected
+    assert list(decoded.token_ids) == expected
 
 
 def test_cacheblend_is_closer_to_full_than_naive_on_musique(smol_engine, musique):
@@ -57,7 +65,9 @@ def test_cacheblend_is_closer_to_full_than_naive_on_musique(smol_engine, musique
         for i, ctx in enumerate(record["ctxs"][:3]):
             ids = smol_engine.chunk_ids(ctx["text"], ctx["title"])
             chunks.append(ChunkInput(i, ids, smol_engine.encode_chunk(ids)))
-        full = smol_engine.prefill(chunks, record["question"], mode="full")
-        naive = smol_engine.prefill(chunks, record["question"], mode="naive")
-        blend = smol_engine.prefill(chunks, record["question"], mode="cacheblend", ratio=0.15)
+        full = smol_engine.prefill(chunks, record["question"], mode=Mode.named("full"))
+        naive = smol_engine.prefill(chunks, record["question"], mode=Mode.named("naive"))
+        blend = smol_engine.prefill(
+            chunks, record["question"], mode=Mode.named("cacheblend"), ratio=0.15
+        )
         assert kl(full.logits, blend.logits) < kl(full.logits, naive.logits)

@@ -6,9 +6,11 @@ import threading
 
 import torch
 
+from engine.config import Fidelity
 from engine.engine import Engine
 from engine.model.work import WorkMeter, WorkTotals, work_of
 from engine.plan import ChunkInput
+from engine.planners import Mode
 
 
 def test_work_of_weights_rows_by_the_keys_they_see():
@@ -38,14 +40,17 @@ def test_engine_meters_prefills_and_chunk_encodes(tiny_engine: Engine):
     encoded = meter.snapshot() - before
     assert (encoded.runs, encoded.layer_rows) == (1, kv.num_tokens * layers)
     result = tiny_engine.prefill(
-        [ChunkInput(0, kv.token_ids, kv)], "When was it built?", mode="full"
+        [ChunkInput(0, kv.token_ids, kv)], "When was it built?", mode=Mode.named("full")
     )
     full = meter.snapshot() - before - encoded
     assert full.runs == 1 and full.layer_rows == result.layout.total_len * layers
     assert full == work_of(result.layers_computed)
     before = meter.snapshot()
     naive = tiny_engine.prefill(
-        [ChunkInput(0, kv.token_ids, kv)], "When was it built?", mode="naive", fidelity="fast"
+        [ChunkInput(0, kv.token_ids, kv)],
+        "When was it built?",
+        mode=Mode.named("naive"),
+        fidelity=Fidelity.named("fast"),
     )
     assert meter.snapshot() - before == work_of(naive.layers_computed)
     assert work_of(naive.layers_computed).layer_rows < full.layer_rows

@@ -33,7 +33,7 @@ def modes(services: ServicesDep) -> ModesResponse:
         top_k=s.default_top_k,
         max_tokens=s.default_max_tokens,
         fidelities=list(FIDELITIES),
-        fidelity=s.fidelity,
+        fidelity=s.fidelity.value,
     )
 
 

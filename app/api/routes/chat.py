@@ -129,7 +129,7 @@ def finish_reason(reason: str) -> str:
 
 
 def chat_usage(answer) -> ChatUsage:
-    prompt, completion = answer.result.layout.total_len, len(answer.result.generated_ids)
+    prompt, completion = answer.result.layout.total_len, len(answer.decoded.token_ids)
     return ChatUsage(
         prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
     )

@@ -13,11 +13,11 @@ class FakeVariants:
         self.fail = fail
         self.started = threading.Event()
 
-    def build(self, result, contexts) -> int:
+    def build(self, result, contexts, decoded) -> int:
         self.started.set()
         if self.fail:
             raise RuntimeError("boom")
-        self.calls.append((result, contexts))
+        self.calls.append((result, contexts, decoded))
         return 2
 
 
@@ -26,11 +26,11 @@ def test_a_job_waits_until_no_request_runs_or_waits():
     busy.set()
     cache = FakeVariants()
     builder = VariantBuilder(cache, idle=lambda: not busy.is_set())
-    assert builder.submit("result", [(), (1,)])
+    assert builder.submit("result", [(), (1,)], "decoded")
     assert not cache.started.wait(0.2)  # requests are running: nothing builds
     busy.clear()
     builder.join()
-    assert cache.calls == [("result", ((), (1,)))] and builder.built == 2
+    assert cache.calls == [("result", ((), (1,)), "decoded")] and builder.built == 2
     builder.close()
 
 
@@ -38,11 +38,11 @@ def test_a_full_queue_skips_and_a_failed_build_is_counted():
     gate = threading.Event()
     cache = FakeVariants(fail=True)
     builder = VariantBuilder(cache, max_pending=1, idle=gate.is_set)
-    assert builder.submit("a", [])
+    assert builder.submit("a", [], "decoded")
     while builder._jobs.qsize():  # the thread holds "a", waiting for idle
         threading.Event().wait(0.01)
-    assert builder.submit("b", [])
-    assert not builder.submit("c", []) and builder.skipped == 1
+    assert builder.submit("b", [], "decoded")
+    assert not builder.submit("c", [], "decoded") and builder.skipped == 1
     gate.set()
     builder.join()
     assert builder.failed == 2 and builder.built == 0
@@ -52,6 +52,6 @@ def test_a_full_queue_skips_and_a_failed_build_is_counted():
 def test_close_finishes_queued_jobs_without_waiting_for_idle():
     cache = FakeVariants()
     builder = VariantBuilder(cache, idle=lambda: False)
-    builder.submit("a", [])
+    builder.submit("a", [], "decoded")
     builder.close()
     assert [c[0] for c in cache.calls] == ["a"]

@@ -13,6 +13,7 @@ from app.kvcache.cache import ChunkKVCache
 from app.kvcache.variants import ChunkRef
 from app.store import LazyChunkKV, StoreConfig, create_store
 from app.store.entry import EntryMeta, KVEntry
+from engine.planners import Mode
 from tests.engine.helpers import PASSAGES, QUESTION
 
 
@@ -49,7 +50,7 @@ def make_cache(engine, catalog, tmp_path, **config) -> ChunkKVCache:
 
 def prefill_logits(engine, cache, refs, mode="cacheblend"):
     with cache.loader.load(refs) as loaded:
-        result = engine.prefill(loaded.inputs, QUESTION, mode=mode)
+        result = engine.prefill(loaded.inputs, QUESTION, mode=Mode.named(mode))
         return result.logits, loaded
 
 

@@ -16,6 +16,8 @@ from app.kvcache.chunk_tree import ChunkTreeIndex
 from app.kvcache.variants import ChunkRef
 from app.store import StoreConfig, create_store
 from engine.plan import ChunkInput
+from engine.planners import Mode
+from engine.variants.order import ChunkOrder
 from engine.variants.served import served_tokens
 from tests.engine.helpers import PASSAGES, QUESTION
 
@@ -47,9 +49,9 @@ def make_cache(engine, catalog, kv_dir) -> ChunkKVCache:
 
 def ask(engine, cache: ChunkKVCache, refs: list[ChunkRef], mode: str = "prefix"):
     """One request in the given chunk order: choose, load, prefill, keep what it leaves."""
-    chosen = cache.variants.choose(mode, [(r.chunk_id, r.token_ids) for r in refs])
+    chosen = cache.variants.choose(Mode.named(mode), [(r.chunk_id, r.token_ids) for r in refs])
     with cache.loader.load(chosen) as loaded:
-        result = engine.prefill(loaded.inputs, QUESTION, mode=mode)
+        result = engine.prefill(loaded.inputs, QUESTION, mode=Mode.named(mode))
     cache.variants.harvest(result, loaded.inputs)
     return result, loaded.inputs
 
@@ -63,20 +65,20 @@ def test_a_request_s_harvest_joins_the_tree_and_the_cache_aware_order_reuses_it(
 ):
     cache = make_cache(tiny_engine, catalog, tmp_path / "kv")
     a, b, c = ids(refs)
-    ask(
-        tiny_engine, cache, refs
-    )  # a, b, c: bases computed now, then (a, b) and (a, b, c) harvested
+    # a, b, c: bases computed now, then (a, b) and (a, b, c) harvested
+    ask(tiny_engine, cache, refs)
     assert cache.tree.holds((a, b, c))
     shuffled = [c, a, b]
-    assert cache.tree.order(shuffled, "retrieval").exact == 1  # only c, from its base at the head
-    ordering = cache.tree.order(shuffled, "cache-aware")
+    # only c, from its base at the head
+    assert cache.tree.order(shuffled, ChunkOrder.RETRIEVAL).exact == 1
+    ordering = cache.tree.order(shuffled, ChunkOrder.CACHE_AWARE)
     assert ordering.order == (a, b, c) and ordering.exact == 3
     by_id = {r.chunk_id: r for r in refs}
     result, inputs = ask(tiny_engine, cache, [by_id[i] for i in ordering.order])
     served = served_tokens(result, inputs, tiny_engine.loaded.spec.num_layers)
     assert served.exact_chunks == (True, True, True) and served.blended == served.computed == 0
     full = tiny_engine.prefill(
-        [ChunkInput(r.chunk_id, r.token_ids) for r in refs], QUESTION, mode="full"
+        [ChunkInput(r.chunk_id, r.token_ids) for r in refs], QUESTION, mode=Mode.named("full")
     )
     torch.testing.assert_close(
         result.logits, full.logits, rtol=1e-4, atol=1e-4
@@ -102,7 +104,7 @@ def test_evictions_deletions_and_prunes_leave_the_tree(tiny_engine, catalog, ref
     try:
         service.evict(None, b, None, None)  # every variant of b: its base and (a, b)
         assert not cache.tree.holds((a, b)) and cache.tree.holds((a,))
-        assert cache.tree.order([c, a, b], "cache-aware").order == (
+        assert cache.tree.order([c, a, b], ChunkOrder.CACHE_AWARE).order == (
             c,
             a,
             b,
@@ -148,10 +150,10 @@ def test_a_stale_node_costs_a_miss_never_a_wrong_kv(tiny_engine, catalog, refs, 
         "no-such-key", b, (c,), cache.keys.codec((c,))
     )  # a peer's variant, evicted since
     cache.tree.stored("no-such-key-2", c, (), cache.keys.codec())
-    ordering = cache.tree.order([c, b, a], "cache-aware")
+    ordering = cache.tree.order([c, b, a], ChunkOrder.CACHE_AWARE)
     assert ordering.order[:2] == (a, b)  # the real path is longer; make the stale one win:
     cache.tree.removed([v.store_key for v in catalog.variants_of_chunk(b) if v.context])
-    ordering = cache.tree.order([c, b, a], "cache-aware")
+    ordering = cache.tree.order([c, b, a], ChunkOrder.CACHE_AWARE)
     assert ordering.order == (c, b, a) and ordering.exact == 2
     by_id = {r.chunk_id: r for r in refs}
     result, inputs = ask(tiny_engine, cache, [by_id[i] for i in ordering.order])
@@ -164,7 +166,7 @@ def test_a_stale_node_costs_a_miss_never_a_wrong_kv(tiny_engine, catalog, refs, 
     full = tiny_engine.prefill(
         [ChunkInput(r.chunk_id, r.token_ids) for r in [by_id[i] for i in ordering.order]],
         QUESTION,
-        mode="full",
+        mode=Mode.named("full"),
     )
     torch.testing.assert_close(result.logits, full.logits, rtol=1e-4, atol=1e-4)
 

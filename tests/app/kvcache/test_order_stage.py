@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from engine.errors import InvalidRequest
+from engine.variants.order import ChunkOrder
 from tests.app.conftest import LOCAL_CLIENT, start_services
 
 ALL = 20  # more than the chunks ingested: every request retrieves all of them, ranked by question
@@ -39,7 +40,7 @@ def ask(services, question: str, mode: str = "prefix", order: str | None = None)
 def test_the_same_chunks_in_another_retrieval_order_are_served_exactly(cache_aware):
     first = ask(cache_aware, FIRST)
     assert (
-        first.order.ordering.rule == "cache-aware" and not first.order.reordered
+        first.order.ordering.rule is ChunkOrder.CACHE_AWARE and not first.order.reordered
     )  # nothing cached yet
     second = ask(cache_aware, SECOND)
     retrieval = [r.chunk_id for r in sorted(second.retrieved, key=lambda r: -r.score)]
@@ -59,7 +60,7 @@ def test_modes_that_load_no_context_variants_keep_the_retrieval_order(cache_awar
     ask(cache_aware, FIRST)
     for mode in ("full", "cacheblend", "naive"):
         answer = ask(cache_aware, SECOND, mode=mode)
-        assert not answer.order.reordered and answer.order.ordering.rule == "retrieval"
+        assert not answer.order.reordered and answer.order.ordering.rule is ChunkOrder.RETRIEVAL
     assert (
         ask(cache_aware, SECOND, mode="full").served.computed
         == ask(cache_aware, SECOND, mode="full").served.total

@@ -7,15 +7,18 @@ import dataclasses
 import pytest
 import torch
 
+from engine.planners import Mode
 from engine.variants.harvest import source_contexts
 from tests.app.kvcache.test_chunk_cache import catalog, make_cache, refs  # noqa: F401 (fixtures)
 from tests.engine.helpers import QUESTION
 
 
 def craft_request(engine, cache, refs_in_order, mode="cachecraft"):
-    chosen = cache.variants.choose(mode, [(r.chunk_id, r.token_ids) for r in refs_in_order])
+    chosen = cache.variants.choose(
+        Mode.named(mode), [(r.chunk_id, r.token_ids) for r in refs_in_order]
+    )
     with cache.loader.load(chosen) as loaded:
-        result = engine.prefill(loaded.inputs, QUESTION, mode=mode)
+        result = engine.prefill(loaded.inputs, QUESTION, mode=Mode.named(mode))
     return result, chosen, loaded.inputs
 
 
@@ -41,7 +44,9 @@ def test_a_request_leaves_variants_that_the_same_order_then_reuses(
     assert [c.strategy for c in second.chunks] == ["reuse"] * len(refs)
     assert all(ref.stats is not None for ref in chosen[1:])
     full = engine.prefill(
-        [dataclasses.replace(i, kv=None) for i in []] or _plain(engine, refs), QUESTION, mode="full"
+        [dataclasses.replace(i, kv=None) for i in []] or _plain(engine, refs),
+        QUESTION,
+        mode=Mode.named("full"),
     )
     # exact variants in fp16 storage: close to full prefill, and far closer than the base variants
     torch.testing.assert_close(second.logits, full.logits, rtol=0, atol=5e-2)
@@ -114,7 +119,9 @@ def test_base_only_modes_leave_nothing(
     cache = make_cache(tiny_engine, catalog, tmp_path)
     result, _, inputs = craft_request(tiny_engine, cache, refs, mode="cacheblend")
     assert cache.variants.harvest(result, inputs) == 0
-    assert not cache.variants.policy.should_build("cacheblend", [r.chunk_id for r in refs])
+    assert not cache.variants.policy.should_build(
+        Mode.named("cacheblend"), [r.chunk_id for r in refs]
+    )
     assert all(len(catalog.variants_of_chunk(r.chunk_id)) == 1 for r in refs)
     cache.store.close()
 
@@ -207,7 +214,7 @@ def test_under_a_lossy_store_exact_variants_stay_exact_in_float16_unless_told(
     # float copies: the state is exact, nothing to judge; int8 ones: judged
     assert (second.guard.margin is None) == float_copies
     if float_copies:
-        full = engine.prefill(_plain(engine, refs), QUESTION, mode="full")
+        full = engine.prefill(_plain(engine, refs), QUESTION, mode=Mode.named("full"))
         torch.testing.assert_close(second.logits, full.logits, rtol=0, atol=5e-2)
         copy = next(
             v for v in catalog.variants_of_chunk(refs[0].chunk_id) if v.storage_dtype == "float16"

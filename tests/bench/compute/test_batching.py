@@ -10,6 +10,7 @@ from bench.compute.batching import QUESTIONS, builtin_prompts, dataset_prompts, 
 from bench.fidelity.fidelity import load_dataset
 from engine.engine import Engine
 from engine.errors import InvalidRequest
+from engine.planners import Mode
 from tests.conftest import MUSIQUE_SLICE
 
 
@@ -17,7 +18,7 @@ def test_measure_compares_batching_on_and_off(tiny_engine):
     off = Engine(replace(tiny_engine.config, batching=False), tiny_engine.loaded)
     prompts = builtin_prompts(tiny_engine, 3)
     figures = measure(
-        tiny_engine, off, prompts, concurrency=3, max_tokens=5, mode="naive", rounds=1
+        tiny_engine, off, prompts, concurrency=3, max_tokens=5, mode=Mode.named("naive"), rounds=1
     )
     assert figures["same_answers"] is True
     assert figures["on"]["decode_tokens"] == figures["off"]["decode_tokens"] == 3 * 4

@@ -15,6 +15,7 @@ from bench.fidelity.fidelity import (
     mode_of,
     run_fidelity,
 )
+from engine.config import Fidelity
 from tests.engine.helpers import PASSAGES
 
 
@@ -36,11 +37,12 @@ def dataset(tmp_path):
 def test_row_labels_name_mode_and_level(dataset):
     options = FidelityOptions(dataset=dataset, fidelity="balanced")
     assert (
-        mode_of("cachecraft@fast+warm3") == "cachecraft"
-        and fidelity_of("cachecraft@fast+warm3", options) == "fast"
+        mode_of("cachecraft@fast+warm3").name == "cachecraft"
+        and fidelity_of("cachecraft@fast+warm3", options) is Fidelity.FAST
     )
     assert (
-        mode_of("cacheblend") == "cacheblend" and fidelity_of("cacheblend", options) == "balanced"
+        mode_of("cacheblend").name == "cacheblend"
+        and fidelity_of("cacheblend", options) is Fidelity.BALANCED
     )
 
 
@@ -68,8 +70,8 @@ def test_row_settings_plan_that_row_only(tiny_engine, dataset):
 
     label = "cacheblend@balanced[guard_margin=0.25;focus_layer=1;guard_recompute_ratio=none]+warm2"
     assert (
-        mode_of(label) == "cacheblend"
-        and fidelity_of(label, FidelityOptions(dataset=dataset)) == "balanced"
+        mode_of(label).name == "cacheblend"
+        and fidelity_of(label, FidelityOptions(dataset=dataset)) is Fidelity.BALANCED
     )
     assert settings_of(label) == {
         "guard_margin": "0.25",

@@ -8,7 +8,10 @@ import pytest
 import torch
 
 from bench.fidelity.metrics import forced_logits, teacher_forced
+from engine.config import Fidelity
+from engine.decoding import read_out
 from engine.model.decode import SamplingParams, decode_step
+from engine.planners import Mode
 from tests.engine.helpers import QUESTION, chunk_inputs
 
 ANSWER_TOKENS = 8
@@ -22,10 +25,14 @@ def chunks(tiny_engine):
 def greedy(engine, chunks, mode):
     """A prefill by `mode` and its greedy answer ids (the prefill's cache then holds them)."""
     result = engine.prefill(
-        chunks, QUESTION, mode=mode, max_new_tokens=ANSWER_TOKENS + 1, fidelity="fast"
+        chunks,
+        QUESTION,
+        mode=Mode.named(mode),
+        max_new_tokens=ANSWER_TOKENS + 1,
+        fidelity=Fidelity.named("fast"),
     )
-    list(engine.generate(result, SamplingParams(max_new_tokens=ANSWER_TOKENS)))
-    return result, list(result.generated_ids)
+    _, decoded = read_out(engine.generate(result, SamplingParams(max_new_tokens=ANSWER_TOKENS)))
+    return result, list(decoded.token_ids)
 
 
 def test_forced_logits_equal_step_by_step_decoding(tiny_engine, chunks):
@@ -33,7 +40,9 @@ def test_forced_logits_equal_step_by_step_decoding(tiny_engine, chunks):
     assert len(ids) >= 2
     forced = forced_logits(tiny_engine, result, ids)
     assert forced.shape == (len(ids), result.logits.numel())
-    fresh = tiny_engine.prefill(chunks, QUESTION, mode="full", max_new_tokens=ANSWER_TOKENS + 1)
+    fresh = tiny_engine.prefill(
+        chunks, QUESTION, mode=Mode.named("full"), max_new_tokens=ANSWER_TOKENS + 1
+    )
     stepped = [fresh.logits]
     for token in ids[:-1]:
         stepped.append(decode_step(tiny_engine.stack, fresh.cache, token))

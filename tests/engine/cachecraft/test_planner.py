@@ -10,6 +10,7 @@ import torch
 from engine.cachecraft.choice import Candidate, choose_variant
 from engine.engine import Engine
 from engine.plan import ChunkInput
+from engine.planners import Mode
 from engine.variant_stats import VariantStats
 from engine.variants.book import VariantBook
 from engine.variants.build import build_variants
@@ -50,8 +51,8 @@ def configured(engine, **changes):
 def test_alpha_zero_equals_naive(engine):
     chunks = with_stats(chunk_inputs(engine))
     configured(engine, craft_alpha=0.0)
-    craft = engine.prefill(chunks, QUESTION, mode="cachecraft")
-    naive = engine.prefill(chunks, QUESTION, mode="naive")
+    craft = engine.prefill(chunks, QUESTION, mode=Mode.named("cachecraft"))
+    naive = engine.prefill(chunks, QUESTION, mode=Mode.named("naive"))
     assert torch.equal(craft.logits, naive.logits)
     assert craft.recomputed_tokens == 0
     assert {c.strategy for c in craft.chunks} == {"reuse"}
@@ -60,8 +61,8 @@ def test_alpha_zero_equals_naive(engine):
 def test_cfo_forced_to_one_equals_full(engine):
     chunks = with_stats(chunk_inputs(engine))
     configured(engine, craft_alpha=100.0)
-    craft = engine.prefill(chunks, QUESTION, mode="cachecraft")
-    full = engine.prefill(chunks, QUESTION, mode="full")
+    craft = engine.prefill(chunks, QUESTION, mode=Mode.named("cachecraft"))
+    full = engine.prefill(chunks, QUESTION, mode=Mode.named("full"))
     torch.testing.assert_close(craft.logits, full.logits, rtol=1e-4, atol=1e-4)
     assert {c.strategy for c in craft.chunks} == {"full"} and all(
         c.cfo == 1.0 for c in craft.chunks
@@ -71,7 +72,7 @@ def test_cfo_forced_to_one_equals_full(engine):
 def test_partial_recomputes_the_highest_scored_tokens(engine):
     chunks = with_stats(chunk_inputs(engine))
     configured(engine, craft_alpha=0.3, craft_novelty=False)
-    result = engine.prefill(chunks, QUESTION, mode="cachecraft")
+    result = engine.prefill(chunks, QUESTION, mode=Mode.named("cachecraft"))
     for chunk, report in zip(chunks, result.chunks):
         assert report.strategy == "partial" and report.cfo == pytest.approx(0.3 * 0.8)
         scores = chunk.stats.token_scores
@@ -84,7 +85,7 @@ def test_partial_recomputes_the_highest_scored_tokens(engine):
 
 def test_base_variant_without_statistics_is_planned_by_deviation(engine):
     chunks = chunk_inputs(engine)
-    result = engine.prefill(chunks, QUESTION, mode="cachecraft", ratio=0.3)
+    result = engine.prefill(chunks, QUESTION, mode=Mode.named("cachecraft"), ratio=0.3)
     strategies = [c.strategy for c in result.chunks]
     assert strategies[0] == "reuse"  # alone after the prefix, exactly as cached
     assert set(strategies[1:]) == {"deviation"}
@@ -94,8 +95,8 @@ def test_unfocused_chunk_stops_changing_after_its_termination_layer(engine):
     chunks = with_stats(chunk_inputs(engine))
     # every chunk unfocused
     configured(engine, craft_alpha=100.0, focus_layer=2, focus_threshold=100.0)
-    craft = engine.prefill(chunks, QUESTION, mode="cachecraft")
-    naive = engine.prefill(chunks, QUESTION, mode="naive")
+    craft = engine.prefill(chunks, QUESTION, mode=Mode.named("cachecraft"))
+    naive = engine.prefill(chunks, QUESTION, mode=Mode.named("naive"))
     for i, (report, (start, end)) in enumerate(zip(craft.chunks, craft.layout.chunk_spans)):
         assert report.stopped_layer == 2 and report.recomputed == report.tokens
         rows = slice(start, end)
@@ -111,18 +112,18 @@ def test_unfocused_chunk_stops_changing_after_its_termination_layer(engine):
 def test_focused_chunks_keep_recomputing(engine):
     chunks = with_stats(chunk_inputs(engine))
     configured(engine, craft_alpha=100.0, focus_layer=2, focus_threshold=0.0)
-    craft = engine.prefill(chunks, QUESTION, mode="cachecraft")
+    craft = engine.prefill(chunks, QUESTION, mode=Mode.named("cachecraft"))
     assert all(c.stopped_layer is None for c in craft.chunks)
 
 
 def test_exact_variants_from_a_request_equal_full_prefill_rows(engine):
     chunks = chunk_inputs(engine)
-    result = engine.prefill(chunks, QUESTION, mode="cachecraft")
+    result = engine.prefill(chunks, QUESTION, mode=Mode.named("cachecraft"))
     drafts = build_variants(
         engine, result, source_contexts(chunks), VariantPolicy(engine.config, 2)
     ).drafts
     assert [d.chunk_id for d in drafts] == [c.chunk_id for c in chunks[1:]]
-    full = engine.prefill(chunks, QUESTION, mode="full")
+    full = engine.prefill(chunks, QUESTION, mode=Mode.named("full"))
     for i, (draft, (start, end)) in enumerate(zip(drafts, full.layout.chunk_spans[1:]), start=1):
         assert draft.kv.context == tuple(c.chunk_id for c in chunks[:i])
         torch.testing.assert_close(draft.kv.kv, full.cache.rows(start, end), rtol=1e-4, atol=1e-4)
@@ -138,13 +139,15 @@ def test_book_picks_the_variant_of_this_exact_context(engine):
         book.add(chunk.chunk_id, chunk.kv)
     ids = [c.chunk_id for c in chunks]
     for _ in range(2):  # the second time this chunk set comes, its exact variants are built
-        inputs = book.inputs(ids, "cachecraft")
-        book.record(engine.prefill(inputs, QUESTION, mode="cachecraft"), inputs)
+        inputs = book.inputs(ids, Mode.named("cachecraft"))
+        book.record(engine.prefill(inputs, QUESTION, mode=Mode.named("cachecraft")), inputs)
     assert all(book.num_variants(i) == 2 for i in ids[1:])
-    again = engine.prefill(book.inputs(ids, "cachecraft"), QUESTION, mode="cachecraft")
+    again = engine.prefill(
+        book.inputs(ids, Mode.named("cachecraft")), QUESTION, mode=Mode.named("cachecraft")
+    )
     assert [c.strategy for c in again.chunks] == ["reuse"] * len(ids)
     assert [c.cfo for c in again.chunks] == [0.0] * len(ids)
-    full = engine.prefill(chunks, QUESTION, mode="full")
+    full = engine.prefill(chunks, QUESTION, mode=Mode.named("full"))
     torch.testing.assert_close(again.logits, full.logits, rtol=1e-4, atol=1e-4)
 
 
@@ -155,8 +158,8 @@ def test_book_keeps_at_most_max_variants_and_always_the_base(engine):
         book.add(chunk.chunk_id, chunk.kv)
     ids = [c.chunk_id for c in chunks]
     for order in (ids, ids[::-1], ids[1:] + ids[:1], ids[2:] + ids[:2]):
-        inputs = book.inputs(order, "cachecraft")
-        book.record(engine.prefill(inputs, QUESTION, mode="cachecraft"), inputs)
+        inputs = book.inputs(order, Mode.named("cachecraft"))
+        book.record(engine.prefill(inputs, QUESTION, mode=Mode.named("cachecraft")), inputs)
     assert book.build_work  # the same set came back: variants were built
     assert all(book.num_variants(i) <= 2 for i in ids)
     assert all(any(not e.kv.context for e in book._variants[i]) for i in ids)

@@ -7,12 +7,13 @@ import random
 
 import pytest
 
+from engine.errors import InvalidRequest
 from engine.variants.order import (
+    ChunkOrder,
     best_path,
     cache_aware_order,
     exhaustive_best,
     greedy_path,
-    order_chunks,
 )
 from engine.variants.tree import ChunkTree
 
@@ -54,7 +55,7 @@ def test_cache_aware_order_puts_the_longest_held_path_first_and_the_rest_by_rank
 def test_bases_only_keep_the_retrieval_order():
     tree = tree_of((1,), (2,), (3,))
     assert cache_aware_order(tree, [3, 1, 2]).order == (3, 1, 2)
-    assert order_chunks(tree, [3, 1, 2], "retrieval").order == (3, 1, 2)
+    assert ChunkOrder.RETRIEVAL.order(tree, [3, 1, 2]).order == (3, 1, 2)
 
 
 def test_equally_long_paths_go_to_the_best_ranked_one():
@@ -76,9 +77,9 @@ def test_paths_through_chunks_not_retrieved_do_not_count():
 
 def test_retrieval_order_reports_its_exact_prefix():
     tree = tree_of((1,), (1, 2))
-    assert order_chunks(tree, [1, 2, 3], "retrieval").exact == 2
-    with pytest.raises(ValueError):
-        order_chunks(tree, [1], "shuffled")
+    assert ChunkOrder.RETRIEVAL.order(tree, [1, 2, 3]).exact == 2
+    with pytest.raises(InvalidRequest, match="unknown chunk order 'shuffled'"):
+        ChunkOrder.named("shuffled")
 
 
 def random_tree(rng: random.Random, chunks: int, paths: int, drop: float) -> ChunkTree:

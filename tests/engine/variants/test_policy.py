@@ -12,7 +12,7 @@ from engine.cachecraft.choice import Candidate
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import UnknownMode
-from engine.planners import PLANNERS
+from engine.planners import PLANNERS, Mode
 from engine.planners.base import VariantUse, VariantYield
 from engine.planners.cacheblend import blend_schedule
 from engine.variant_stats import VariantStats
@@ -50,9 +50,11 @@ def test_every_mode_declares_its_policy():
         VariantUse.BEST,
         VariantYield.BUILD,
     )
-    assert not policy().uses_variants("full") and not policy().uses_variants("cacheblend")
+    assert not policy().uses_variants(Mode.named("full")) and not policy().uses_variants(
+        Mode.named("cacheblend")
+    )
     with pytest.raises(UnknownMode):
-        policy().choose("nope", ["a"], [[Candidate(())]])
+        policy().choose(Mode.named("nope"), ["a"], [[Candidate(())]])
 
 
 def test_blend_cost_counts_the_rows_of_each_layer():
@@ -78,7 +80,7 @@ def test_a_shallow_model_keeps_the_ratio_from_its_last_check():
 
 def test_blend_cost_is_what_a_cacheblend_prefill_computes(engine):
     chunks = chunk_inputs(engine)
-    result = engine.prefill(chunks, QUESTION, mode="cacheblend")
+    result = engine.prefill(chunks, QUESTION, mode=Mode.named("cacheblend"))
     cost = blend_cost(engine.config, engine.loaded.spec.num_layers)
     computed = sum(c.compute_share * c.tokens for c in result.chunks) / result.context_tokens
     assert computed == pytest.approx(cost, abs=0.02)  # rounding up per check layer
@@ -91,13 +93,13 @@ def test_each_use_gets_what_its_mode_may_use():
         [Candidate(()), measured(["a"])],
         [measured(["b", "a"]), Candidate(()), measured(["a", "b"])],
     ]
-    assert policy().choose("cacheblend", ids, candidates) == [None, None, None]
-    assert policy().choose("prefix", ids, candidates) == [None, 1, 2]
-    assert policy().choose("cachecraft", ids, candidates) == [None, 1, 2]
+    assert policy().choose(Mode.named("cacheblend"), ids, candidates) == [None, None, None]
+    assert policy().choose(Mode.named("prefix"), ids, candidates) == [None, 1, 2]
+    assert policy().choose(Mode.named("cachecraft"), ids, candidates) == [None, 1, 2]
     # prefix takes only the exact context; cachecraft takes a close one when cheaper than blending
     other = [[Candidate(())], [Candidate(())], [Candidate(()), measured(["b", "a"])]]
-    assert policy().choose("prefix", ids, other) == [None, None, None]
-    assert policy(craft_alpha=0.1).choose("cachecraft", ids, other) == [None, None, 1]
+    assert policy().choose(Mode.named("prefix"), ids, other) == [None, None, None]
+    assert policy(craft_alpha=0.1).choose(Mode.named("cachecraft"), ids, other) == [None, None, 1]
 
 
 def test_an_unrelated_or_stale_variant_loses_to_the_base_plus_blend():
@@ -106,13 +108,20 @@ def test_an_unrelated_or_stale_variant_loses_to_the_base_plus_blend():
     unrelated = [Candidate(()), measured(["x", "y", "z"])]
     shuffled = [Candidate(()), measured(["c", "b", "a"])]  # the same chunks, order fully reversed
     close = [Candidate(()), measured(["a", "b", "x"], cci=0.6)]
-    chosen = p.choose("cachecraft", ids, [[Candidate(())]] * 3 + [unrelated])
+    chosen = p.choose(Mode.named("cachecraft"), ids, [[Candidate(())]] * 3 + [unrelated])
     assert chosen[-1] is None
-    assert p.choose("cachecraft", ids, [[Candidate(())]] * 3 + [shuffled])[-1] is None
-    assert p.choose("cachecraft", ["a", "b", "q", "d"], [[Candidate(())]] * 3 + [close])[-1] is None
+    assert p.choose(Mode.named("cachecraft"), ids, [[Candidate(())]] * 3 + [shuffled])[-1] is None
+    assert (
+        p.choose(Mode.named("cachecraft"), ["a", "b", "q", "d"], [[Candidate(())]] * 3 + [close])[
+            -1
+        ]
+        is None
+    )
     # with α small enough the same unrelated variant would win (CFO 0.08 < blend cost)
     assert (
-        policy(craft_alpha=0.1).choose("cachecraft", ids, [[Candidate(())]] * 3 + [unrelated])[-1]
+        policy(craft_alpha=0.1).choose(
+            Mode.named("cachecraft"), ids, [[Candidate(())]] * 3 + [unrelated]
+        )[-1]
         == 1
     )
 
@@ -152,29 +161,29 @@ def test_recent_traffic_counts_sets_in_any_order_within_its_window():
 
 def test_builds_only_for_modes_that_build_and_sets_that_recur():
     p = policy(craft_build_after=1)
-    p.choose("cachecraft", ["a", "b"], [[Candidate(())]] * 2)
-    assert not p.should_build("cachecraft", ["a", "b"])
-    p.choose("cachecraft", ["b", "a"], [[Candidate(())]] * 2)
-    assert p.should_build("cachecraft", ["b", "a"])
+    p.choose(Mode.named("cachecraft"), ["a", "b"], [[Candidate(())]] * 2)
+    assert not p.should_build(Mode.named("cachecraft"), ["a", "b"])
+    p.choose(Mode.named("cachecraft"), ["b", "a"], [[Candidate(())]] * 2)
+    assert p.should_build(Mode.named("cachecraft"), ["b", "a"])
     assert (
-        not p.should_build("prefix", ["a", "b"])
-        and p.harvests("prefix")
-        and not p.harvests("cacheblend")
+        not p.should_build(Mode.named("prefix"), ["a", "b"])
+        and p.harvests(Mode.named("prefix"))
+        and not p.harvests(Mode.named("cacheblend"))
     )
     # never observed: not asked
-    assert policy(craft_build_after=0).should_build("cachecraft", ["z"]) is False
+    assert policy(craft_build_after=0).should_build(Mode.named("cachecraft"), ["z"]) is False
     always = policy(craft_build_after=0)
-    always.choose("cachecraft", ["z"], [[Candidate(())]])
-    assert always.should_build("cachecraft", ["z"])
+    always.choose(Mode.named("cachecraft"), ["z"], [[Candidate(())]])
+    assert always.should_build(Mode.named("cachecraft"), ["z"])
 
 
 def test_exact_rows_end_where_the_first_blended_chunk_starts(engine):
     chunks = chunk_inputs(engine)
-    result = engine.prefill(chunks, QUESTION, mode="cacheblend")
+    result = engine.prefill(chunks, QUESTION, mode=Mode.named("cacheblend"))
     layers = engine.loaded.spec.num_layers
     assert exact_chunks(result, source_contexts(chunks), layers) == [True, False, False, False]
     computed = [dataclasses.replace(c, kv=None) if i == 1 else c for i, c in enumerate(chunks)]
-    result = engine.prefill(computed, QUESTION, mode="cacheblend")
+    result = engine.prefill(computed, QUESTION, mode=Mode.named("cacheblend"))
     # a chunk with no cache runs every layer over exact rows: exact; the next one is blended
     assert exact_chunks(result, source_contexts(computed), layers) == [True, True, False, False]
 
@@ -190,16 +199,18 @@ def test_a_build_starts_after_the_exact_leading_chunks(engine):
     for chunk in chunks:
         book.add(chunk.chunk_id, chunk.kv)
     ids = [c.chunk_id for c in chunks]
-    inputs = book.inputs(ids, "cachecraft")
-    result = engine.prefill(inputs, QUESTION, mode="cachecraft")
+    inputs = book.inputs(ids, Mode.named("cachecraft"))
+    result = engine.prefill(inputs, QUESTION, mode=Mode.named("cachecraft"))
     assert book.record(result, inputs) == len(ids) - 1
     [work] = book.build_work
     first_start, first_end = result.layout.chunk_spans[0]
     # the system prefix and the exact first chunk came from cache
     assert int(work[:first_end].sum()) == 0
     assert bool((work[first_end:] == engine.loaded.spec.num_layers).all())
-    full = engine.prefill(chunks, QUESTION, mode="full")
-    again = engine.prefill(book.inputs(ids, "cachecraft"), QUESTION, mode="cachecraft")
+    full = engine.prefill(chunks, QUESTION, mode=Mode.named("full"))
+    again = engine.prefill(
+        book.inputs(ids, Mode.named("cachecraft")), QUESTION, mode=Mode.named("cachecraft")
+    )
     assert again.recomputed_tokens == 0
     torch.testing.assert_close(again.logits, full.logits, rtol=1e-4, atol=1e-4)
 
@@ -213,15 +224,15 @@ def test_inline_builds_compute_a_recurring_set_exactly_and_keep_it(engine):
     ids = [c.chunk_id for c in chunks]
     strategies = []
     for _ in range(3):
-        inputs = book.inputs(ids, "cachecraft")
-        result = engine.prefill(inputs, QUESTION, mode="cachecraft")
+        inputs = book.inputs(ids, Mode.named("cachecraft"))
+        result = engine.prefill(inputs, QUESTION, mode=Mode.named("cachecraft"))
         book.record(result, inputs)
         strategies.append([c.strategy for c in result.chunks])
     assert strategies[0][1:] == ["deviation"] * 3  # first sight: blended, nothing kept
     assert strategies[1] == ["reuse"] + ["computed"] * 3  # it recurs: computed in context, kept
     assert strategies[2] == ["reuse"] * 4 and not book.build_work  # no second prefill ever ran
-    full = engine.prefill(chunks, QUESTION, mode="full")
+    full = engine.prefill(chunks, QUESTION, mode=Mode.named("full"))
     torch.testing.assert_close(result.logits, full.logits, rtol=1e-4, atol=1e-4)
-    assert not policy(craft_build="inline").should_build("cachecraft", ids)
+    assert not policy(craft_build="inline").should_build(Mode.named("cachecraft"), ids)
     with pytest.raises(ValueError, match="craft_build"):
         EngineConfig(craft_build="later")
