@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -25,6 +25,13 @@ class TierStats(BaseModel):
     state: Literal["up", "degraded", "down"]
     write_error: str | None = Field(default=None, description="why it cannot write now")
     put_failures: int = Field(description="writes it refused since start (no space, I/O errors)")
+    pinned: int = Field(description="entries requests hold now (not evicted)")
+    evictions: int = Field(description="entries removed to make room (demoted or dropped)")
+    demotions: int = Field(description="evicted entries written to the next tier")
+    promotions: int = Field(description="entries copied up after a hit")
+    corrupt: int = Field(
+        description="entries found but refused (checksum, truncation, wrong model)"
+    )
 
 
 class AdminStats(BaseModel):
@@ -59,7 +66,7 @@ class EvictRequest(BaseModel):
     bytes: ByteCount | None = Field(default=None, description="free at least this many bytes")
 
     @model_validator(mode="after")
-    def _something(self):
+    def _something(self) -> Self:
         if self.tier is None and self.chunk_id is None and self.bytes is None:
             raise ValueError("give at least one of tier, chunk_id, bytes")
         return self

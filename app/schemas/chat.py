@@ -11,14 +11,22 @@ Extras (`extra_body` in the openai client): `mode`, `top_k`, `ratio`, `fidelity`
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool
 
 from app.schemas.ask import FIDELITY_DOC, Fidelity
-from app.schemas.common import Ratio, Seed, Temperature, TokenBudget, TopK, TopP, json_int
+from app.schemas.common import (
+    WHOLE_FLOAT,
+    Ratio,
+    Seed,
+    Temperature,
+    TokenBudget,
+    TopK,
+    TopP,
+)
 
-OneChoice = json_int(1, 1)
+OneChoice = Annotated[int, Strict(), Field(ge=1, le=1), WHOLE_FLOAT]
 # The two OpenAI names of the answer's token budget (`app.api.routes.chat.token_budget`).
 TOKEN_BUDGET_FIELDS = ("max_tokens", "max_completion_tokens")
 

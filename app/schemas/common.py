@@ -22,39 +22,29 @@ INT64_MAX = (1 << 63) - 1
 INT64_END = 1 << 63
 
 
-def _whole_float_to_int(value):
+def _whole_float_to_int(value: object) -> object:
     """JSON Schema counts 16.0 as an integer; a bool or a string is not one (left to fail)."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
 
 
-def json_int(ge: int | None = None, le: int | None = None, lt: int | None = None):
-    """An integer as JSON Schema means it, within the bounds: 3 and 3.0 yes; true, "3", 3.5 no
-    (422).
-
-    The bounds go before the float conversion so they reach the JSON schema as
-    minimum / maximum (after a validator pydantic cannot translate them).
-    """
-    return Annotated[
-        int, Strict(), Field(ge=ge, le=le, lt=lt), BeforeValidator(_whole_float_to_int)
-    ]
-
-
-def json_number(ge: float | None = None, le: float | None = None, gt: float | None = None):
-    """A JSON Schema number within the bounds: 1 and 0.5 yes; true, false, "0.5" no (422)."""
-    return Annotated[float, Strict(), Field(ge=ge, le=le, gt=gt)]
-
-
-TopK = json_int(1, 20)
-TokenBudget = json_int(1)  # its upper limit is a setting (`max_tokens_limit`)
+# Integers as JSON Schema means them, within the bounds of their `Field`: 3 and 3.0 yes; true,
+# "3", 3.5 no (422). The bounds go before the float conversion so they reach the JSON schema
+# as minimum / maximum (after a validator pydantic cannot translate them).
+WHOLE_FLOAT = BeforeValidator(_whole_float_to_int)
+TopK = Annotated[int, Strict(), Field(ge=1, le=20), WHOLE_FLOAT]
+# An answer's token budget; its upper limit is a setting (`max_tokens_limit`).
+TokenBudget = Annotated[int, Strict(), Field(ge=1), WHOLE_FLOAT]
 # A catalog row id in a JSON body (ids start at 1).
-RowId = json_int(1, lt=INT64_END)
+RowId = Annotated[int, Strict(), Field(ge=1, lt=INT64_END), WHOLE_FLOAT]
 # A sampling seed: any signed 64-bit integer (what torch.Generator.manual_seed takes).
-Seed = json_int(INT64_MIN, lt=INT64_END)
+Seed = Annotated[int, Strict(), Field(ge=INT64_MIN, lt=INT64_END), WHOLE_FLOAT]
 # A byte count.
-ByteCount = json_int(1, lt=INT64_END)
-# Sampling and recompute knobs of /ask and chat.
-Ratio = json_number(0.0, 1.0)
-Temperature = json_number(0.0, 2.0)
-TopP = json_number(le=1.0, gt=0.0)
+ByteCount = Annotated[int, Strict(), Field(ge=1, lt=INT64_END), WHOLE_FLOAT]
+
+# Sampling and recompute knobs of /ask and chat: JSON Schema numbers within the bounds of their
+# `Field`: 1 and 0.5 yes; true, false, "0.5" no (422).
+Ratio = Annotated[float, Strict(), Field(ge=0.0, le=1.0)]
+Temperature = Annotated[float, Strict(), Field(ge=0.0, le=2.0)]
+TopP = Annotated[float, Strict(), Field(le=1.0, gt=0.0)]

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict, dataclass, fields
-from typing import TypedDict
+from typing import Literal, TypedDict
 
 import torch
 
 from app.store.base import EntryReader
+
+# What a tier is now (`TierReport.state`).
+TierState = Literal["up", "degraded", "down"]
 
 
 @dataclass
@@ -45,7 +48,7 @@ class TierReport:
         return asdict(self)
 
     @property
-    def state(self) -> str:
+    def state(self) -> TierState:
         """ "up", "degraded" (reachable, cannot write) or "down" (unreachable, skipped)."""
         return "down" if not self.available else "degraded" if self.write_error else "up"
 
@@ -85,7 +88,7 @@ class TierFigures(TypedDict):
     demotions: int
     promotions: int
     corrupt: int
-    state: str
+    state: TierState
     writable: bool
     write_error: str | None
     put_failures: int
