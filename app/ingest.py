@@ -31,7 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -59,7 +59,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OnProgress = Callable[[int, int], None]  # (chunks, tokens) whose base KV was just stored
-KV_MODES = ("eager", "lazy")
+# What an ingest does with base KV: compute it now, or on the chunk's first retrieval.
+KvMode = Literal["eager", "lazy"]
+KV_MODES: tuple[KvMode, ...] = ("eager", "lazy")
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ class IngestResult:
     num_tokens: int
     seconds: float
     kv_tiers: dict[str, int] = field(default_factory=dict)
-    kv: str = "eager"  # lazy: no base KV yet (kv_tiers empty); computed on first retrieval
+    kv: KvMode = "eager"  # lazy: no base KV yet (kv_tiers empty); computed on first retrieval
     kv_memory_only: int = 0
 
 
@@ -135,7 +137,7 @@ class Ingestor:
         self,
         doc: SourceDocument,
         digest: str,
-        kv: str,
+        kv: KvMode,
         on_progress: OnProgress | None,
         started: float,
     ) -> IngestResult:
@@ -307,10 +309,11 @@ class Ingestor:
             )
 
 
-def _check_kv(kv: str) -> str:
-    if kv not in KV_MODES:
-        raise InvalidRequest(f"kv must be one of {', '.join(KV_MODES)}, got {kv!r}")
-    return kv
+def _check_kv(kv: str) -> KvMode:
+    for mode in KV_MODES:
+        if kv == mode:
+            return mode
+    raise InvalidRequest(f"kv must be one of {', '.join(KV_MODES)}, got {kv!r}")
 
 
 def iter_documents(catalog: Catalog, page: int = 500) -> Iterator[DocumentRecord]:

@@ -60,7 +60,7 @@ async def _read_body(request: Request, cap: int) -> bytes:
     return bytes(body)
 
 
-def _from_json(raw: bytes, limit: int) -> SourceDocument:
+def _from_json(raw: bytes, limit: int) -> Upload:
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -86,7 +86,7 @@ async def _from_form(request: Request, limit: int) -> Upload:
     if any(len(form.getlist(field)) > 1 for field in FORM_FIELDS):
         raise HTTPException(422, "each form field may be sent once")
     kv = form.get("kv")
-    if kv is not None and kv not in get_args(KvMode):
+    if kv is not None and (not isinstance(kv, str) or kv not in get_args(KvMode)):
         raise HTTPException(422, f"kv must be one of {', '.join(get_args(KvMode))}")
     name, text = await _file_text(form.get("file"), limit)
     title = form.get("title")

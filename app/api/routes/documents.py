@@ -12,7 +12,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from app.api.deps import ServicesDep, WriterDep
 from app.api.errors import documented
 from app.api.uploads import read_document
-from app.catalog import DocumentState
+from app.catalog import DocumentRecord, DocumentState
 from app.schemas.common import INT64_END
 from app.schemas.documents import (
     KV_HELP,
@@ -149,7 +149,7 @@ def memory_only_warning(chunks: int, tier: str | None) -> str | None:
     )
 
 
-def document_out(d) -> DocumentOut:
+def document_out(d: DocumentRecord) -> DocumentOut:
     return DocumentOut(
         id=d.id,
         title=d.title,
