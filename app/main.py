@@ -9,6 +9,7 @@ closes them.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -44,7 +45,7 @@ def create_app(
     settings = settings or (services.settings if services else Settings())
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.services = services or await run_in_threadpool(Services.start, settings)
         if announce:
             engine = app.state.services.engine

@@ -10,8 +10,10 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 
-from starlette.routing import Match
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.errors import error_response
 
@@ -28,15 +30,15 @@ class ErrorMiddleware:
     nothing valid can be sent any more: it is re-raised, and closing is right.
     """
 
-    def __init__(self, app):
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         started = False
 
-        async def send_and_note(message):
+        async def send_and_note(message: Message) -> None:
             nonlocal started
             started = started or message["type"] == "http.response.start"
             await send(message)
@@ -65,17 +67,17 @@ class RequestIdMiddleware:
     when it is a short token (`CLIENT_REQUEST_ID`; a proxy's id follows the request), else a
     new random one. Log lines about a request name it, so a client can quote it."""
 
-    def __init__(self, app):
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         sent = dict(scope.get("headers") or ()).get(b"x-request-id", b"").decode("latin-1")
         rid = sent if CLIENT_REQUEST_ID.fullmatch(sent) else uuid.uuid4().hex[:16]
         scope.setdefault("state", {})["request_id"] = rid
 
-        async def send_with_id(message):
+        async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = [h for h in message.get("headers", []) if h[0].lower() != b"x-request-id"]
                 message = {**message, "headers": [*headers, (b"x-request-id", rid.encode())]}
@@ -84,21 +86,23 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
-def request_id(scope) -> str:
+def request_id(scope: Scope) -> str:
     """The id `RequestIdMiddleware` gave the request ("-" outside it, as in unit tests)."""
-    return (scope.get("state") or {}).get("request_id", "-")
+    state: Mapping[str, object] = scope.get("state") or {}
+    rid = state.get("request_id", "-")
+    return rid if isinstance(rid, str) else "-"
 
 
 class MetricsMiddleware:
-    def __init__(self, app):
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         started, status = time.perf_counter(), 500
 
-        async def send_and_note(message):
+        async def send_and_note(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
@@ -110,7 +114,7 @@ class MetricsMiddleware:
             self._record(scope, status, time.perf_counter() - started)
 
     @staticmethod
-    def _record(scope, status: int, seconds: float) -> None:
+    def _record(scope: Scope, status: int, seconds: float) -> None:
         services = getattr(scope["app"].state, "services", None)
         if services is None:
             return
@@ -128,10 +132,10 @@ class AllowedMethodsMiddleware:
     takes, and paths no route is at (404), pass through untouched.
     """
 
-    def __init__(self, app):
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         routes = scope["app"].routes
@@ -156,7 +160,7 @@ class AllowedMethodsMiddleware:
 PROBED_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
 
-def _match(routes, scope) -> Match:
+def _match(routes: Sequence[BaseRoute], scope: Scope) -> Match:
     """FULL if a route takes the request, PARTIAL if one is at its path with other methods, else
     NONE."""
     best = Match.NONE
@@ -169,7 +173,7 @@ def _match(routes, scope) -> Match:
     return best
 
 
-def methods_at(routes, scope) -> set[str]:
+def methods_at(routes: Sequence[BaseRoute], scope: Scope) -> set[str]:
     """The methods some route takes at the request's path (Starlette's own matching, so
     routers included in routers count)."""
     return {m for m in PROBED_METHODS if _match(routes, {**scope, "method": m}) is Match.FULL}
@@ -183,7 +187,7 @@ DEMO_CSP = (
     "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors "
     "'none'"
 )
-SECURITY_HEADERS = (
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
     (b"referrer-policy", b"no-referrer"),
@@ -195,10 +199,10 @@ class SecurityHeadersMiddleware:
     demo's (`/`, `/static/...`) also its Content-Security-Policy (`DEMO_CSP`). A header the
     route set itself is kept."""
 
-    def __init__(self, app):
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"]
@@ -206,7 +210,7 @@ class SecurityHeadersMiddleware:
         if path == "/" or path.startswith("/static/"):
             extra = (*extra, (b"content-security-policy", DEMO_CSP.encode()))
 
-        async def send_with_headers(message):
+        async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 present = {name.lower() for name, _ in headers}

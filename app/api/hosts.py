@@ -24,6 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from starlette.types import ASGIApp, Receive, Scope, Send
+
 from app.api.errors import error_response
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -89,11 +91,11 @@ def _matches(name: str, pattern: str) -> bool:
 class TrustedHostMiddleware:
     """Answers 400 to a request whose `Host` the rule does not allow (health routes excepted)."""
 
-    def __init__(self, app, rule: HostRule):
+    def __init__(self, app: ASGIApp, rule: HostRule) -> None:
         self.app = app
         self.rule = rule
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self.rule.any_host or scope.get("path") in OPEN_PATHS:
             return await self.app(scope, receive, send)
         host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
