@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from app.kvcache.chunk_cache import COMPUTED_NOW
 from app.rag import Answer
+from app.retrieve import Retrieved
 from app.schemas.ask import AskResponse, ChunkOut, GuardOut, OrderOut, Timings, Usage
+from engine.result import ChunkReport
 from engine.serving.guard import GuardReport
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
-def ask_response(answer: Answer, tokenizer=None) -> AskResponse:
+
+def ask_response(answer: Answer, tokenizer: PreTrainedTokenizerBase | None = None) -> AskResponse:
     """`tokenizer` given: add each chunk's token pieces and recomputed offsets (explain)."""
     result = answer.result
     chunks = [
@@ -63,7 +70,13 @@ def guard_out(report: GuardReport) -> GuardOut:
     )
 
 
-def chunk_out(retrieved, report, variant: str, mode: str, tokenizer) -> ChunkOut:
+def chunk_out(
+    retrieved: Retrieved,
+    report: ChunkReport,
+    variant: str,
+    mode: str,
+    tokenizer: PreTrainedTokenizerBase | None,
+) -> ChunkOut:
     out = ChunkOut(
         chunk_id=retrieved.chunk.id,
         document_id=retrieved.document.id,
@@ -83,8 +96,8 @@ def chunk_out(retrieved, report, variant: str, mode: str, tokenizer) -> ChunkOut
         cfo=report.cfo,
     )
     if tokenizer is not None:
-        out.token_texts = [tokenizer.decode([t]) for t in retrieved.token_ids]
-        out.recomputed_offsets = list(getattr(report, "recomputed_offsets", ()))
+        out.token_texts = tokenizer.batch_decode([[t] for t in retrieved.token_ids])
+        out.recomputed_offsets = list(report.recomputed_offsets)
     return out
 
 

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import threading
 from concurrent.futures import Future
+from typing import Any
 
 from fastapi import Request
 
@@ -51,7 +52,8 @@ async def answer_while_connected(
     future = queue.submit_cancellable(cancel, rag.ask, query, None, cancel)
     job = asyncio.wrap_future(future)
     watcher = asyncio.ensure_future(wait_for_disconnect(request))
-    done, _ = await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    racing: set[asyncio.Future[Any]] = {job, watcher}  # the answer and the disconnect
+    done, _ = await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
     if job in done:
         watcher.cancel()
         return job.result()

@@ -15,7 +15,8 @@ from app.settings import Settings
 
 
 def get_services(request: Request) -> Services:
-    return request.app.state.services
+    services: Services = request.app.state.services  # set in the lifespan (`app.main`)
+    return services
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]

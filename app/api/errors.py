@@ -10,6 +10,8 @@ traceback goes to the log, not the client) and keeps the connection usable.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -56,7 +58,7 @@ _DESCRIPTIONS = {
 }
 
 
-def documented(*statuses: int) -> dict:
+def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses` for these error statuses, all with the one `ErrorBody` shape."""
     return {
         status: {"model": ErrorBody, "description": _DESCRIPTIONS[status]} for status in statuses
@@ -64,9 +66,13 @@ def documented(*statuses: int) -> dict:
 
 
 def error_response(
-    status: int, message: str, details=None, headers=None, param=None
+    status: int,
+    message: str,
+    details: list[dict[str, object]] | None = None,
+    headers: Mapping[str, str] | None = None,
+    param: str | None = None,
 ) -> JSONResponse:
-    body = {
+    body: dict[str, object] = {
         "type": _TYPES.get(status, "api_error"),
         "message": message,
         "param": param,
@@ -77,7 +83,7 @@ def error_response(
     return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
-def error_body(exc: BaseException) -> dict:
+def error_body(exc: BaseException) -> dict[str, dict[str, str | None]]:
     """The error body for an exception raised inside a stream (after the 200 was sent)."""
     if isinstance(exc, InvalidRequest):
         return {
@@ -100,14 +106,25 @@ def error_body(exc: BaseException) -> dict:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(InvalidRequest, _invalid_request)
-    app.add_exception_handler(QueueFull, _queue_full)
-    app.add_exception_handler(LeaseLost, _lease_lost)
-    app.add_exception_handler(CatalogUnwritable, _catalog_unwritable)
-    app.add_exception_handler(IngestInProgress, _ingest_in_progress)
-    app.add_exception_handler(ClientGone, _client_gone)
+    _handle(app, RequestValidationError, _validation_error)
+    _handle(app, StarletteHTTPException, _http_error)
+    _handle(app, InvalidRequest, _invalid_request)
+    _handle(app, QueueFull, _queue_full)
+    _handle(app, LeaseLost, _lease_lost)
+    _handle(app, CatalogUnwritable, _catalog_unwritable)
+    _handle(app, IngestInProgress, _ingest_in_progress)
+    _handle(app, ClientGone, _client_gone)
+
+
+E = TypeVar("E", bound=Exception)
+
+
+def _handle(
+    app: FastAPI, kind: type[E], handler: Callable[[Request, E], Awaitable[JSONResponse]]
+) -> None:
+    """Answer `kind` with `handler`, which Starlette hands only a `kind` (its own signature takes
+    any exception, so `add_exception_handler` cannot check that the two match; this does)."""
+    app.exception_handler(kind)(handler)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -13,6 +13,7 @@ a request valid by the document is one the server answers (schemathesis checks b
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -24,6 +25,8 @@ from app.store.config import KNOWN_POLICIES
 from engine.planners import planner_names
 
 REF_TEMPLATE = "#/components/schemas/{model}"
+# A JSON object of the document, as FastAPI's `get_openapi` returns it.
+JsonObject = dict[str, Any]
 HAND_READ_BODIES: tuple[type[BaseModel], ...] = (DocumentIn,)
 
 
@@ -41,7 +44,7 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
     """Make `app.openapi()` (and `/openapi.json`) include the hand-read body schemas and `settings`'
     limits."""
 
-    def openapi() -> dict:
+    def openapi() -> JsonObject:
         if app.openapi_schema is None:
             document = get_openapi(
                 title=app.title, version=app.version, description=app.description, routes=app.routes
@@ -57,7 +60,8 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
             app.openapi_schema = document
         return app.openapi_schema
 
-    app.openapi = openapi
+    # Replacing the method is FastAPI's documented hook ("Extending OpenAPI"); its type says method.
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 # Some non-whitespace, no NUL: what the service checks after stripping (`RagService.query`,
@@ -66,7 +70,7 @@ NOT_BLANK = "\\S"
 TEXT_WITHOUT_NUL = "^[^\\x00]*[^\\s\\x00][^\\x00]*$"
 
 
-def add_limits(schemas: dict, settings: Settings, tiers: list[str]) -> None:
+def add_limits(schemas: JsonObject, settings: Settings, tiers: list[str]) -> None:
     """Write the settings' limits into the request schemas (see the module docstring)."""
     evict = schemas["EvictRequest"]["properties"]
     _narrow(evict["tier"], enum=tiers)
@@ -105,7 +109,7 @@ def add_limits(schemas: dict, settings: Settings, tiers: list[str]) -> None:
     )
 
 
-def add_upload_limits(document: dict, settings: Settings) -> None:
+def add_upload_limits(document: JsonObject, settings: Settings) -> None:
     """The multipart upload's file text gets the JSON `text` field's limits (see `add_limits`).
 
     The body comes from the route's `openapi_extra`, a module constant that FastAPI merges
@@ -119,7 +123,7 @@ def add_upload_limits(document: dict, settings: Settings) -> None:
 BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 
-def exact_integer_bounds(node) -> None:
+def exact_integer_bounds(node: object) -> None:
     """Write integral bounds as JSON integers, in place.
 
     FastAPI's schema model stores bounds as floats, so 2**63 comes out as 9.223372036854776e+18:
@@ -136,7 +140,7 @@ def exact_integer_bounds(node) -> None:
             exact_integer_bounds(value)
 
 
-def _narrow(schema: dict, **limits) -> None:
+def _narrow(schema: JsonObject, **limits: object) -> None:
     """Add `limits` to an optional field's non-null branch (or to the field itself)."""
     branches = [b for b in schema.get("anyOf", [schema]) if b.get("type") != "null"]
     for branch in branches:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from app.api.abandon import answer_while_connected, request_label
 from app.api.deps import ServicesDep
 from app.api.errors import documented, error_body
-from app.api.streaming import SSE_HEADERS, AnswerStream, sse
+from app.api.streaming import SSE_HEADERS, AnswerStream, Done, Piece, sse
 from app.report import ask_response
 from app.schemas.ask import AskRequest, AskResponse, ModesResponse
 from engine.config import FIDELITIES
@@ -16,7 +19,7 @@ from engine.planners import planner_names
 
 router = APIRouter(tags=["ask"])
 
-STREAM_DOC = {
+STREAM_DOC: dict[int | str, dict[str, Any]] = {
     200: {
         "content": {"text/event-stream": {}},
         "description": "with stream=true: `piece` events {text}, then one `report` (or `error`)",
@@ -40,7 +43,9 @@ def modes(services: ServicesDep) -> ModesResponse:
 @router.post(
     "/ask", response_model=AskResponse, responses={**STREAM_DOC, **documented(400, 422, 503)}
 )
-async def ask(body: AskRequest, services: ServicesDep, request: Request):
+async def ask(
+    body: AskRequest, services: ServicesDep, request: Request
+) -> AskResponse | StreamingResponse:
     """Retrieve, prefill by mode reusing chunk KV, decode; report per chunk and per stage."""
     query = services.rag.query(
         question=body.question,
@@ -61,13 +66,13 @@ async def ask(body: AskRequest, services: ServicesDep, request: Request):
         return ask_response(answer, tokenizer)
     stream = AnswerStream.start(services, query, request_label(request))
 
-    async def frames():
-        async for kind, payload in stream.events():
-            if kind == "piece":
-                yield sse({"text": payload}, "piece")
-            elif kind == "done":
-                yield sse(ask_response(payload, tokenizer).model_dump(mode="json"), "report")
+    async def frames() -> AsyncIterator[str]:
+        async for event in stream.events():
+            if isinstance(event, Piece):
+                yield sse({"text": event.text}, "piece")
+            elif isinstance(event, Done):
+                yield sse(ask_response(event.answer, tokenizer).model_dump(mode="json"), "report")
             else:
-                yield sse(error_body(payload), "error")
+                yield sse(error_body(event.error), "error")
 
     return StreamingResponse(frames(), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import AsyncIterator
+from typing import Any, TypedDict
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -18,7 +20,8 @@ from fastapi.responses import StreamingResponse
 from app.api.abandon import answer_while_connected, request_label
 from app.api.deps import ServicesDep
 from app.api.errors import documented, error_body
-from app.api.streaming import SSE_HEADERS, AnswerStream, sse
+from app.api.streaming import SSE_HEADERS, AnswerStream, Done, Piece, sse
+from app.rag import Answer
 from app.report import ask_response
 from app.schemas.chat import (
     TOKEN_BUDGET_FIELDS,
@@ -34,12 +37,20 @@ from engine.errors import InvalidRequest
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
-STREAM_DOC = {
+STREAM_DOC: dict[int | str, dict[str, Any]] = {
     200: {
         "content": {"text/event-stream": {}},
         "description": "with stream=true: `chat.completion.chunk` frames, then `data: [DONE]`",
     }
 }
+
+
+class Head(TypedDict):
+    """What the response, or every chunk of the stream, of one completion starts with."""
+
+    id: str
+    created: int
+    model: str
 
 
 @router.get("/models", response_model=ModelList)
@@ -52,7 +63,9 @@ def models(services: ServicesDep) -> ModelList:
     response_model=ChatResponse,
     responses={**STREAM_DOC, **documented(400, 422, 503)},
 )
-async def chat_completions(body: ChatRequest, services: ServicesDep, request: Request):
+async def chat_completions(
+    body: ChatRequest, services: ServicesDep, request: Request
+) -> ChatResponse | StreamingResponse:
     query = services.rag.query(
         question=body.question(),
         top_k=body.top_k,
@@ -64,7 +77,7 @@ async def chat_completions(body: ChatRequest, services: ServicesDep, request: Re
         seed=body.seed,
         fidelity=body.fidelity,
     )
-    head = {
+    head: Head = {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
         "created": int(time.time()),
         "model": services.model_name,
@@ -97,7 +110,7 @@ async def chat_completions(body: ChatRequest, services: ServicesDep, request: Re
 def token_budget(body: ChatRequest, limit: int) -> int | None:
     """The answer's token budget (None: the server's default): every budget field the client
     sent must be within `limit` (else 422, naming the field); with both, the smaller wins."""
-    sent = {name: getattr(body, name) for name in TOKEN_BUDGET_FIELDS}
+    sent: dict[str, int | None] = {name: getattr(body, name) for name in TOKEN_BUDGET_FIELDS}
     budgets = {name: value for name, value in sent.items() if value is not None}
     for name, value in budgets.items():
         if value > limit:
@@ -105,22 +118,24 @@ def token_budget(body: ChatRequest, limit: int) -> int | None:
     return min(budgets.values(), default=None)
 
 
-async def chunk_frames(stream: AnswerStream, head: dict, include_usage: bool):
-    head = {**head, "object": "chat.completion.chunk"}
-    yield sse({**head, "choices": [_delta({"role": "assistant", "content": ""})]})
-    async for kind, payload in stream.events():
-        if kind == "piece":
-            yield sse({**head, "choices": [_delta({"content": payload})]})
-        elif kind == "done":
-            yield sse({**head, "choices": [_delta({}, finish_reason(payload.finish_reason))]})
+async def chunk_frames(stream: AnswerStream, head: Head, include_usage: bool) -> AsyncIterator[str]:
+    chunk = {**head, "object": "chat.completion.chunk"}
+    yield sse({**chunk, "choices": [_delta({"role": "assistant", "content": ""})]})
+    async for event in stream.events():
+        if isinstance(event, Piece):
+            yield sse({**chunk, "choices": [_delta({"content": event.text})]})
+        elif isinstance(event, Done):
+            reason = finish_reason(event.answer.finish_reason)
+            yield sse({**chunk, "choices": [_delta({}, reason)]})
             if include_usage:
-                yield sse({**head, "choices": [], "usage": chat_usage(payload).model_dump()})
+                usage = chat_usage(event.answer).model_dump()
+                yield sse({**chunk, "choices": [], "usage": usage})
         else:
-            yield sse(error_body(payload))
+            yield sse(error_body(event.error))
     yield sse("[DONE]")
 
 
-def _delta(delta: dict, finish: str | None = None) -> dict:
+def _delta(delta: dict[str, str], finish: str | None = None) -> dict[str, object]:
     return {"index": 0, "delta": delta, "finish_reason": finish}
 
 
@@ -128,7 +143,7 @@ def finish_reason(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
 
-def chat_usage(answer) -> ChatUsage:
+def chat_usage(answer: Answer) -> ChatUsage:
     prompt, completion = answer.result.layout.total_len, len(answer.decoded.token_ids)
     return ChatUsage(
         prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion

@@ -9,6 +9,7 @@ from sqlalchemy import text
 
 from app.api.deps import ServicesDep
 from app.schemas.health import Health, Readiness
+from app.services import Services
 
 router = APIRouter(tags=["health"])
 
@@ -75,7 +76,7 @@ def metrics(services: ServicesDep) -> Response:
     return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-def _catalog_ok(services) -> bool:
+def _catalog_ok(services: Services) -> bool:
     try:
         with services.catalog.engine.connect() as connection:
             connection.execute(text("SELECT 1"))
