@@ -236,6 +236,12 @@ def add_decode_parser(kinds) -> None:
     decode.add_argument("--steps", type=int, default=32, help="timed steps per round")
     decode.add_argument("--rounds", type=int, default=3, help="rounds per stream count")
     decode.add_argument(
+        "--weights",
+        default=None,
+        help="decode weights to compare in the same run, comma-separated: model, bfloat16, int8, "
+        "int4, and twin (the PyTorch step the native one replaces); default: the engine's own",
+    )
+    decode.add_argument(
         "--no-profile", action="store_true", help="skip the instrumented pass (profile split)"
     )
     decode.add_argument("--json", type=Path, default=None, help="also write the figures here")
@@ -245,12 +251,20 @@ def add_decode_parser(kinds) -> None:
 def run_decode(args) -> int:
     import json
 
-    from bench.compute.decode import cpu_name, figures_json, format_report, run_decode_bench
+    from bench.compute.decode import (
+        cpu_name,
+        figures_json,
+        format_report,
+        format_summary,
+        run_decode_bench,
+        variant_stacks,
+    )
     from engine.engine import Engine
     from engine.serving.threads import single_threaded
 
     engine = Engine.load(engine_config(args))
     single_threaded()  # this thread only reports (engine/serving/threads.py)
+    weights = [w.strip() for w in (args.weights or "").split(",") if w.strip()]
     runs = run_decode_bench(
         engine,
         streams=tuple(int(s) for s in args.streams.split(",") if s.strip()),
@@ -258,10 +272,14 @@ def run_decode(args) -> int:
         steps=args.steps,
         rounds=args.rounds,
         profile=not args.no_profile,
+        stacks=variant_stacks(engine, weights) if weights else None,
     )
     print(f"decode on {cpu_name()}: {engine.summary}")
     for figures in runs:
         print(format_report(figures))
+        print()
+    if len(runs) > 1:
+        print(format_summary(runs))
     if args.json:
         args.json.write_text(json.dumps([figures_json(f) for f in runs], indent=2))
         print(f"wrote {args.json}")

@@ -294,6 +294,20 @@ def profile_step(
     return split
 
 
+def variant_stacks(engine: Engine, weights: Sequence[str]) -> dict[str, DecoderStack]:
+    """A stack on the engine's model per decode weights mode (`DecoderStack(..., weights)`), and
+    for `twin` one whose native step is off: the PyTorch step (with the engine's attention)."""
+    stacks = {}
+    for name in weights:
+        if name == "twin":
+            stack = DecoderStack(engine.loaded, engine.stack.decode_attention)
+            stack.native_unfit = "off for the bench: the twin"
+        else:
+            stack = DecoderStack(engine.loaded, engine.stack.decode_attention, name)
+        stacks[name] = stack
+    return stacks
+
+
 def run_decode_bench(
     engine: Engine,
     streams: Sequence[int] = (1, 2, 4, 8),
@@ -374,6 +388,29 @@ def format_report(figures: DecodeFigures) -> str:
             lines.append(
                 f"| {s.streams} | " + " | ".join(f"{s.split_s[p] * 1e3:.1f}" for p in parts) + " |"
             )
+    return "\n".join(lines)
+
+
+def format_summary(runs: Sequence[DecodeFigures]) -> str:
+    """One line per run: each stream count's step, the one-stream step over the run's own floor
+    (its weights' bytes over the bandwidth measured in the run), and the four-stream step over
+    the one-stream step (each stream gets one token per step)."""
+    counts = [s.streams for s in runs[0].streams]
+    head = " | ".join(f"{n} stream{'s' * (n > 1)} ms" for n in counts)
+    lines = [
+        f"| weights | MB per step | {head} | 1 stream / weights floor | per-stream step at 4 "
+        "/ at 1 |",
+        "|---" * (len(counts) + 4) + "|",
+    ]
+    for figures in runs:
+        steps = {s.streams: s.median_s for s in figures.streams}
+        four = f"{steps[4] / steps[1]:.2f}x" if 4 in steps and 1 in steps else "-"
+        one = f"{steps[1] / figures.floor_s():.2f}x" if 1 in steps else "-"
+        lines.append(
+            f"| {figures.label} | {figures.weight_bytes / 1e6:,.0f} | "
+            + " | ".join(f"{steps[n] * 1e3:.1f}" for n in counts)
+            + f" | {one} | {four} |"
+        )
     return "\n".join(lines)
 
 

@@ -61,3 +61,17 @@ def _roomy(cache):
     from bench.compute.decode import clone
 
     return clone(cache, cache.length + 1)
+
+
+def test_variants_compare_the_twin_and_each_weights_mode_in_one_run(tiny_engine):
+    from bench.compute.decode import format_summary, variant_stacks
+
+    stacks = variant_stacks(tiny_engine, ["twin", "model"])
+    assert stacks["twin"].native_unfit is not None
+    runs = run_decode_bench(
+        tiny_engine, streams=(1, 4), context=30, steps=1, rounds=1, profile=False, stacks=stacks
+    )
+    assert [r.label for r in runs] == ["twin", "model"]
+    assert stacks["twin"].native is None
+    summary = format_summary(runs)
+    assert "| twin |" in summary and "| model |" in summary
