@@ -382,13 +382,15 @@ class EngineConfig:
         0.7,
         ge=0.0,
         le=1.0,
-        doc="`balanced` under load: while another request is being served, "
-        "a request skips its blend and computes every row after its exact leading chunks at once "
-        "(as `prefix`: exact, nothing repaired, its chunks kept as exact variants) when at least "
-        "this share of the recent blended balanced requests needed a full prefill anyway (off: "
-        "always blend). Skipping saves work when that share p exceeds 1 − b, b the blend's work "
-        "over the exact prefill's; one such request in 8 blends anyway, so the share keeps "
-        "learning (engine/serving/busy.py, docs/benchmarks/guard.md).",
+        doc="`balanced`: a request skips its blend and computes every row after its exact "
+        "leading chunks at once (as `prefix`: exact, nothing repaired, its chunks kept as exact "
+        "variants) when at least this share of the recent blended balanced requests needed a "
+        "full prefill anyway: re-run at their first token, counted while the engine is idle (a "
+        "request's TTFT is what it risks), or re-run or repaired while another request is "
+        "being served (the shared cores are) (off: always blend). Skipping saves when that "
+        "share p exceeds 1 − b, b the blend's work over the exact prefill's; one such request "
+        "in 8 blends anyway, so the share keeps learning (engine/serving/busy.py, "
+        "docs/benchmarks/guard.md).",
     )
     selfcheck: bool = described(
         True, "Run the RoPE-shift self-check at start-up; a failure disables the reuse modes."

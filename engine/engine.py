@@ -367,7 +367,7 @@ class Engine:
         if watch is not None:
             exact_rows = _exact_leading_rows(layout, request.exact_chunks(out.layers_computed))
         elif _judged_blend(kept):
-            self.busy.odds.record(kept.report.escalated)
+            self.busy.odds.record(kept.report.escalated, at_first_token=True)
         return PrefillResult(
             mode,
             layout,

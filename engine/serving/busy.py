@@ -1,25 +1,25 @@
-"""Blend or not, under load: a balanced request skips its blend when the blend would only add work.
+"""Blend or not: a balanced request skips its blend when, by the recent odds, the blend would
+only add to what it costs.
 
 Under `balanced` (engine/serving/guard.py) a blended first attempt ends in a full prefill whenever
-the
-guard re-runs it at the first token or repairs its decode; on a small model that is almost
-every blended request. Such a request pays its blend and then the reference prefill anyway.
-When the engine is idle, the blend still buys its TTFT. When other requests wait for the same
-cores, the blend's work delays them all and its own first token waits in line anyway; the
-request then does better to compute what it would be repaired to at once: every row after its
-exact leading chunks, as `prefix` does (exact over float KV, so nothing is checked or repaired,
-and its chunks are kept as exact variants, as a repair's are).
+the guard re-runs it at the first token (inside TTFT) or repairs its decode (after it). Such a
+request pays its blend and then the reference prefill anyway. Skipping the blend computes at
+once what it would be repaired to: every row after its exact leading chunks, as `prefix` does
+(exact over float KV, so nothing is checked or repaired, and its chunks are kept as exact
+variants, as a repair's are).
 
-`RepairOdds` keeps the share of recent blended balanced requests that needed a full prefill;
-`BusyGate.skip_blend` says to skip when another request is being served (its prefill or
-repair in flight, or it is decoding) and that share is at least `guard_busy_repair_share`
-(None: never). Skipping costs the reference prefill from the exact prefix; blending costs a
-blend b plus, with odds p, that prefill: the skip saves work when p >= 1 - b
-(`EngineConfig.guard_busy_repair_share`). Every `EXPLORE_EVERY`-th request that would skip
-blends instead, so the odds keep learning under sustained load. The engine asks only for a
-balanced request about to blend; this module computes nothing itself.
+`RepairOdds` keeps the outcomes of recent blended balanced requests: kept, re-run at the first
+token, or repaired while decoding. Blending costs a blend b of the rows after the exact lead
+plus, with odds p, all of them again; skipping costs them once: the skip saves when p >= 1 - b
+(`EngineConfig.guard_busy_repair_share`, None: never skip). Which odds count depends on what is
+scarce. Idle, a request's own TTFT: only first-token re-runs land inside it, so p is their
+share. Busy (another request's prefill or repair in flight, or another request decoding), the
+cores every request waits for: repairs cost them too, so p is the share of both.
+`BusyGate.skip_blend` applies this; every `EXPLORE_EVERY`-th request that would skip blends
+instead, so the odds follow a change in traffic (a blend that now holds). The engine asks only
+for a balanced request about to blend; this module computes nothing itself.
 
-What the skip buys and costs, with and without load: docs/benchmarks/guard.md ("Under load").
+What the skip buys and costs: docs/benchmarks/guard.md ("Under load").
 """
 
 from __future__ import annotations
@@ -37,22 +37,32 @@ ODDS_WINDOW = 64
 
 
 class RepairOdds:
-    """The share of recent blended `balanced` requests whose answer needed a full prefill
-    (re-run at the first token or repaired while decoding), with a uniform prior: 0.5 before
-    any outcome. Thread-safe."""
+    """Outcomes of recent blended `balanced` requests: whether each needed a full prefill, and
+    whether that was a re-run at its first token. Shares carry a uniform prior (0.5 before any
+    outcome). Thread-safe."""
 
     def __init__(self, window: int = ODDS_WINDOW):
-        self._outcomes: deque[bool] = deque(maxlen=window)
+        # (needed a full prefill, at the first token)
+        self._outcomes: deque[tuple[bool, bool]] = deque(maxlen=window)
         self._lock = threading.Lock()
 
-    def record(self, needed_full_prefill: bool) -> None:
+    def record(self, needed_full_prefill: bool, at_first_token: bool = False) -> None:
+        """One blend's outcome: kept (False), or needed a full prefill (re-run at the first token
+        when `at_first_token`, else repaired while decoding)."""
         with self._lock:
-            self._outcomes.append(needed_full_prefill)
+            self._outcomes.append((needed_full_prefill, needed_full_prefill and at_first_token))
 
     @property
     def share(self) -> float:
+        """Share of blends that needed a full prefill, re-run or repaired."""
         with self._lock:
-            return (sum(self._outcomes) + 1) / (len(self._outcomes) + 2)
+            return (sum(full for full, _ in self._outcomes) + 1) / (len(self._outcomes) + 2)
+
+    @property
+    def rerun_share(self) -> float:
+        """Share of blends re-run at their first token (inside their TTFT)."""
+        with self._lock:
+            return (sum(first for _, first in self._outcomes) + 1) / (len(self._outcomes) + 2)
 
     @property
     def count(self) -> int:
@@ -90,11 +100,14 @@ class BusyGate:
     def skip_blend(self, repair_share: float | None, decoding: int = 0) -> bool:
         """Whether the calling request (inside `in_flight`, balanced, about to blend) should
         compute exactly from its exact prefix instead, given the config's
-        `guard_busy_repair_share` (None: never) and the number of other requests `decoding`;
-        counts the skip."""
-        if repair_share is None or self.others_in_flight() + decoding == 0:
+        `guard_busy_repair_share` (None: never) and the number of other requests `decoding`:
+        busy, by the odds of any full prefill; idle, by the odds of a first-token re-run (the
+        module docstring). Counts the skip."""
+        if repair_share is None:
             return False
-        if self.odds.share < repair_share:
+        busy = self.others_in_flight() + decoding > 0
+        odds = self.odds.share if busy else self.odds.rerun_share
+        if odds < repair_share:
             return False
         with self._lock:
             self._would_skip += 1

@@ -1,7 +1,6 @@
-"""Blend or not under load (engine/serving/busy.py): a balanced request skips a blend that a busy
-engine
-would only repair, computes exactly after its exact prefix instead, and the odds learn from
-every blended request's outcome."""
+"""Blend or not (engine/serving/busy.py): a balanced request skips a blend that would only be
+re-run (idle) or re-run or repaired (busy), computes exactly after its exact prefix instead, and
+the odds learn from every blended request's outcome."""
 
 from __future__ import annotations
 
@@ -60,6 +59,29 @@ def test_the_gate_skips_only_when_busy_and_blends_are_mostly_repaired():
     with gate.in_flight():
         assert gate.skip_blend(0.7, decoding=1)  # another request decoding counts as load
     assert gate.skipped == 2
+
+
+def test_the_odds_tell_first_token_reruns_from_repairs():
+    odds = RepairOdds(window=8)
+    for _ in range(3):
+        odds.record(True, at_first_token=True)
+    for _ in range(3):
+        odds.record(True)  # repaired while decoding
+    odds.record(False, at_first_token=True)  # kept: never a re-run
+    assert odds.share == pytest.approx(7 / 9) and odds.rerun_share == pytest.approx(4 / 9)
+
+
+def test_idle_the_gate_skips_by_the_first_token_reruns_alone():
+    gate = BusyGate()
+    for _ in range(8):
+        gate.odds.record(True, at_first_token=True)
+    with gate.in_flight():  # alone: the re-runs would land in this request's TTFT
+        assert gate.skip_blend(0.7) and gate.skipped == 1
+    repaired = BusyGate()
+    for _ in range(8):
+        repaired.odds.record(True)  # repairs come after the first token: the blend buys TTFT
+    with repaired.in_flight():
+        assert not repaired.skip_blend(0.7)
 
 
 def test_under_sustained_load_one_request_in_eight_blends_anyway():
