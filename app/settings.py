@@ -165,6 +165,10 @@ class Settings(BaseSettings):
     craft_build: CraftBuild = engine_setting("craft_build")
     focus_layer: int | None = engine_setting("focus_layer")  # None / "off": no early termination
     focus_threshold: float = engine_setting("focus_threshold")
+    # query-centric focus (engine/planners/focus.py); None / "off": no probe
+    focus_probe_layer: int | None = engine_setting("focus_probe_layer")
+    focus_chunks: int = engine_setting("focus_chunks")
+    focus_rows: float = engine_setting("focus_rows")
     # fidelity guard (engine/serving/guard.py); a level outside `Fidelity` fails here, at start-up
     fidelity: Fidelity = engine_setting("fidelity")
     guard_margin: float = engine_setting("guard_margin")
@@ -390,7 +394,11 @@ class Settings(BaseSettings):
         return value
 
     @field_validator(
-        "focus_layer", "guard_recompute_ratio", "guard_busy_repair_share", mode="before"
+        "focus_layer",
+        "focus_probe_layer",
+        "guard_recompute_ratio",
+        "guard_busy_repair_share",
+        mode="before",
     )
     @classmethod
     def _off_is_none(cls, value: object) -> object:

@@ -339,6 +339,27 @@ class EngineConfig:
         doc="A chunk is unfocused below this fraction of an even share of the "
         "question's attention.",
     )
+    focus_probe_layer: int | None = bounded(
+        None,
+        ge=0,
+        doc="Query-centric focus of blending modes (`cacheblend`, `cachecraft`): before the "
+        "plan, the question's rows run alone over the reused chunks up to this layer, and the "
+        "rows they attend to most are recomputed from layer 0 (`focus_chunks`, `focus_rows`; "
+        "none: no probe) (engine/planners/focus.py, docs/benchmarks/reuse-anatomy.md).",
+    )
+    focus_chunks: int = bounded(
+        0,
+        ge=0,
+        doc="Chunks recomputed whole, those whose best row the question's probe attends to "
+        "most (with `focus_probe_layer`).",
+    )
+    focus_rows: float = bounded(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        doc="Share of the context's rows recomputed from layer 0, those the question's probe "
+        "attends to most (with `focus_probe_layer`); the blend's ratio applies to the rest.",
+    )
     fidelity: Fidelity = described(
         Fidelity.BALANCED,
         "Fidelity level of requests that name none (engine/serving/guard.py): `exact` "

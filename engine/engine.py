@@ -36,6 +36,7 @@ from engine.model.work import counted_as, is_background_thread
 from engine.plan import CachedSpan, ChunkInput, Plan, PlanRequest
 from engine.planners import Mode, exact_reuse_planner, reference_mode, reference_planner
 from engine.planners.base import BasePlanner
+from engine.planners.focus import focus_mask, wants_focus
 from engine.prompt import PromptBuilder, PromptLayout
 from engine.result import PrefillResult, chunk_reports
 from engine.serving.busy import BusyGate
@@ -314,6 +315,8 @@ class Engine:
         """One request's prefill, on the compute thread: the first attempt's planner (the busy
         skip named), its run, the guard's verdict, and the exact re-run when the verdict says so."""
         first, skipped = self._first_attempt(request, planner)
+        if first.blends() and wants_focus(request):  # the rows the question reads, recomputed
+            request = dataclasses.replace(request, focus=focus_mask(self.runner, request))
         plan, out = self._run(request, capacity, first)
         exact = all(request.exact_chunks(out.layers_computed))
         verdict = judge(request.fidelity, request.config, first, out, exact)

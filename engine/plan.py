@@ -79,6 +79,9 @@ class PlanRequest:
     config: EngineConfig
     num_layers: int
     fidelity: Fidelity  # the guard level the request runs at (engine/serving/guard.py)
+    # bool [total_len]: context rows the question focuses on, recomputed from layer 0
+    # (engine/planners/focus.py); None: no probe ran
+    focus: torch.Tensor | None = None
 
     def all_cached_spans(self) -> list[CachedSpan]:
         """The system prefix plus every chunk that has cached KV."""
@@ -91,13 +94,15 @@ class PlanRequest:
         return spans
 
     def pinned_mask(self) -> torch.Tensor:
-        """bool [total_len]: the question and every chunk without cached KV."""
+        """bool [total_len]: the question, every chunk without cached KV and the focus rows."""
         pinned = torch.zeros(self.layout.total_len, dtype=torch.bool)
         qs, qe = self.layout.question_span
         pinned[qs:qe] = True
         for chunk, (start, end) in zip(self.chunks, self.layout.chunk_spans):
             if chunk.kv is None:
                 pinned[start:end] = True
+        if self.focus is not None:
+            pinned |= self.focus
         return pinned
 
     def question_mask(self) -> torch.Tensor:
@@ -138,6 +143,11 @@ class PlanRequest:
             if chunk.kv is not None:
                 mask[start:end] = True
         return mask
+
+    def reusable_mask(self) -> torch.Tensor:
+        """bool [total_len]: context rows a plan may reuse: cached, and not focus rows."""
+        mask = self.context_mask()
+        return mask if self.focus is None else mask & ~self.focus
 
 
 @dataclass

@@ -28,7 +28,7 @@ class CacheBlendPlanner(BasePlanner):
 
     def plan(self, request: PlanRequest) -> Plan:
         pinned = request.pinned_mask()
-        context = request.context_mask()
+        context = request.reusable_mask()
         schedule = blend_schedule(self.config, request.ratio, request.num_layers)
         return BlendPlan(
             request.all_cached_spans(),

@@ -74,6 +74,8 @@ class CacheCraftPlanner(BasePlanner):
                 blended[start:end] = True
             elif offsets is not None:
                 fixed[start + offsets] = True
+        if request.focus is not None:  # focus rows are pinned: never dropped by the blend
+            blended &= ~request.focus
         plan = CraftPlan(
             request.all_cached_spans(),
             positions(pinned | fixed | blended),
