@@ -25,22 +25,40 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 
 from engine.cpu import library
 from engine.kv import KVCache
 from engine.model.decode_weights import FORMATS, PackedMatrix, formats_for, pack
-
-if TYPE_CHECKING:
-    from engine.model.layers import DecoderStack
+from engine.model.loader import ModelSpec
 
 log = logging.getLogger(__name__)
 
 # the kernel's phases (decode_step.c PHASE_*), in its order
 PHASES = ("norms", "qkv", "rope", "attention", "o", "gate_up", "down", "lm_head")
 SUPPORTED_ACTIVATIONS = ("silu", "swish")
+
+
+class DecoderStack(Protocol):
+    """What the native step reads of `engine.model.layers.DecoderStack` (which builds one, so
+    it cannot be imported here without a cycle)."""
+
+    model: Any
+    model_dtype: torch.dtype
+    spec: ModelSpec
+    layers: Any
+    final_norm: Any
+    lm_head: Any
+    scale: float
+    decode_attention: str
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor: ...
+
+    def rope_tables(
+        self, positions: torch.Tensor, like: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class Matrix(ctypes.Structure):
