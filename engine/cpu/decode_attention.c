@@ -26,7 +26,9 @@
 
 #include "kernels.h"
 
-#define BLOCK 256         /* keys per work item */
+#ifndef BLOCK
+#define BLOCK 1024        /* keys per work item */
+#endif
 #define MAX_CHUNKS 8      /* head_dim / 16: 1, 2, 4 or 8 */
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));

@@ -19,9 +19,9 @@
  * Activations are float32 whatever the weights' format.
  *
  * A row's result depends only on its own input and cache, never on its companions or on the
- * thread count: every dot product runs over its inputs in one fixed order (16 lanes per
- * chunk, chunks in order, lanes summed by one fixed tree), whichever rows share the pass and
- * whichever thread computes it. Needs AVX-512F (the products use its intrinsics); elsewhere
+ * thread count: every dot product runs over its inputs in one fixed order (16 lanes per chunk,
+ * four chains of chunks, chains and lanes summed by one fixed tree), whichever rows share the
+ * pass and whichever thread computes it. Needs AVX-512F (the products use its intrinsics); elsewhere
  * kvm_cpu_decode_step returns KVM_CPU_ERR_UNSUPPORTED and the caller keeps the twin.
  */
 #include <math.h>
@@ -44,7 +44,6 @@ enum { PHASE_NORM, PHASE_QKV, PHASE_ROPE, PHASE_ATTENTION, PHASE_O, PHASE_GATE_U
 
 #define QBLOCK 32      /* inputs per block of int8 / int4 codes */
 #define ROWS_MAX 512   /* most output rows per work item */
-#define MB_MAX 8       /* input rows per pass over a weight row group */
 
 /* One weight matrix [rows, cols] (out features, in features), row-major, in `format`. */
 typedef struct {
@@ -52,7 +51,7 @@ typedef struct {
     const void *data;        /* float32 / bfloat16 [rows, cols]; int8 [rows, cols]; int4 [rows, cols / 2]:
                                 byte j of a block holds code j (low nibble) and code j + 16 (high) */
     const uint16_t *scales;  /* int8 / int4: float16 [rows, cols / 32] */
-    const uint16_t *mins;    /* int8 / int4: float16 [rows, cols / 32], or NULL (no minimum) */
+    const uint16_t *mins;    /* int8: float16 [rows, cols / 32], or NULL (no minimum); int4: the same, always */
     const float *bias;       /* [rows], or NULL */
 } kvm_matrix;
 
@@ -83,101 +82,187 @@ static inline float hsum(__m512 v) {
     return _mm_cvtss_f32(b);
 }
 
-static inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
-
-/* 16 weights of row `row`, inputs [16 c, 16 c + 16), widened to float32. */
-static inline __attribute__((always_inline)) __m512 load_chunk(const kvm_matrix *w, const int format, long row,
-                                                               int c) {
+/* The two 16-weight chunks of block b (inputs [32 b, 32 b + 32)) of row `row`, widened to
+ * float32; for int8 / int4, scale * code (+ minimum). */
+static inline __attribute__((always_inline)) void load_block(const kvm_matrix *w, const int format, const int has_min,
+                                                             long row, long b, __m512 *lo, __m512 *hi) {
     const long cols = w->cols;
-    if (format == KVM_W_FLOAT32) return _mm512_loadu_ps((const float *)w->data + row * cols + c * 16);
+    if (format == KVM_W_FLOAT32) {
+        const float *p = (const float *)w->data + row * cols + b * QBLOCK;
+        *lo = _mm512_loadu_ps(p);
+        *hi = _mm512_loadu_ps(p + 16);
+        return;
+    }
     if (format == KVM_W_BFLOAT16) {
-        __m256i half = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w->data + row * cols + c * 16));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+        const uint16_t *p = (const uint16_t *)w->data + row * cols + b * QBLOCK;
+        __m512i a = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+        __m512i c = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 16)));
+        *lo = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));
+        *hi = _mm512_castsi512_ps(_mm512_slli_epi32(c, 16));
+        return;
     }
-    const long block = row * (cols / QBLOCK) + c / 2;
-    __m512 codes;
+    const long block = row * (cols / QBLOCK) + b;
+    __m512 codes_lo, codes_hi;
     if (format == KVM_W_INT8) {
-        __m128i bytes = _mm_loadu_si128((const __m128i *)((const int8_t *)w->data + row * cols + c * 16));
-        codes = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+        const int8_t *p = (const int8_t *)w->data + row * cols + b * QBLOCK;
+        codes_lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+        codes_hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16))));
     } else {
-        __m128i bytes = _mm_loadu_si128((const __m128i *)((const uint8_t *)w->data + block * 16));
-        __m512i wide = _mm512_cvtepu8_epi32(bytes);
-        wide = (c & 1) ? _mm512_srli_epi32(wide, 4) : _mm512_and_si512(wide, _mm512_set1_epi32(15));
-        codes = _mm512_cvtepi32_ps(wide);
+        __m512i wide = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((const uint8_t *)w->data + block * 16)));
+        codes_lo = _mm512_cvtepi32_ps(_mm512_and_si512(wide, _mm512_set1_epi32(15)));
+        codes_hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(wide, 4));
     }
-    __m512 value = _mm512_mul_ps(_mm512_set1_ps(half_to_float(w->scales[block])), codes);
-    if (w->mins == NULL) return value;
+    __m512 scale = _mm512_cvtph_ps(_mm256_set1_epi16((short)w->scales[block]));
+    *lo = _mm512_mul_ps(scale, codes_lo);
+    *hi = _mm512_mul_ps(scale, codes_hi);
+    if (!has_min) return;
     /* scale * code rounded, then + minimum rounded: never one fused multiply-add, so a GGUF block's
      * weights come out as GGUF's float32 dequantization gives them */
-    __asm__("" : "+v"(value));
-    return _mm512_add_ps(value, _mm512_set1_ps(half_to_float(w->mins[block])));
+    __asm__("" : "+v"(*lo), "+v"(*hi));
+    __m512 minimum = _mm512_cvtph_ps(_mm256_set1_epi16((short)w->mins[block]));
+    *lo = _mm512_add_ps(*lo, minimum);
+    *hi = _mm512_add_ps(*hi, minimum);
 }
 
-/* out[m * out_stride + r] = dot(x row m, weight row row0 + r) for m < MB, r < R. Inlined with
- * constant format, MB and R, so its loops unroll and the accumulators stay in registers. */
-static inline __attribute__((always_inline)) void dots_block(const kvm_matrix *w, const int format, const float *x,
-                                                             long x_stride, long row0, const int MB, const int R,
-                                                             float *out, long out_stride) {
-    __m512 acc[MB_MAX][16];
+#ifndef CHAINS
+#define CHAINS 4 /* accumulators per dot product: chunk c adds into chain c % CHAINS (2 or 4) */
+#endif
+#define STEP_BLOCKS (CHAINS / 2)
+#ifndef ROWS_AT_ONCE
+#define ROWS_AT_ONCE 1 /* weight rows per pass (1 or 2) */
+#endif
+#ifndef PREFETCH
+#define PREFETCH 1024
+#endif
+
+/* Ask for the weights PREFETCH bytes ahead of block b of `row` (the stream goes on into the next
+ * rows), so that memory keeps working while these are dequantized and multiplied: int8 and int4
+ * only (float32 and bfloat16 rows stream faster on the hardware prefetcher alone). */
+static inline __attribute__((always_inline)) void prefetch_ahead(const kvm_matrix *w, const int format, long row,
+                                                                 long b) {
+    const long cols = w->cols;
+    if (format == KVM_W_INT8)
+        __builtin_prefetch((const char *)w->data + row * cols + b * QBLOCK + PREFETCH, 0, 0);
+    else
+        __builtin_prefetch((const char *)w->data + (row * (cols / QBLOCK) + b) * 16 + PREFETCH, 0, 0);
+}
+
+/* The sum of a dot product's chains, by one fixed tree. */
+static inline __m512 chains_sum(const __m512 *chain) {
+    return CHAINS == 4 ? _mm512_add_ps(_mm512_add_ps(chain[0], chain[1]), _mm512_add_ps(chain[2], chain[3]))
+                       : _mm512_add_ps(chain[0], chain[1]);
+}
+
+/* out[m * out_stride + r] = dot(x row m, weight row `row` + r) for m < MB, r < R. Every dot
+ * product runs the same way whatever MB and R: chunk c of 16 inputs fused-multiply-added into
+ * chain c % CHAINS, in order, then the chains and the lanes summed by fixed trees. A few weight
+ * rows at a time, so each thread reads its rows as sequential streams. Inlined with constant
+ * format, MB and R, so the loops unroll and the accumulators stay in registers
+ * (MB * R * CHAINS <= 16). */
+static inline __attribute__((always_inline)) void dots_row(const kvm_matrix *w, const int format, const int has_min,
+                                                           const float *x, long x_stride, long row, const int MB,
+                                                           const int R, float *out, long out_stride) {
+    __m512 acc[4][2][CHAINS];
+#pragma GCC unroll 4
     for (int m = 0; m < MB; m++)
-        for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
-    const int chunks = w->cols / 16;
-    for (int c = 0; c < chunks; c++) {
-        __m512 xv[MB_MAX];
-        for (int m = 0; m < MB; m++) xv[m] = _mm512_loadu_ps(x + m * x_stride + c * 16);
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int j = 0; j < CHAINS; j++) acc[m][r][j] = _mm512_setzero_ps();
+    const long blocks = w->cols / QBLOCK;
+    long b = 0;
+    for (; b + STEP_BLOCKS <= blocks; b += STEP_BLOCKS) { /* chunks 2b .. 2b + CHAINS - 1 */
+        __m512 wv[2][CHAINS];
+#pragma GCC unroll 2
         for (int r = 0; r < R; r++) {
-            __m512 wv = load_chunk(w, format, row0 + r, c);
-            for (int m = 0; m < MB; m++) acc[m][r] = _mm512_fmadd_ps(xv[m], wv, acc[m][r]);
+            if (PREFETCH && (format == KVM_W_INT8 || format == KVM_W_INT4)) prefetch_ahead(w, format, row + r, b);
+#pragma GCC unroll 2
+            for (int k = 0; k < STEP_BLOCKS; k++) {
+                load_block(w, format, has_min, row + r, b + k, &wv[r][2 * k], &wv[r][2 * k + 1]);
+                /* kept in registers, not reloaded for every input row */
+                __asm__("" : "+v"(wv[r][2 * k]), "+v"(wv[r][2 * k + 1]));
+            }
+        }
+#pragma GCC unroll 4
+        for (int m = 0; m < MB; m++) {
+            const float *xm = x + m * x_stride + b * QBLOCK;
+#pragma GCC unroll 4
+            for (int j = 0; j < CHAINS; j++) {
+                __m512 xv = _mm512_loadu_ps(xm + 16 * j);
+#pragma GCC unroll 2
+                for (int r = 0; r < R; r++) acc[m][r][j] = _mm512_fmadd_ps(xv, wv[r][j], acc[m][r][j]);
+            }
         }
     }
+    for (int k = 0; b + k < blocks; k++) { /* the last blocks: chunks into chains 2k, 2k + 1 */
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) {
+            __m512 lo, hi;
+            load_block(w, format, has_min, row + r, b + k, &lo, &hi);
+#pragma GCC unroll 4
+            for (int m = 0; m < MB; m++) {
+                const float *xm = x + m * x_stride + (b + k) * QBLOCK;
+                acc[m][r][2 * k] = _mm512_fmadd_ps(_mm512_loadu_ps(xm), lo, acc[m][r][2 * k]);
+                acc[m][r][2 * k + 1] = _mm512_fmadd_ps(_mm512_loadu_ps(xm + 16), hi, acc[m][r][2 * k + 1]);
+            }
+        }
+    }
+#pragma GCC unroll 4
     for (int m = 0; m < MB; m++)
-        for (int r = 0; r < R; r++) out[m * out_stride + r] = hsum(acc[m][r]);
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) out[m * out_stride + r] = hsum(chains_sum(acc[m][r]));
 }
 
-/* Weight rows in flight per pass, by input rows: about 16 accumulators either way. */
-#define ROWS_IN_FLIGHT(MB) ((MB) == 1 ? 16 : (MB) == 2 ? 8 : (MB) == 3 ? 5 : (MB) == 4 ? 4 : (MB) == 5 ? 3 : 2)
+#ifndef PASS_INPUT_BYTES
+#define PASS_INPUT_BYTES 24576
+#endif
+/* Input rows per pass over the weights: up to 4 (with R weight rows, MB * R * CHAINS <= 16
+ * accumulators), fewer where their inputs would not stay in the L1 cache beside the weights
+ * streaming through it. */
+static inline int rows_per_pass(long cols) {
+    long fit = PASS_INPUT_BYTES / (4 * cols), most = 16 / (CHAINS * ROWS_AT_ONCE);
+    most = most > 4 ? 4 : most;
+    return fit < 1 ? 1 : fit > most ? (int)most : (int)fit;
+}
 
-#define DOTS_MB(FORMAT, MB)                                                                          \
-    case MB: {                                                                                       \
-        const int R = ROWS_IN_FLIGHT(MB);                                                            \
-        long r = row0;                                                                               \
-        for (; r + R <= row1; r += R)                                                                \
-            dots_block(w, FORMAT, x, x_stride, r, MB, R, out + (r - row0), out_stride);              \
-        for (; r < row1; r++)                                                                        \
-            for (int m = 0; m < MB; m++)                                                             \
-                dots_block(w, FORMAT, x + m * x_stride, x_stride, r, 1, 1, out + m * out_stride + (r - row0), \
-                           out_stride);                                                              \
-        break;                                                                                       \
+#define DOTS_PASS(FORMAT, HAS_MIN, R)                                                                   \
+    for (int m = 0; m < n; m += per_pass) {                                                            \
+        const float *xm = x + m * x_stride;                                                            \
+        float *om = out + m * out_stride + (r - row0);                                                 \
+        switch (n - m < per_pass ? n - m : per_pass) {                                                 \
+            case 4: dots_row(w, FORMAT, HAS_MIN, xm, x_stride, r, 4, R, om, out_stride); break;         \
+            case 3: dots_row(w, FORMAT, HAS_MIN, xm, x_stride, r, 3, R, om, out_stride); break;         \
+            case 2: dots_row(w, FORMAT, HAS_MIN, xm, x_stride, r, 2, R, om, out_stride); break;         \
+            default: dots_row(w, FORMAT, HAS_MIN, xm, x_stride, r, 1, R, om, out_stride); break;        \
+        }                                                                                              \
     }
 
-#define DOTS_OF_FORMAT(FORMAT)                                                                       \
-    static void dots_##FORMAT(const kvm_matrix *w, const float *x, long x_stride, int mb, long row0,    \
-                              long row1, float *out, long out_stride) {                              \
-        switch (mb) {                                                                                \
-            DOTS_MB(FORMAT, 1) DOTS_MB(FORMAT, 2) DOTS_MB(FORMAT, 3) DOTS_MB(FORMAT, 4)              \
-            DOTS_MB(FORMAT, 5) DOTS_MB(FORMAT, 6) DOTS_MB(FORMAT, 7) DOTS_MB(FORMAT, 8)              \
-        }                                                                                            \
+#define DOTS_OF_FORMAT(NAME, FORMAT, HAS_MIN)                                                          \
+    static void NAME(const kvm_matrix *w, const float *x, long x_stride, int n, long row0, long row1,   \
+                     float *out, long out_stride) {                                                    \
+        const int per_pass = rows_per_pass(w->cols);                                                   \
+        long r = row0;                                                                                 \
+        if (ROWS_AT_ONCE == 2)                                                                         \
+            for (; r + 2 <= row1; r += 2) DOTS_PASS(FORMAT, HAS_MIN, 2)                                \
+        for (; r < row1; r++) DOTS_PASS(FORMAT, HAS_MIN, 1)                                            \
     }
 
-DOTS_OF_FORMAT(0)
-DOTS_OF_FORMAT(1)
-DOTS_OF_FORMAT(2)
-DOTS_OF_FORMAT(3)
+DOTS_OF_FORMAT(dots_float32, KVM_W_FLOAT32, 0)
+DOTS_OF_FORMAT(dots_bfloat16, KVM_W_BFLOAT16, 0)
+DOTS_OF_FORMAT(dots_int8, KVM_W_INT8, 0)
+DOTS_OF_FORMAT(dots_int8_min, KVM_W_INT8, 1)
+DOTS_OF_FORMAT(dots_int4, KVM_W_INT4, 1)
 
-/* out[m * out_stride + (r - row0)] = dot(x row m, weight row r), rows [row0, row1), for n rows of
- * x taken MB_MAX at a time. */
+/* out[m * out_stride + (r - row0)] = dot(x row m, weight row r), rows [row0, row1), n rows of x. */
 static void dots(const kvm_matrix *w, const float *x, long x_stride, int n, long row0, long row1, float *out,
                  long out_stride) {
-    for (int m0 = 0; m0 < n; m0 += MB_MAX) {
-        int mb = n - m0 < MB_MAX ? n - m0 : MB_MAX;
-        const float *xm = x + m0 * x_stride;
-        float *om = out + m0 * out_stride;
-        switch (w->format) {
-            case KVM_W_FLOAT32: dots_0(w, xm, x_stride, mb, row0, row1, om, out_stride); break;
-            case KVM_W_BFLOAT16: dots_1(w, xm, x_stride, mb, row0, row1, om, out_stride); break;
-            case KVM_W_INT8: dots_2(w, xm, x_stride, mb, row0, row1, om, out_stride); break;
-            default: dots_3(w, xm, x_stride, mb, row0, row1, om, out_stride); break;
-        }
+    switch (w->format) {
+        case KVM_W_FLOAT32: dots_float32(w, x, x_stride, n, row0, row1, out, out_stride); break;
+        case KVM_W_BFLOAT16: dots_bfloat16(w, x, x_stride, n, row0, row1, out, out_stride); break;
+        case KVM_W_INT8:
+            (w->mins ? dots_int8_min : dots_int8)(w, x, x_stride, n, row0, row1, out, out_stride);
+            break;
+        default: dots_int4(w, x, x_stride, n, row0, row1, out, out_stride); break;
     }
 }
 
@@ -401,7 +486,8 @@ static void step_in_team(const step_state *s) {
 static int matrix_fits(const kvm_matrix *w, long rows, long cols) {
     if (w->rows != rows || w->cols != cols || cols % QBLOCK != 0 || w->data == NULL) return 0;
     if (w->format == KVM_W_FLOAT32 || w->format == KVM_W_BFLOAT16) return 1;
-    return (w->format == KVM_W_INT8 || w->format == KVM_W_INT4) && w->scales != NULL;
+    if (w->format == KVM_W_INT4) return w->scales != NULL && w->mins != NULL;
+    return w->format == KVM_W_INT8 && w->scales != NULL;
 }
 
 static int model_fits(const kvm_model *md) {
