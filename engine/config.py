@@ -87,7 +87,9 @@ LinearKernel = Literal["auto", "torch", "onednn"]  # engine/model/linear.py
 LINEAR_KERNELS: tuple[str, ...] = get_args(LinearKernel)
 DecodeAttention = Literal["auto", "torch", "native"]  # engine/model/decode_attention.py
 DECODE_ATTENTIONS: tuple[str, ...] = get_args(DecodeAttention)
-DecodeWeights = Literal["model", "bfloat16", "int8", "int4"]  # engine/model/decode_weights.py
+DecodeWeights = Literal[
+    "auto", "model", "bfloat16", "int8", "int4"
+]  # engine/model/decode_weights.py
 DECODE_WEIGHTS: tuple[str, ...] = get_args(DecodeWeights)
 
 Value = TypeVar("Value")
@@ -207,9 +209,12 @@ class EngineConfig:
         "docs/benchmarks/kernels.md).",
     )
     decode_weights: str = described(
-        "model",
+        "auto",
         "The weights a decode step reads (engine/model/decode_weights.py; the native step "
-        "only, refused at load without it): `model`, the model's own tensors in place; "
+        "only, refused at load without it except `auto`): `auto`, the fewest bytes that keep "
+        "the decode bit for bit `model`'s (`int4`, `int8` or `bfloat16` where every block is "
+        "recovered exactly, else `model`), so it never changes an answer; `model`, the model's "
+        "own tensors in place; "
         "`bfloat16`, a copy; `int8` or `int4`, blocks of 32 weights with a float16 scale (and "
         "minimum where needed: GGUF's Q8_0 and Q4_1 layouts; under `int4` lm_head stays `int8`). "
         "Weights dequantized from such GGUF blocks (the embedded SmolLM2: Q4_1 layers, a Q8_0 "

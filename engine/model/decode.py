@@ -191,7 +191,7 @@ def native_step(stack: DecoderStack) -> NativeDecodeStep | None:
             built = build_native_step(stack, stack.decode_weights, partial(twin_batch, stack))
             if built is None:
                 stack.native_unfit = "it disagreed with the twin on a probe"
-                if stack.decode_weights != "model":
+                if stack.decode_weights not in ("model", "auto"):
                     raise CpuKernelError(
                         f"decode weights {stack.decode_weights!r} need the native decode step, "
                         "which disagreed with the twin on a probe"

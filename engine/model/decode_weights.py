@@ -5,6 +5,8 @@ its time follows the weights' bytes (docs/benchmarks/decode.md). `decode_weights
 format the native decode step (engine/model/native_step.py) reads; prefill always runs on the
 model's own weights, so cached KV, fidelity of prefill and the fingerprint do not depend on it:
 
+- `auto` (the default): the first of `int4`, `int8`, `bfloat16` that holds every weight
+  exactly, else `model`: fewer bytes only where the decode stays `model`'s bit for bit;
 - `model`: the model's own tensors (float32 or bfloat16), read in place, no copy;
 - `bfloat16`: a bfloat16 copy of every linear layer and lm_head (exact for weights that were
   bfloat16 to begin with);
@@ -77,11 +79,16 @@ class PackedMatrix:
         return values.reshape(self.rows, self.cols)
 
 
+# what `auto` tries, fewest bytes first: the first whose every block is exact is taken
+AUTO_CANDIDATES = ("int4", "int8", "bfloat16")
+
+
 def formats_for(mode: str, dtype: torch.dtype) -> tuple[str, str]:
-    """(linear layers' format, lm_head's format) of decode weights `mode` for a model in `dtype`."""
+    """(linear layers' format, lm_head's format) of decode weights `mode` for a model in `dtype`
+    (`auto` reads as `model` until the native step resolves it)."""
     if mode not in DECODE_WEIGHTS:
         raise ValueError(f"unknown decode weights {mode!r}; use one of {', '.join(DECODE_WEIGHTS)}")
-    if mode == "model":
+    if mode in ("model", "auto"):
         own = str(dtype).removeprefix("torch.")
         return own, own
     return (mode, "int8") if mode == "int4" else (mode, mode)

@@ -97,7 +97,7 @@ class DecoderStack:
         self.native_unfit = native_step_unfit(self)
         self.decode_weights = decode_weights
         formats_for(decode_weights, self.model_dtype)  # an unknown name is refused here
-        if decode_weights != "model" and self.native_unfit is not None:
+        if decode_weights not in ("model", "auto") and self.native_unfit is not None:
             raise ValueError(
                 f"decode weights {decode_weights!r} need the native decode step, which cannot run "
                 f"here: {self.native_unfit}"

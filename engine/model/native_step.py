@@ -31,7 +31,7 @@ import torch
 
 from engine.cpu import library
 from engine.kv import KVCache
-from engine.model.decode_weights import FORMATS, PackedMatrix, formats_for, pack
+from engine.model.decode_weights import AUTO_CANDIDATES, FORMATS, PackedMatrix, formats_for, pack
 from engine.model.loader import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -284,13 +284,17 @@ def build_native_step(
 ) -> NativeDecodeStep | None:
     """The stack's native step, after a probe: the kernel on the model's own weights against the
     twin (`twin(caches, tokens)`) on one batched step over random caches; None (logged) if they
-    disagree beyond the dtype's rounding."""
+    disagree beyond the dtype's rounding. `auto` takes the first of `AUTO_CANDIDATES` whose
+    every block is exact (the decode is then `model`'s bit for bit), else `model`."""
     own = NativeDecodeStep(stack, "model")
     reason = _probe(stack, own, twin)
     if reason is not None:
         log.warning("native decode step disabled: %s", reason)
         return None
-    step = own if weights == "model" else NativeDecodeStep(stack, weights)
+    if weights == "auto":
+        step = _exact_narrowest(stack) or own
+    else:
+        step = own if weights == "model" else NativeDecodeStep(stack, weights)
     log.info(
         "native decode step: %s weights, %.0f MB per step, %.1f%% of blocks exact",
         weights,
@@ -298,6 +302,20 @@ def build_native_step(
         100 * step.exact,
     )
     return step
+
+
+def _exact_narrowest(stack: DecoderStack) -> NativeDecodeStep | None:
+    """The first candidate format that holds every weight exactly, or None. One matrix is
+    tried first, so a model whose weights fit no block grid costs one matrix's quantization."""
+    sample = cast(Any, stack.layers[0]).self_attn.q_proj.weight
+    for weights in AUTO_CANDIDATES:
+        layer_format, _ = formats_for(weights, stack.model_dtype)
+        if pack(sample, layer_format).exact < 1.0:
+            continue
+        step = NativeDecodeStep(stack, weights)
+        if step.exact == 1.0:
+            return step
+    return None
 
 
 def _probe(

@@ -80,6 +80,7 @@ def test_float_formats_are_the_tensor_itself_or_a_rounded_copy():
 def test_each_mode_names_its_formats_and_refuses_unknown_ones():
     assert formats_for("model", torch.float32) == ("float32", "float32")
     assert formats_for("model", torch.bfloat16) == ("bfloat16", "bfloat16")
+    assert formats_for("auto", torch.float32) == ("float32", "float32")  # until the step decides
     assert formats_for("int4", torch.float32) == ("int4", "int8")  # lm_head at 8 bits
     assert formats_for("int8", torch.bfloat16) == ("int8", "int8")
     with pytest.raises(ValueError, match="unknown decode weights"):
@@ -135,6 +136,29 @@ def test_every_mode_decodes_gguf_weights_like_the_model_and_bfloat16_near_it(smo
         assert torch.equal(a.data, b.data)
     scale = float(logits["model"].abs().max())
     torch.testing.assert_close(logits["bfloat16"], logits["model"], rtol=0.05, atol=0.05 * scale)
+
+
+@pytest.mark.skipif(not _supported(), reason="needs a C compiler and AVX-512F")
+def test_auto_takes_the_fewest_exact_bytes_and_keeps_the_models_weights_otherwise(smol_tokenizer):
+    caches = random_caches(tiny_family(smol_tokenizer, "llama").spec, [9, 64], seed=5)
+    for loaded, expected in (
+        (gguf_model(smol_tokenizer), "int4"),  # every block recovered: 4 bits, the same bits
+        (tiny_family(smol_tokenizer, "llama"), "model"),  # random weights fit no block grid
+    ):
+        logits = {}
+        for mode in ("auto", "model"):
+            stack = DecoderStack(loaded, "native", mode)
+            mine = [clone(c) for c in caches]
+            logits[mode] = in_own_thread(lambda: decode_batch(stack, mine, [3, 4]))  # noqa: B023
+            if mode == "auto":
+                assert stack.native is not None and stack.native.weights == expected
+                assert stack.native.exact == 1.0
+        assert torch.equal(logits["auto"], logits["model"])
+
+
+def test_auto_falls_back_to_the_twin_where_the_native_step_cannot_run(smol_tokenizer):
+    stack = DecoderStack(tiny_family(smol_tokenizer, "llama"), "torch", "auto")  # no error
+    assert stack.native_unfit is not None
 
 
 @pytest.mark.slow
