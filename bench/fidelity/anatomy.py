@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -38,8 +37,9 @@ from engine.decoding import read_out
 from engine.engine import Engine
 from engine.kv import ChunkKV
 from engine.model.decode import SamplingParams
-from engine.plan import ChunkInput, Plan, PlanRequest, QueryView, positions
+from engine.plan import ChunkInput, Plan, PlanRequest, positions
 from engine.planners import Mode
+from engine.planners.focus import question_peak, ranked_chunks, top_focus
 from engine.result import PrefillResult
 from engine.serving.guard import GuardReport
 
@@ -58,27 +58,6 @@ class Case:
     full: PrefillResult
     naive: PrefillResult
     request: PlanRequest
-
-
-class PeakProbe(Plan):
-    """The question's rows over the reused chunks; at `layer`, each key's peak attention."""
-
-    def __init__(self, request: PlanRequest, layer: int):
-        question = request.question_mask()
-        super().__init__(request.all_cached_spans(), positions(question), question)
-        self.layer, self.peak = layer, torch.empty(0)
-
-    def observes(self, layer: int) -> bool:
-        return layer == self.layer
-
-    def observe(self, layer: int, view: QueryView) -> torch.Tensor | None:
-        group = view.q.shape[0] // view.keys.shape[0]
-        keys = view.keys.float().repeat_interleave(group, 0)
-        scores = (view.q.float() @ keys.transpose(1, 2)) * view.scale
-        key_pos = torch.arange(keys.shape[1])
-        scores.masked_fill_(key_pos[None, None, :] > view.active.cpu()[None, :, None], -math.inf)
-        self.peak = torch.softmax(scores, -1).mean(0).amax(0).cpu()
-        return None
 
 
 class Anatomy:
@@ -181,43 +160,26 @@ class Anatomy:
         return self.prefill(inputs, case.question, "naive")
 
     def focus_rows(self, case: Case) -> dict[str, torch.Tensor]:
-        probe = PeakProbe(case.request, self.probe_layer)
-        layout = case.request.layout
+        """The shipped probe's picks (engine/planners/focus.py) at several budgets, and the
+        answer's chunk (oracle); records whether the probe ranks the answer's chunk first."""
+        request = case.request
         with torch.inference_mode():
-            self.engine.runner.run(
-                layout.token_tensor(),
-                probe,
-                capacity=layout.total_len,
-                want_logits=False,
-                last_layer=self.probe_layer,
-            )
-        context = case.request.context_mask()
-        peak = probe.peak.masked_fill(~context, -1.0)
-        spans = layout.chunk_spans
-        order = torch.tensor([float(peak[a:b].max()) for a, b in spans]).argsort(descending=True)
+            peak = question_peak(self.engine.runner, request, self.probe_layer)
+        first = ranked_chunks(peak, request)[0]
         self.rows.setdefault("probe's top chunk is the answer's", []).append(
-            (int(order[0]) == case.answer, 0.0)
+            (first == case.answer, 0.0)
         )
-
-        def chunks(ids: list[int]) -> torch.Tensor:
-            mask = torch.zeros_like(context)
-            for i in ids:
-                mask[spans[i][0] : spans[i][1]] = True
-            return mask
-
-        def top_rows(share: float) -> torch.Tensor:
-            mask = torch.zeros_like(context)
-            mask[peak.topk(math.ceil(share * int(context.sum()))).indices] = True
-            return mask & context
-
+        oracle = torch.zeros_like(peak, dtype=torch.bool)
+        start, end = request.layout.chunk_spans[case.answer]
+        oracle[start:end] = True
         return {
-            "focus: top chunk": chunks(order[:1].tolist()),
-            "focus: top 2 chunks": chunks(order[:2].tolist()),
-            "focus: top rows 0.10": top_rows(0.10),
-            "focus: top rows 0.20": top_rows(0.20),
-            "focus: top rows 0.30": top_rows(0.30),
-            "focus: top chunk + top rows 0.10": chunks(order[:1].tolist()) | top_rows(0.10),
-            "oracle: the answer's chunk": chunks([case.answer]),
+            "focus: top chunk": top_focus(peak, request, 1, 0.0),
+            "focus: top 2 chunks": top_focus(peak, request, 2, 0.0),
+            "focus: top rows 0.10": top_focus(peak, request, 0, 0.10),
+            "focus: top rows 0.20": top_focus(peak, request, 0, 0.20),
+            "focus: top rows 0.30": top_focus(peak, request, 0, 0.30),
+            "focus: top chunk + top rows 0.10": top_focus(peak, request, 1, 0.10),
+            "oracle: the answer's chunk": oracle & request.context_mask(),
         }
 
     def recompute(self, case: Case, rows: torch.Tensor) -> PrefillResult:

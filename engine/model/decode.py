@@ -20,6 +20,7 @@ from engine.cpu.library import CpuKernelError
 from engine.errors import InvalidRequest
 from engine.kv import KVCache
 from engine.model.decode_attention import step_attention
+from engine.model.decode_weights import needs_native_step
 from engine.model.layers import DecoderStack
 from engine.model.linear import OneDnnLinear
 from engine.model.native_step import NativeDecodeStep, build_native_step
@@ -191,7 +192,7 @@ def native_step(stack: DecoderStack) -> NativeDecodeStep | None:
             built = build_native_step(stack, stack.decode_weights, partial(twin_batch, stack))
             if built is None:
                 stack.native_unfit = "it disagreed with the twin on a probe"
-                if stack.decode_weights not in ("model", "auto"):
+                if needs_native_step(stack.decode_weights):
                     raise CpuKernelError(
                         f"decode weights {stack.decode_weights!r} need the native decode step, "
                         "which disagreed with the twin on a probe"

@@ -83,6 +83,12 @@ class PackedMatrix:
 AUTO_CANDIDATES = ("int4", "int8", "bfloat16")
 
 
+def needs_native_step(mode: str) -> bool:
+    """Whether decode weights `mode` can only be read by the native step (`model` and `auto`
+    decode on the twin where it cannot run)."""
+    return mode not in ("model", "auto")
+
+
 def formats_for(mode: str, dtype: torch.dtype) -> tuple[str, str]:
     """(linear layers' format, lm_head's format) of decode weights `mode` for a model in `dtype`
     (`auto` reads as `model` until the native step resolves it)."""

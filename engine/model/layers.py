@@ -14,7 +14,7 @@ from typing import Protocol, cast
 import torch
 
 from engine.model.attention import QueryLayout, causal_attention
-from engine.model.decode_weights import formats_for
+from engine.model.decode_weights import formats_for, needs_native_step
 from engine.model.loader import LoadedModel
 from engine.model.native_step import NativeDecodeStep, native_step_unfit
 
@@ -97,7 +97,7 @@ class DecoderStack:
         self.native_unfit = native_step_unfit(self)
         self.decode_weights = decode_weights
         formats_for(decode_weights, self.model_dtype)  # an unknown name is refused here
-        if decode_weights not in ("model", "auto") and self.native_unfit is not None:
+        if needs_native_step(decode_weights) and self.native_unfit is not None:
             raise ValueError(
                 f"decode weights {decode_weights!r} need the native decode step, which cannot run "
                 f"here: {self.native_unfit}"

@@ -296,7 +296,8 @@ def build_native_step(
     else:
         step = own if weights == "model" else NativeDecodeStep(stack, weights)
     log.info(
-        "native decode step: %s weights, %.0f MB per step, %.1f%% of blocks exact",
+        "native decode step: %s weights (asked: %s), %.0f MB per step, %.1f%% of blocks exact",
+        step.weights,
         weights,
         step.weight_bytes / 1e6,
         100 * step.exact,

@@ -57,25 +57,43 @@ def wants_focus(request: PlanRequest) -> bool:
 def focus_mask(runner: LayerRunner, request: PlanRequest) -> torch.Tensor:
     """bool [total]: the context rows to recompute from layer 0 (module docstring)."""
     config = request.config
-    layer = min(int(config.focus_probe_layer or 0), request.num_layers - 1)
-    probe = _Probe(request, layer)
+    peak = question_peak(runner, request, int(config.focus_probe_layer or 0))
+    return top_focus(peak, request, config.focus_chunks, config.focus_rows)
+
+
+def question_peak(runner: LayerRunner, request: PlanRequest, layer: int) -> torch.Tensor:
+    """float32 [total]: the most attention a question row pays each context row at `layer`
+    (clamped to the model's last), the question's rows run alone over the reused chunks;
+    -1 outside the context."""
+    probe = _Probe(request, min(layer, request.num_layers - 1))
     layout = request.layout
     runner.run(
         layout.token_tensor(runner.stack.embed_tokens.weight.device),
         probe,
         capacity=layout.total_len,
         want_logits=False,
-        last_layer=layer,
+        last_layer=probe.layer,
     )
     assert probe.peak is not None  # the probe observes its last layer
+    return probe.peak.masked_fill(~request.context_mask(), -1.0)
+
+
+def ranked_chunks(peak: torch.Tensor, request: PlanRequest) -> list[int]:
+    """Chunk indices by their best row's `peak`, highest first."""
+    spans = request.layout.chunk_spans
+    best = torch.tensor([float(peak[start:end].max()) for start, end in spans])
+    return [int(i) for i in best.argsort(descending=True)]
+
+
+def top_focus(peak: torch.Tensor, request: PlanRequest, chunks: int, rows: float) -> torch.Tensor:
+    """bool [total]: the `chunks` top-ranked chunks' context rows and the `rows` share of context
+    rows with the highest `peak`."""
     context = request.context_mask()
-    peak = probe.peak.masked_fill(~context, -1.0)
     focus = torch.zeros_like(context)
-    per_chunk = torch.tensor([float(peak[start:end].max()) for start, end in layout.chunk_spans])
-    for i in per_chunk.argsort(descending=True)[: config.focus_chunks].tolist():
-        start, end = layout.chunk_spans[i]
+    for i in ranked_chunks(peak, request)[:chunks]:
+        start, end = request.layout.chunk_spans[i]
         focus[start:end] = context[start:end]
-    count = math.ceil(config.focus_rows * int(context.sum()))
+    count = math.ceil(rows * int(context.sum()))
     if count:
         focus[peak.topk(count).indices] = True
     return focus & context

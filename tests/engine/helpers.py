@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.decoding import read_out
-from engine.plan import ChunkInput
+from engine.plan import ChunkInput, PlanRequest
 
 PASSAGES = [
     (
@@ -50,3 +50,19 @@ def kl(reference_logits: torch.Tensor, logits: torch.Tensor) -> float:
 def answer_ids(engine, result, params=None) -> list[int]:
     """Decode `result` to its end; the answer's token ids (from the decode's record)."""
     return list(read_out(engine.generate(result, params))[1].token_ids)
+
+
+def plan_request(engine, chunks, config=None) -> PlanRequest:
+    """The request a planner sees for `chunks` and QUESTION at ratio 0.15, under `config`
+    (default: the engine's) and its fidelity level."""
+    config = config or engine.config
+    layout = engine.prompts.layout([tuple(c.token_ids) for c in chunks], QUESTION)
+    return PlanRequest(
+        layout,
+        tuple(chunks),
+        engine.prefix_kv,
+        0.15,
+        config,
+        engine.loaded.spec.num_layers,
+        config.fidelity,
+    )

@@ -9,28 +9,15 @@ import pytest
 import torch
 
 from engine.config import EngineConfig, Fidelity
-from engine.plan import ChunkInput, PlanRequest
+from engine.plan import ChunkInput
 from engine.planners import Mode
-from tests.engine.helpers import QUESTION, chunk_inputs
-
-
-def _request(engine, chunks, config=None) -> PlanRequest:
-    layout = engine.prompts.layout([tuple(c.token_ids) for c in chunks], QUESTION)
-    return PlanRequest(
-        layout,
-        tuple(chunks),
-        engine.prefix_kv,
-        0.15,
-        config or engine.config,
-        engine.loaded.spec.num_layers,
-        (config or engine.config).fidelity,
-    )
+from tests.engine.helpers import QUESTION, chunk_inputs, plan_request
 
 
 def test_heads_cover_chunks_cached_elsewhere_only(tiny_engine):
     chunks = chunk_inputs(tiny_engine)
     chunks[2] = ChunkInput(chunks[2].chunk_id, chunks[2].token_ids)  # not cached: computed anyway
-    request = _request(tiny_engine, chunks)
+    request = plan_request(tiny_engine, chunks)
     heads = request.chunk_heads(3)
     spans = request.layout.chunk_spans
     expected = torch.zeros_like(heads)
@@ -47,11 +34,11 @@ def test_heads_cover_chunks_cached_elsewhere_only(tiny_engine):
 def test_a_variant_computed_after_the_same_chunks_has_no_head(tiny_engine):
     chunks = chunk_inputs(tiny_engine)[:2]
     exact_second = dataclasses.replace(chunks[1].kv, context=(chunks[0].chunk_id,))
-    request = _request(
+    request = plan_request(
         tiny_engine, [chunks[0], ChunkInput(chunks[1].chunk_id, chunks[1].token_ids, exact_second)]
     )
     assert not bool(request.chunk_heads(4).any())
-    swapped = _request(
+    swapped = plan_request(
         tiny_engine, [ChunkInput(chunks[1].chunk_id, chunks[1].token_ids, exact_second), chunks[0]]
     )
     start = swapped.layout.chunk_spans[0][0]
@@ -71,7 +58,7 @@ def test_blending_modes_recompute_every_head_row_through_every_layer(tiny_engine
         fidelity=Fidelity.named("fast"),
         config=config,
     )
-    heads = _request(tiny_engine, chunks, config).chunk_heads(2)
+    heads = plan_request(tiny_engine, chunks, config).chunk_heads(2)
     assert bool((result.layers_computed[heads] == layers).all())
     none = dataclasses.replace(config, blend_head_tokens=0)
     plain = tiny_engine.prefill(
@@ -93,5 +80,5 @@ def test_ratio_zero_keeps_no_head_rows(tiny_engine):
     result = tiny_engine.prefill(
         chunks, QUESTION, mode=Mode.named("cacheblend"), ratio=0.0, config=config
     )
-    heads = _request(tiny_engine, chunks, config).chunk_heads(4)
+    heads = plan_request(tiny_engine, chunks, config).chunk_heads(4)
     assert bool((result.layers_computed[heads] < tiny_engine.loaded.spec.num_layers).all())

@@ -8,27 +8,17 @@ import dataclasses
 import pytest
 import torch
 
-from engine.config import EngineConfig, Fidelity
+from engine.config import EngineConfig
 from engine.plan import PlanRequest
 from engine.planners import Mode
 from engine.planners.focus import focus_mask, wants_focus
-from tests.engine.helpers import QUESTION, chunk_inputs
+from tests.engine.helpers import QUESTION, chunk_inputs, plan_request
 
 BLENDS = ("cacheblend", "cachecraft")
 
 
 def request(engine, chunks, **settings) -> PlanRequest:
-    config = dataclasses.replace(engine.config, **settings)
-    layout = engine.prompts.layout([tuple(c.token_ids) for c in chunks], QUESTION)
-    return PlanRequest(
-        layout,
-        tuple(chunks),
-        engine.prefix_kv,
-        0.15,
-        config,
-        engine.loaded.spec.num_layers,
-        Fidelity.FAST,
-    )
+    return plan_request(engine, chunks, dataclasses.replace(engine.config, **settings))
 
 
 def test_the_mask_holds_the_top_chunks_and_rows_of_the_context_only(tiny_engine):
