@@ -445,6 +445,16 @@ class EngineConfig:
         "computes, which is what a CPU runs fastest); more: prefills run on their workers' "
         "threads, and decode steps pause while any waits or runs.",
     )
+    decode_gap_ms: float = bounded(
+        100.0,
+        ge=0.0,
+        le=60000.0,
+        doc="While batching with one prefill slot: how long decoding requests may wait for their "
+        "next token while prefills, repairs and encodings compute; once it has passed, a decode "
+        "step runs between two layers of the computation (never inside one). 0: a step between "
+        "every two layers; larger: prefills finish sooner and answers stream in bursts "
+        "(engine/serving/scheduler.py, docs/benchmarks/decode.md).",
+    )
     batch_invariant: bool = described(
         False,
         "Pad a lone request's decode step like a batch's, so every token is bit-identical "

@@ -23,7 +23,13 @@ from engine.config import EngineConfig, Fidelity
 from engine.decoding import Decoding, Repair
 from engine.errors import InvalidRequest, PromptTooLong
 from engine.kv import ChunkKV, KVCache
-from engine.model.decode import SamplingParams, TokenIds, generate_ids, new_generator
+from engine.model.decode import (
+    SamplingParams,
+    TokenIds,
+    generate_ids,
+    native_step,
+    new_generator,
+)
 from engine.model.decode_attention import resolve_decode_attention
 from engine.model.encode_dtype import model_in, resolve_encode_dtype
 from engine.model.encoder import DEFAULT_BATCH_TOKENS, ChunkEncoder
@@ -72,7 +78,6 @@ class Engine:
             ),
             config.decode_weights,
         )
-        self.runner = LayerRunner(self.stack)
         self.prompts = PromptBuilder(loaded.tokenizer, config.system_prompt, config.instruction)
         self.scheduler = (
             DecodeScheduler(
@@ -82,9 +87,14 @@ class Engine:
                 config.prefill_slots,
                 config.batch_invariant,
                 config.num_threads,
+                config.decode_gap_ms / 1000,
             )
             if config.batching
             else None
+        )
+        # a prefill lets decode steps run between its layers (`DecodeScheduler.interleave`)
+        self.runner = LayerRunner(
+            self.stack, pause_point=self.scheduler.interleave if self.scheduler else None
         )
         # requests' prefills and repairs in flight, and how often blends needed a full prefill
         self.busy = BusyGate()
@@ -96,6 +106,9 @@ class Engine:
         )
         if self.selfcheck is not None:
             (log.info if self.selfcheck.ok else log.error)(self.selfcheck.message)
+        # the decode step's weights (a quantized copy under `auto`) are built now, charged to
+        # start-up, not to the first request that decodes
+        self.compute(lambda: native_step(self.stack))
         # reports only (engine/model/selfcheck.py)
         self.tokenization = tokenization_selfcheck(self.prompts)
         (log.info if self.tokenization.ok else log.warning)(self.tokenization.message)
@@ -227,7 +240,13 @@ class Engine:
                 prefix_kv = self._encode(
                     self.prompts.prefix_ids, start=0, runner=LayerRunner(stack)
                 )
-        return ChunkEncoder(stack, prefix_kv, self.loaded.fingerprint, self.prompts.prefix_digest)
+        return ChunkEncoder(
+            stack,
+            prefix_kv,
+            self.loaded.fingerprint,
+            self.prompts.prefix_digest,
+            self.runner.pause_point,
+        )
 
     def _encode(
         self, token_ids: tuple[int, ...], start: int, runner: LayerRunner | None = None

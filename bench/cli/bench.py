@@ -66,6 +66,7 @@ def add_parser(subparsers) -> None:
     add_fidelity_merge_parser(kinds)
     add_kernels_parser(kinds)
     add_decode_parser(kinds)
+    add_decode_load_parser(kinds)
     add_store_parser(kinds)
     add_workload_parser(kinds, add_engine_arguments)
     add_ingest_parser(kinds, add_engine_arguments)
@@ -284,6 +285,46 @@ def run_decode(args) -> int:
         args.json.write_text(json.dumps([figures_json(f) for f in runs], indent=2))
         print(f"wrote {args.json}")
     engine.close()
+    return 0
+
+
+def add_decode_load_parser(kinds) -> None:
+    load = kinds.add_parser(
+        "decode-load",
+        help="time between a stream's tokens while full prefills keep the compute thread busy, "
+        "per decode_gap_ms setting",
+    )
+    add_engine_arguments(load)
+    load.add_argument(
+        "--gaps",
+        default="off,100,0",
+        help="decode_gap_ms settings to compare, comma-separated; off: prefills run whole "
+        "(default off,100,0)",
+    )
+    load.add_argument("--streams", type=int, default=1, help="streams decoding (default 1)")
+    load.add_argument(
+        "--prefills", type=int, default=3, help="full prefills per setting, back to back"
+    )
+    load.set_defaults(handler=run_decode_load)
+
+
+def run_decode_load(args) -> int:
+    from bench.compute.decode import cpu_name
+    from bench.compute.decode_load import format_report, run_decode_load
+    from engine.engine import Engine
+    from engine.serving.threads import single_threaded
+
+    gaps = [None if g.strip() == "off" else float(g) for g in args.gaps.split(",") if g.strip()]
+    if args.streams < 1 or args.prefills < 1 or not gaps:
+        raise SystemExit("--streams and --prefills must be >= 1, --gaps must name a setting")
+    engine = Engine.load(engine_config(args))
+    single_threaded()  # this thread asks for the load's prefills and reports
+    print(f"decode under load on {cpu_name()}: {engine.summary}", flush=True)
+    try:
+        base, figures = run_decode_load(engine, gaps, args.streams, args.prefills)
+    finally:
+        engine.close()
+    print(format_report(base, figures))
     return 0
 
 

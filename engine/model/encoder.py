@@ -13,7 +13,7 @@ It knows nothing of storage or of the catalog; batching by a token budget is its
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -30,9 +30,16 @@ class ChunkEncoder:
     """Packs chunks after a shared, already computed system prefix."""
 
     def __init__(
-        self, stack: DecoderStack, prefix_kv: ChunkKV, fingerprint: str, prefix_digest: str
+        self,
+        stack: DecoderStack,
+        prefix_kv: ChunkKV,
+        fingerprint: str,
+        prefix_digest: str,
+        pause_point: Callable[[], None] | None = None,
     ):
         self.stack = stack
+        # called between two layers, where other work may run (as `LayerRunner.pause_point`)
+        self.pause_point = pause_point
         self.prefix_kv = prefix_kv  # kv: [layers, 2, kv_heads, P, head_dim]
         self.prefix_len = prefix_kv.num_tokens
         self.fingerprint, self.prefix_digest = fingerprint, prefix_digest
@@ -80,6 +87,8 @@ class ChunkEncoder:
                 ]
             )
             hidden = stack.finish_layer(layer, hidden, attn)
+            if self.pause_point is not None:
+                self.pause_point()
         return [
             ChunkKV(
                 chunk, kv[:, :, :, start:end].contiguous(), p, self.fingerprint, self.prefix_digest

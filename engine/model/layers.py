@@ -8,7 +8,7 @@ except the glue, which mirrors `LlamaDecoderLayer.forward`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
 import torch
@@ -69,6 +69,13 @@ class DecoderBody(Protocol):
 class CausalLM(Protocol):
     model: DecoderBody
     lm_head: RowModule
+
+
+# Rows per block of a prefill layer's row-wise part (o_proj, MLP): other work may run between
+# two blocks (the decode scheduler's steps), and blocks this large keep the products' speed;
+# a remainder under MIN_ROW_BLOCK rows joins the block before it.
+ROW_BLOCK = 512
+MIN_ROW_BLOCK = 64
 
 
 class DecoderStack:
@@ -150,9 +157,20 @@ class DecoderStack:
         keys: torch.Tensor,
         values: torch.Tensor,
         queries: QueryLayout,
+        between_blocks: Callable[[], None] | None = None,
     ) -> torch.Tensor:
-        """Finish layer `index` for rows h: attention over the cache, o_proj, residual, MLP."""
-        return self.finish_layer(index, h, causal_attention(q, keys, values, queries, self.scale))
+        """Finish layer `index` for rows h: attention over the cache, then o_proj, residual and
+        MLP by blocks of rows (`row_blocks`), with `between_blocks()` called between two."""
+        attn_out = causal_attention(q, keys, values, queries, self.scale)
+        blocks = row_blocks(h.shape[0])
+        if len(blocks) <= 1:
+            return self.finish_layer(index, h, attn_out)
+        finished = []
+        for block in blocks:
+            if finished and between_blocks is not None:
+                between_blocks()
+            finished.append(self.finish_layer(index, h[block], attn_out[block]))
+        return torch.cat(finished)
 
     def finish_layer(self, index: int, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """Rows h after layer `index`, given their attention output [m, heads * head_dim]:
@@ -167,6 +185,16 @@ class DecoderStack:
 
     def _heads(self, x: torch.Tensor, num_heads: int) -> torch.Tensor:
         return x.view(x.shape[0], num_heads, self.spec.head_dim).transpose(0, 1)
+
+
+def row_blocks(rows: int) -> list[slice]:
+    """Blocks of ROW_BLOCK rows covering [0, rows); a remainder under MIN_ROW_BLOCK joins the
+    block before it. Always the same blocks for the same rows, so a prefill's bits do not
+    depend on what runs between its blocks."""
+    starts = list(range(0, rows, ROW_BLOCK))
+    if len(starts) > 1 and rows - starts[-1] < MIN_ROW_BLOCK:
+        starts.pop()
+    return [slice(a, b) for a, b in zip(starts, [*starts[1:], rows])]
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

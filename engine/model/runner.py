@@ -8,6 +8,7 @@ The runner knows nothing about modes; planners decide everything through the Pla
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -70,10 +71,19 @@ class _Rows:
 
 
 class LayerRunner:
-    def __init__(self, stack: DecoderStack, meter: WorkMeter | None = None):
+    def __init__(
+        self,
+        stack: DecoderStack,
+        meter: WorkMeter | None = None,
+        pause_point: Callable[[], None] | None = None,
+    ):
         self.stack = stack
         # every run's layer-rows, for benchmarks that charge all work
         self.meter = meter or WorkMeter()
+        # called between two layers and between two blocks of a layer's rows (`row_blocks`),
+        # where other work may run (the decode scheduler's `interleave`); it must leave this
+        # run's tensors alone
+        self.pause_point = pause_point
 
     def run(
         self,
@@ -100,6 +110,8 @@ class LayerRunner:
             self._fill_cached(cache, plan, layer, book.is_active)
             rows = self._run_layer(layer, cache, plan, rows, total, book)
             book.layer_done(rows.active_cpu)
+            if self.pause_point is not None and layer + 1 < num_layers:
+                self.pause_point()
         cache.length = total
         self.meter.add(book.computed)
         logits = (
@@ -157,7 +169,9 @@ class LayerRunner:
                 q = q[:, keep.to(q.device)]
                 rows, x = self._keep(plan, rows, x, keep, total)
                 book.stopped(rows.active_cpu, layer)
-        hidden = stack.attend_and_mlp(layer, rows.hidden, q, keys, values, rows.queries)
+        hidden = stack.attend_and_mlp(
+            layer, rows.hidden, q, keys, values, rows.queries, self.pause_point
+        )
         return rows.with_hidden(hidden)
 
     def _attention_from(

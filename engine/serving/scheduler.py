@@ -8,15 +8,22 @@ generator (so its tokens do not depend on its companions), streams it, then runs
 `decode_batch` for the requests that go on: linear layers once for all, attention per request.
 
 The scheduler's thread is also where the engine computes (`call`): prefills, guard repairs and
-base-KV encodings queue there and run before the next step, first come first served, so a
-prefill waits at most for the step under way (one token), never for the batch to finish, and
-one thread computes everything. That matters on a CPU: each thread that runs torch operations
-keeps its own OpenMP pool, and once the pools' threads outnumber the cores libgomp stops
-letting them spin between operations, so each of a step's thousands of small operations pays a
-wake-up (`engine/serving/threads.py`; docs/benchmarks/batching.md, "Scheduler thread").
+base-KV encodings queue there and run first come first served, so a prefill waits at most for
+the step under way (one token), never for the batch to finish, and one thread computes
+everything. That matters on a CPU: each thread that runs torch operations keeps its own OpenMP
+pool, and once the pools' threads outnumber the cores libgomp stops letting them spin between
+operations, so each of a step's thousands of small operations pays a wake-up
+(`engine/serving/threads.py`; docs/benchmarks/batching.md, "Scheduler thread").
 With `prefill_slots` > 1, prefills run on their callers' threads instead, holding a
 `prefill_turn()` (no step starts while one is held or awaited); on a CPU, concurrent prefills
 only share the cores and all finish late.
+
+Decoding requests do not wait for whole prefills either (chunked prefill, cut where the engine
+already cuts its work): a computation offers the scheduler points between its layers and
+between blocks of a layer's rows (`interleave`), and a step runs there once the requests have
+waited `decode_gap_s` for their next token. The step touches only the decoding requests'
+caches, so the computation's results do not change, only when they come; between queued
+computations, a due step goes before the next one.
 
 What batching buys depends on the cores and the linear kernel: a step is mostly weight
 traffic (docs/benchmarks/batching.md).
@@ -31,6 +38,7 @@ import enum
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -186,11 +194,16 @@ class DecodeScheduler:
         prefill_slots: int = 1,
         invariant: bool = False,
         num_threads: int | None = None,
+        decode_gap_s: float = 0.1,
     ):
         if max_batch < 1 or max_batch_tokens < 1 or prefill_slots < 1:
             raise ValueError("max_batch, max_batch_tokens and prefill_slots must be >= 1")
+        if decode_gap_s < 0:
+            raise ValueError("decode_gap_s must be >= 0")
         self.stack = stack
         self.max_batch, self.max_batch_tokens = max_batch, max_batch_tokens
+        # how long decoding requests wait for a step while compute queues or runs
+        self.decode_gap_s = decode_gap_s
         self.invariant = invariant
         self.num_threads = num_threads or DEFAULT_THREADS  # torch threads of the scheduler thread
         self._cond = threading.Condition()
@@ -201,8 +214,13 @@ class DecodeScheduler:
         self._slots = threading.BoundedSemaphore(prefill_slots)
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._last_step = 0.0  # time.perf_counter() at the end of the last step
+        # whether the loop's last work was a step: then a queued job goes next, so that jobs
+        # and due steps alternate and neither waits for the other's whole line
+        self._stepped_last = False
         self.num_steps = 0
         self.num_tokens = 0  # tokens computed by decode steps (rows, padding excluded)
+        self.num_interleaved = 0  # steps run inside a computation (`interleave`)
 
     # -- the request side ----------------------------------------------------------------------
 
@@ -240,6 +258,30 @@ class DecodeScheduler:
         job = _Job(fn)
         self._enqueue(self._jobs, job)
         return job.wait()
+
+    def interleave(self) -> None:
+        """A point inside a long computation (between two layers of a prefill) where a decode
+        step may run: it does when requests are decoding and their last step ended
+        `decode_gap_s` ago or more. The step changes only the decoding requests' state, so the
+        computation goes on as if it had not run. A no-op off the scheduler thread (prefills
+        on their callers' threads with `prefill_slots` > 1, the variant builder) and while a
+        prefill turn is held or awaited.
+        """
+        if threading.current_thread() is not self._thread or not self._step_due():
+            return
+        with self._cond:
+            if self._closed or self._prefills:
+                return
+            batch = self._batch()
+        if batch:
+            self.num_interleaved += 1
+            self._step(batch)
+
+    def _step_due(self) -> bool:
+        """Whether decoding requests have waited long enough for a step (read without the
+        lock: a stale answer only moves a step by one layer)."""
+        waited = time.perf_counter() - self._last_step
+        return bool(self._active or self._waiting) and waited >= self.decode_gap_s
 
     def _enqueue(self, line: deque[Any], item: object) -> None:
         """Append `item` to one of the scheduler's lines and wake its thread (starting one if
@@ -327,8 +369,9 @@ class DecodeScheduler:
                 self._thread = None
 
     def _next_work(self) -> _Job[Any] | list[_Sequence] | None:
-        """Wait for work: the oldest job first; else, when no prefill turn is held or awaited,
-        the batch for the next step (admitting waiting requests). None once closed or idle."""
+        """Wait for work: the oldest job first, unless a step is due (`interleave`) and the last
+        work was a job; else, when no prefill turn is held or awaited, the batch for the next
+        step (admitting waiting requests). None once closed or idle."""
         with self._cond:
             while (
                 not self._closed
@@ -342,11 +385,18 @@ class DecodeScheduler:
                     return None
             if self._closed:
                 return None
-            if self._jobs:
+            if self._jobs and (self._prefills or self._stepped_last or not self._step_due()):
+                self._stepped_last = False
                 return self._jobs.popleft()
-            self._active = [seq for seq in self._active if not seq.cancelled]
-            self._admit()
-            return list(self._active)
+            self._stepped_last = True
+            return self._batch()
+
+    def _batch(self) -> list[_Sequence]:
+        """The next step's batch: cancelled requests dropped, waiting ones admitted (under the
+        lock)."""
+        self._active = [seq for seq in self._active if not seq.cancelled]
+        self._admit()
+        return list(self._active)
 
     def _admit(self) -> None:
         """Move waiting requests into the batch in arrival order while both bounds hold
@@ -397,3 +447,4 @@ class DecodeScheduler:
         with self._cond:
             kept = set(map(id, going))
             self._active = [seq for seq in self._active if id(seq) in kept]
+        self._last_step = time.perf_counter()

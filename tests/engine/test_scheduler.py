@@ -19,7 +19,7 @@ from engine.engine import Engine
 from engine.errors import EngineClosed
 from engine.model.decode import SamplingParams
 from engine.model.loader import wrap_model
-from engine.planners import planner_names
+from engine.planners import Mode, planner_names
 from tests.conftest import build_tiny_model
 from tests.engine.batching import (
     BUDGETS,
@@ -310,3 +310,61 @@ def test_a_failing_scheduler_thread_fails_its_waiters_and_a_new_one_serves(
     result = prefill(engine, chunks, 1, "naive")  # a fresh scheduler thread runs it
     assert len(answer_ids(engine, result, SamplingParams(max_new_tokens=4))) == 4
     engine.close()
+
+
+def queue_prefill_before_step(engine, chunks, steps, step: int, out: list) -> threading.Thread:
+    """Before the scheduler's `step`-th step from now, another thread asks for request 1's full
+    prefill; the step starts once that prefill waits in the scheduler's line."""
+    thread = threading.Thread(target=lambda: out.append(prefill(engine, chunks, 1, "full")))
+
+    def queue() -> None:
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not engine.scheduler._jobs and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    steps.actions[len(steps.sizes) + step] = queue
+    return thread
+
+
+@pytest.mark.parametrize(("gap_ms", "steps_inside"), [(0, 3), (60000, 0)])
+def test_a_prefill_lets_decode_steps_run_between_its_layers(
+    lively_loaded, tmp_path_factory, chunks, steps, gap_ms, steps_inside
+):
+    engine = make_engine(lively_loaded, tmp_path_factory, decode_gap_ms=gap_ms)
+    params = SamplingParams(max_new_tokens=40)
+
+    def decoding():
+        return engine.prefill(chunks, QUESTIONS[0], mode=Mode.named("full"), max_new_tokens=40)
+
+    try:
+        assert engine.loaded.spec.num_layers == 4  # three points between layers
+        reference = prefill(engine, chunks, 1, "full")  # nobody decoding
+        alone = answer_ids(engine, decoding(), params)
+        assert len(alone) == 40
+        queued: list = []
+        thread = queue_prefill_before_step(engine, chunks, steps, 2, queued)
+        before = engine.scheduler.num_interleaved
+        assert answer_ids(engine, decoding(), params) == alone
+        thread.join(60)
+        assert engine.scheduler.num_interleaved - before == steps_inside
+        (result,) = queued
+        assert torch.equal(result.logits, reference.logits)
+        length = reference.cache.length
+        assert torch.equal(
+            result.cache.data[..., :length, :], reference.cache.data[..., :length, :]
+        )
+    finally:
+        engine.close()
+
+
+def test_interleave_is_a_no_op_off_the_scheduler_thread(engines):
+    scheduler = engines["batched"].scheduler
+    steps, interleaved = scheduler.num_steps, scheduler.num_interleaved
+    scheduler.interleave()  # this test's thread: no step, whatever is due
+    assert (scheduler.num_steps, scheduler.num_interleaved) == (steps, interleaved)
+
+
+def test_decode_weights_are_built_at_start_up(engines):
+    stack = engines["batched"].stack
+    assert stack.native is not None or stack.native_unfit is not None
