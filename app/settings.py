@@ -264,6 +264,7 @@ class Settings(BaseSettings):
     max_batch: int = engine_setting("max_batch")
     max_batch_tokens: int = engine_setting("max_batch_tokens")
     prefill_slots: int = engine_setting("prefill_slots")
+    decode_gap_ms: float = engine_setting("decode_gap_ms")
     batch_invariant: bool = engine_setting("batch_invariant")
     admin_token: SecretStr | None = Field(
         default=None,
