@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from bench.fidelity import decode_rows
 from bench.fidelity.accuracy import (
     Interval,
     Score,
@@ -38,6 +39,7 @@ from bench.fidelity.accuracy import (
     per_case_means,
     score_answer,
 )
+from bench.fidelity.decode_rows import checked_weights, copy_of, decoding_with
 from bench.fidelity.flops import FlopCounter
 from bench.fidelity.metrics import (
     best_f1,
@@ -51,7 +53,7 @@ from engine.config import EngineConfig, Fidelity
 from engine.decoding import read_out
 from engine.engine import Engine
 from engine.errors import InvalidRequest
-from engine.kv import ChunkId, ChunkKV
+from engine.kv import ChunkId, ChunkKV, KVCache
 from engine.model.decode import SamplingParams
 from engine.plan import ChunkInput
 from engine.planners import Mode, reference_mode
@@ -381,6 +383,17 @@ def settings_of(label: str) -> dict[str, str]:
     return {key.strip(): value.strip() for key, value in pairs}
 
 
+def decodes_only(label: str) -> bool:
+    """Whether a row is `full` with other decode weights and nothing else (`full[decode_weights=
+    int8]`): it decodes full's own prefill (bench/fidelity/decode_rows.py)."""
+    head = _head(label)
+    return (
+        AT not in head
+        and mode_of(label) == Mode.named(REFERENCE)
+        and set(settings_of(label)) == {decode_rows.KEY}
+    )
+
+
 def row_config(label: str, config: EngineConfig) -> EngineConfig:
     """`config` with the row's bracketed settings (`settings_of`) applied; InvalidRequest for an
     unknown field or a value the config refuses. Settings fixed when the model loads (dtype,
@@ -533,20 +546,28 @@ def _run_record(
     flops = FlopCounter.for_engine(engine)
     reference: Reference | None = None
     out = {}
+    untouched: KVCache | None = None  # full's cache before its decode, for decode-only rows
     for label in modes:
         chunks, warmup_cost = inputs[label]
-        result = engine.prefill(
-            chunks,
-            record["question"],
-            mode=mode_of(label),
-            ratio=options.ratio,
-            max_new_tokens=options.max_new_tokens,
-            fidelity=fidelity_of(label, options),
-            config=row_config(label, engine.config),
-        )
+        weights = checked_weights(label, settings_of(label).get(decode_rows.KEY))
+        if reference is not None and untouched is not None and decodes_only(label):
+            result = dataclasses.replace(reference.result, cache=copy_of(untouched))
+        else:
+            result = engine.prefill(
+                chunks,
+                record["question"],
+                mode=mode_of(label),
+                ratio=options.ratio,
+                max_new_tokens=options.max_new_tokens,
+                fidelity=fidelity_of(label, options),
+                config=row_config(label, engine.config),
+            )
+        if reference is None and any(decodes_only(m) for m in modes):
+            untouched = copy_of(result.cache)
         logits = result.logits.clone()
         work = flops.prefill(result.layers_computed)
-        answer, decoded = read_out(engine.generate(result, params))
+        with decoding_with(engine, weights):
+            answer, decoded = read_out(engine.generate(result, params))
         answer = answer.strip()
         repair = decoded.repair
         work_all = work + (

@@ -261,9 +261,9 @@ class DecodeScheduler:
 
     def interleave(self) -> None:
         """A point inside a long computation (between two layers of a prefill) where a decode
-        step may run: it does when requests are decoding and their last step ended
-        `decode_gap_s` ago or more. The step changes only the decoding requests' state, so the
-        computation goes on as if it had not run. A no-op off the scheduler thread (prefills
+        step may run: it does when a request can join the batch, or requests are decoding and
+        their last step ended `decode_gap_s` ago or more (`_step_due`). The step changes only
+        the decoding requests' state, so the computation goes on as if it had not run. A no-op off the scheduler thread (prefills
         on their callers' threads with `prefill_slots` > 1, the variant builder) and while a
         prefill turn is held or awaited.
         """
@@ -278,10 +278,22 @@ class DecodeScheduler:
             self._step(batch)
 
     def _step_due(self) -> bool:
-        """Whether decoding requests have waited long enough for a step (read without the
-        lock: a stale answer only moves a step by one layer)."""
+        """Whether a step is due: a request that can join the batch waits (its first token is
+        ready: the step streams it), or decoding requests have waited `decode_gap_s` since the
+        last step. Read without the lock: a stale answer moves a step by one pause point."""
+        if self._can_join():
+            return True
         waited = time.perf_counter() - self._last_step
-        return bool(self._active or self._waiting) and waited >= self.decode_gap_s
+        return bool(self._active) and waited >= self.decode_gap_s
+
+    def _can_join(self) -> bool:
+        """Whether the first waiting request fits the batch's bounds now (`_admit`'s rule)."""
+        if not self._waiting:
+            return False
+        if not self._active:
+            return True
+        rows = sum(seq.rows for seq in self._active) + self._waiting[0].rows
+        return len(self._active) < self.max_batch and rows <= self.max_batch_tokens
 
     def _enqueue(self, line: deque[Any], item: object) -> None:
         """Append `item` to one of the scheduler's lines and wake its thread (starting one if

@@ -368,3 +368,26 @@ def test_interleave_is_a_no_op_off_the_scheduler_thread(engines):
 def test_decode_weights_are_built_at_start_up(engines):
     stack = engines["batched"].stack
     assert stack.native is not None or stack.native_unfit is not None
+
+
+def test_a_request_that_joins_gets_its_first_token_at_the_next_pause_point(
+    lively_loaded, tmp_path_factory, chunks
+):
+    engine = make_engine(lively_loaded, tmp_path_factory, decode_gap_ms=60000)
+    result = prefill(engine, chunks, 0, "naive")
+    scheduler = engine.scheduler
+
+    def computation():  # a prefill's stand-in: a request joins while it runs
+        stream = scheduler.submit(result.cache, result.logits, SamplingParams(max_new_tokens=4), ())
+        steps = scheduler.num_steps
+        scheduler.interleave()  # joining: due at once, whatever the gap
+        joined = scheduler.num_steps - steps
+        scheduler.interleave()  # decoding, 60 s gap not reached: no step
+        return stream, joined, scheduler.num_steps - steps
+
+    try:
+        stream, joined, stepped = scheduler.call(computation)
+        assert (joined, stepped) == (1, 1)
+        assert len(list(stream)) == 4
+    finally:
+        engine.close()

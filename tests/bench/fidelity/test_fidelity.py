@@ -181,3 +181,44 @@ def test_calibration_refuses_a_swap_that_leaves_no_shared_chunk(tiny_engine, dat
         run_calibration(
             tiny_engine, CalibrateOptions(dataset=dataset, n=1, chunks=2, swap=2), progress=False
         )
+
+
+def test_a_decode_weights_row_decodes_fulls_own_prefill_with_those_weights(
+    tiny_engine, dataset, monkeypatch
+):
+    import engine.model.decode as decode_module
+
+    stack = tiny_engine.stack
+    if stack.native is None:
+        pytest.skip(f"the native decode step cannot run here: {stack.native_unfit}")
+    own = stack.native
+    seen, prefills = [], []
+    real_step, real_prefill = decode_module.native_step, tiny_engine.prefill
+
+    def recording_step(s):
+        seen.append(real_step(s).weights)
+        return real_step(s)
+
+    def counting_prefill(*args, **kwargs):
+        prefills.append(1)
+        return real_prefill(*args, **kwargs)
+
+    monkeypatch.setattr(decode_module, "native_step", recording_step)
+    monkeypatch.setattr(tiny_engine, "prefill", counting_prefill)
+    row = "full[decode_weights=int8]"
+    options = FidelityOptions(
+        dataset=dataset, n=2, chunks=4, modes=(row,), max_new_tokens=4, orders=1
+    )
+    summaries = {s.mode: s for s in run_fidelity(tiny_engine, options, progress=False)}
+    assert len(prefills) == 2 + 2  # the warm-up: one per row; then full alone per record
+    assert "int8" in seen and own.weights in seen
+    assert stack.native is own  # the engine's own step is back
+    reused = summaries[row]
+    assert (reused.median_ttft_ratio, reused.mean_kl, reused.top1_agreement) == (1.0, 0.0, 1.0)
+
+
+@pytest.mark.parametrize("row", ["full[decode_weights=auto]", "full[decode_weights=int3]"])
+def test_a_decode_weights_row_names_a_format(tiny_engine, dataset, row):
+    options = FidelityOptions(dataset=dataset, n=1, chunks=4, modes=(row,), max_new_tokens=2)
+    with pytest.raises(InvalidRequest, match="decode_weights"):
+        run_fidelity(tiny_engine, options, progress=False)
