@@ -263,9 +263,9 @@ class DecodeScheduler:
         """A point inside a long computation (between two layers of a prefill) where a decode
         step may run: it does when a request can join the batch, or requests are decoding and
         their last step ended `decode_gap_s` ago or more (`_step_due`). The step changes only
-        the decoding requests' state, so the computation goes on as if it had not run. A no-op off the scheduler thread (prefills
-        on their callers' threads with `prefill_slots` > 1, the variant builder) and while a
-        prefill turn is held or awaited.
+        the decoding requests' state, so the computation goes on as if it had not run. A no-op
+        off the scheduler thread (prefills on their callers' threads with `prefill_slots` > 1,
+        the variant builder) and while a prefill turn is held or awaited.
         """
         if threading.current_thread() is not self._thread or not self._step_due():
             return
