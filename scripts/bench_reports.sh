@@ -8,7 +8,8 @@
 #
 # KVMOSAIC_MODEL=NAME (`kvmosaic models`) runs them on that model instead of the embedded SmolLM2,
 # into pages named after it (docs/benchmarks/fidelity-NAME.md, docs/benchmarks/workload-NAME/);
-# FIDELITY_MODES overrides the fidelity rows (default: full and the default mode).
+# FIDELITY_MODES overrides the fidelity rows (default: full and the default mode), FIDELITY_PAGE
+# the fidelity page's name (default fidelity[-NAME]: docs/benchmarks/PAGE.md and PAGE.json).
 #
 # Run it on an idle machine: every figure is timed. Commit the reports it writes.
 set -euo pipefail
@@ -20,7 +21,8 @@ SUFFIX=${MODEL:+-$MODEL}
 MODEL_ARGS=(${MODEL:+--model "$MODEL"})
 WORKLOAD_DIR=docs/benchmarks/workload$SUFFIX
 WORKLOAD_CMD=(.venv/bin/kvmosaic bench workload "${MODEL_ARGS[@]}" --report "$WORKLOAD_DIR")
-FIDELITY_REPORT=docs/benchmarks/fidelity$SUFFIX.md
+FIDELITY_PAGE=${FIDELITY_PAGE:-fidelity$SUFFIX}
+FIDELITY_REPORT=docs/benchmarks/$FIDELITY_PAGE.md
 # answerable cases of report seeds (bench/fidelity/cases.py: tune on seeds 0-999, report on 1000-1999)
 # The report runs the default mode against full on 200 cases in both orders, as shards of 50
 # cases: one shard per core at a time, each pinned to its core on one torch thread, then merged
@@ -30,7 +32,7 @@ FIDELITY_N=200
 FIDELITY_SHARD=50
 FIDELITY_SHARD_CMD=(.venv/bin/kvmosaic bench fidelity "${MODEL_ARGS[@]}" --dataset /tmp/kvmosaic-cases-1000.json
                     --orders 2 --max-new-tokens 16 --modes "${FIDELITY_MODES:-full,cachecraft}" --threads 1)
-FIDELITY_MERGE=(.venv/bin/kvmosaic bench fidelity-merge --json docs/benchmarks/fidelity$SUFFIX.json)
+FIDELITY_MERGE=(.venv/bin/kvmosaic bench fidelity-merge --json docs/benchmarks/$FIDELITY_PAGE.json)
 # -----------------------------------------------------------------------------------------------
 
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
