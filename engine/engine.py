@@ -33,6 +33,7 @@ from engine.model.decode import (
 from engine.model.decode_attention import resolve_decode_attention
 from engine.model.encode_dtype import model_in, resolve_encode_dtype
 from engine.model.encoder import DEFAULT_BATCH_TOKENS, ChunkEncoder
+from engine.model.known import rounded_decode_weights
 from engine.model.layers import DecoderStack
 from engine.model.linear import linear_kernel_of
 from engine.model.loader import LoadedModel, cpu_has_amx_bf16, load_model
@@ -77,6 +78,7 @@ class Engine:
                 )
             ),
             config.decode_weights,
+            rounded_decode_weights(config.model, config.model_path),
         )
         self.prompts = PromptBuilder(loaded.tokenizer, config.system_prompt, config.instruction)
         self.scheduler = (

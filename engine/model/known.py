@@ -80,6 +80,9 @@ class KnownModel:
     num_layers: int  # its <architecture>.block_count
     num_parameters: int  # elements of all its tensors: the converted float32 size is 4x
     default: bool = False
+    # the rounded decode weights the fidelity yardstick passed for this model, which `auto`
+    # takes when no format holds its weights exactly (docs/benchmarks/decode.md, item 3)
+    rounded_decode_weights: str | None = None
 
 
 def _sns_part(n: int) -> Package:
@@ -116,6 +119,7 @@ QWEN_CODER = KnownModel(
     architecture="qwen2",
     num_layers=24,
     num_parameters=630_167_424,
+    rounded_decode_weights="int8",
 )
 
 KNOWN_MODELS: Mapping[str, KnownModel] = MappingProxyType(
@@ -131,6 +135,15 @@ def known_model(name: str) -> KnownModel:
             f"unknown model {name!r}: kvmosaic knows {', '.join(MODEL_NAMES)} (`kvmosaic models`)"
         )
     return KNOWN_MODELS[name]
+
+
+def rounded_decode_weights(model: str | None, model_path: str | None) -> str | None:
+    """The rounded decode weights measured for the configured model (`model`, or the default
+    when neither is set); None for a checkpoint given by path, whose weights nobody measured."""
+    if model_path is not None:
+        return None
+    chosen = known_model(model) if model else next(m for m in KNOWN_MODELS.values() if m.default)
+    return chosen.rounded_decode_weights
 
 
 def models_dir(data_dir: Path) -> Path:

@@ -285,14 +285,16 @@ def build_native_step(
     """The stack's native step, after a probe: the kernel on the model's own weights against the
     twin (`twin(caches, tokens)`) on one batched step over random caches; None (logged) if they
     disagree beyond the dtype's rounding. `auto` takes the first of `AUTO_CANDIDATES` whose
-    every block is exact (the decode is then `model`'s bit for bit), else `model`."""
+    every block is exact (the decode is then `model`'s bit for bit), else the rounded weights
+    measured for the model (`stack.rounded_decode_weights`), else `model`."""
     own = NativeDecodeStep(stack, "model")
     reason = _probe(stack, own, twin)
     if reason is not None:
         log.warning("native decode step disabled: %s", reason)
         return None
     if weights == "auto":
-        step = _exact_narrowest(stack) or own
+        rounded = stack.rounded_decode_weights
+        step = _exact_narrowest(stack) or (NativeDecodeStep(stack, rounded) if rounded else own)
     else:
         step = own if weights == "model" else NativeDecodeStep(stack, weights)
     log.info(

@@ -180,3 +180,23 @@ def test_the_embedded_smollm2_decodes_bitwise_alike_in_int4_and_int8(smol_engine
     assert torch.equal(results["int8"], results["model"])
     assert torch.equal(results["int4"], results["model"])
     assert sizes["int4"] < sizes["int8"] < sizes["model"] / 3
+
+
+@pytest.mark.skipif(not _supported(), reason="needs a C compiler and AVX-512F")
+def test_auto_takes_the_measured_rounded_weights_when_none_is_exact(smol_tokenizer):
+    loaded = tiny_family(smol_tokenizer, "llama")  # random weights fit no block grid
+    caches = random_caches(loaded.spec, [9, 64], seed=5)
+    stack = DecoderStack(loaded, "native", "auto", rounded_decode_weights="int8")
+    auto = in_own_thread(lambda: decode_batch(stack, [clone(c) for c in caches], [3, 4]))
+    assert stack.native is not None and stack.native.weights == "int8"
+    assert stack.native.exact < 1.0  # rounded: close to the model's decode, not equal
+    int8 = DecoderStack(loaded, "native", "int8")
+    assert torch.equal(auto, in_own_thread(lambda: decode_batch(int8, caches, [3, 4])))
+
+
+def test_only_measured_models_have_rounded_decode_weights():
+    from engine.model.known import rounded_decode_weights
+
+    assert rounded_decode_weights("qwen2.5-coder-0.5b", None) == "int8"
+    assert rounded_decode_weights(None, None) is None  # the embedded SmolLM2: exact int4
+    assert rounded_decode_weights(None, "/models/some.gguf") is None  # nobody measured it

@@ -19,10 +19,12 @@ from engine.decoding import read_out
 from engine.engine import Engine
 from engine.kv import ChunkKV
 from engine.model import ops
-from engine.model.decode import SamplingParams
-from engine.model.known import QWEN_CODER, checkpoint_dir, is_installed
+from engine.model.decode import SamplingParams, generate_ids
+from engine.model.known import QWEN_CODER, checkpoint_dir, is_installed, rounded_decode_weights
+from engine.model.layers import DecoderStack
 from engine.plan import ChunkInput
 from engine.planners import Mode
+from engine.serving.threads import in_own_thread
 from tests.conftest import REPO
 from tests.engine.helpers import PASSAGES, QUESTION, chunk_inputs
 
@@ -55,6 +57,7 @@ def qwen() -> Engine:
             dtype="float32",
             fidelity="fast",
             encode_dtype="engine",
+            decode_weights="model",  # the model's own weights: decode equals transformers'
         )
     )
     yield engine
@@ -106,6 +109,19 @@ def test_greedy_decode_equals_transformers_generate_and_answers(qwen):
     assert list(decoded.token_ids) == expected[:cut]
     # a model that answers: the passage's author, which SmolLM2 often misses
     assert "Lovelace" in qwen.loaded.tokenizer.decode(list(decoded.token_ids))
+
+
+def test_auto_decodes_with_the_measured_int8_and_still_answers(qwen):
+    rounded = rounded_decode_weights(QWEN_CODER.name, None)
+    stack = DecoderStack(qwen.loaded, qwen.stack.decode_attention, "auto", rounded)
+    if stack.native_unfit is not None:
+        pytest.skip(f"the native decode step cannot run here: {stack.native_unfit}")
+    result = qwen.prefill(chunk_inputs(qwen, cached=False), QUESTION, mode=Mode.named("full"))
+    params = SamplingParams(max_new_tokens=8)
+    eos = qwen.loaded.eos_token_ids
+    ids = in_own_thread(lambda: list(generate_ids(stack, result.cache, result.logits, params, eos)))
+    assert stack.native is not None and stack.native.weights == rounded == "int8"
+    assert "Lovelace" in qwen.loaded.tokenizer.decode(ids)
 
 
 def test_chunk_kv_moved_to_a_new_position_equals_kv_computed_there(qwen):
