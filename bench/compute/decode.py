@@ -295,15 +295,19 @@ def profile_step(
 
 
 def variant_stacks(engine: Engine, weights: Sequence[str]) -> dict[str, DecoderStack]:
-    """A stack on the engine's model per decode weights mode (`DecoderStack(..., weights)`), and
-    for `twin` one whose native step is off: the PyTorch step (with the engine's attention)."""
+    """A stack on the engine's model per decode weights mode (`DecoderStack(..., weights)`, with
+    the rounded weights measured for the model, which `auto` may take), and for `twin` one whose
+    native step is off: the PyTorch step (with the engine's attention)."""
     stacks = {}
+    own = engine.stack
     for name in weights:
         if name == "twin":
-            stack = DecoderStack(engine.loaded, engine.stack.decode_attention)
+            stack = DecoderStack(engine.loaded, own.decode_attention)
             stack.native_unfit = "off for the bench: the twin"
         else:
-            stack = DecoderStack(engine.loaded, engine.stack.decode_attention, name)
+            stack = DecoderStack(
+                engine.loaded, own.decode_attention, name, own.rounded_decode_weights
+            )
         stacks[name] = stack
     return stacks
 

@@ -75,3 +75,11 @@ def test_variants_compare_the_twin_and_each_weights_mode_in_one_run(tiny_engine)
     assert stacks["twin"].native is None
     summary = format_summary(runs)
     assert "| twin |" in summary and "| model |" in summary
+
+
+def test_variant_stacks_keep_the_rounded_weights_measured_for_the_model(tiny_engine, monkeypatch):
+    from bench.compute.decode import variant_stacks
+
+    monkeypatch.setattr(tiny_engine.stack, "rounded_decode_weights", "int8")
+    stacks = variant_stacks(tiny_engine, ["auto", "model"])
+    assert [s.rounded_decode_weights for s in stacks.values()] == ["int8", "int8"]
