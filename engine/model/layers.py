@@ -171,7 +171,7 @@ class DecoderStack:
         blocks = row_blocks(h.shape[0])
         if len(blocks) <= 1:
             return self.finish_layer(index, h, attn_out)
-        finished = []
+        finished: list[torch.Tensor] = []
         for block in blocks:
             if finished and between_blocks is not None:
                 between_blocks()

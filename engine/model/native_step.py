@@ -53,6 +53,7 @@ class DecoderStack(Protocol):
     lm_head: Any
     scale: float
     decode_attention: str
+    rounded_decode_weights: str | None
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor: ...
 
