@@ -452,9 +452,10 @@ class EngineConfig:
         le=60000.0,
         doc="While batching with one prefill slot: how long decoding requests may wait for their "
         "next token while prefills, repairs and encodings compute; once it has passed, a decode "
-        "step runs between two layers of the computation (never inside one). 0: a step between "
-        "every two layers; larger: prefills finish sooner and answers stream in bursts "
-        "(engine/serving/scheduler.py, docs/benchmarks/decode.md).",
+        "step runs at the computation's next pause point (between two layers, or two 512-row "
+        "blocks of a layer's o_proj and MLP). 0: a step at every pause point; larger: prefills "
+        "finish sooner and answers stream in bursts (engine/serving/scheduler.py, "
+        "docs/benchmarks/decode.md).",
     )
     batch_invariant: bool = described(
         False,

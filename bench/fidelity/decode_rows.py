@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from engine.config import DECODE_WEIGHTS
 from engine.engine import Engine
 from engine.errors import InvalidRequest
-from engine.kv import KVCache
 from engine.model.native_step import NativeDecodeStep
 
 KEY = "decode_weights"
@@ -53,14 +52,3 @@ def decoding_with(engine: Engine, weights: str | None) -> Iterator[None]:
         yield
     finally:
         stack.native = own
-
-
-def copy_of(cache: KVCache) -> KVCache:
-    """A copy of `cache` (rows, length and capacity) that has not been decoded from."""
-    data = cache.data
-    copy = KVCache(
-        data.shape[0], data.shape[2], data.shape[4], cache.capacity, data.dtype, data.device
-    )
-    copy.data.copy_(data)
-    copy.length = cache.length
-    return copy

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from bench.compute.decode import clone
 from bench.fidelity import decode_rows
 from bench.fidelity.accuracy import (
     Interval,
@@ -39,7 +40,7 @@ from bench.fidelity.accuracy import (
     per_case_means,
     score_answer,
 )
-from bench.fidelity.decode_rows import checked_weights, copy_of, decoding_with
+from bench.fidelity.decode_rows import checked_weights, decoding_with
 from bench.fidelity.flops import FlopCounter
 from bench.fidelity.metrics import (
     best_f1,
@@ -551,7 +552,9 @@ def _run_record(
         chunks, warmup_cost = inputs[label]
         weights = checked_weights(label, settings_of(label).get(decode_rows.KEY))
         if reference is not None and untouched is not None and decodes_only(label):
-            result = dataclasses.replace(reference.result, cache=copy_of(untouched))
+            result = dataclasses.replace(
+                reference.result, cache=clone(untouched, untouched.capacity)
+            )
         else:
             result = engine.prefill(
                 chunks,
@@ -563,7 +566,7 @@ def _run_record(
                 config=row_config(label, engine.config),
             )
         if reference is None and any(decodes_only(m) for m in modes):
-            untouched = copy_of(result.cache)
+            untouched = clone(result.cache, result.cache.capacity)
         logits = result.logits.clone()
         work = flops.prefill(result.layers_computed)
         with decoding_with(engine, weights):

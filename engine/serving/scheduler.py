@@ -287,13 +287,18 @@ class DecodeScheduler:
         return bool(self._active) and waited >= self.decode_gap_s
 
     def _can_join(self) -> bool:
-        """Whether the first waiting request fits the batch's bounds now (`_admit`'s rule)."""
-        if not self._waiting:
-            return False
+        """Whether the first waiting request fits the batch now (`_fits`)."""
+        active_rows = sum(seq.rows for seq in self._active)
+        return bool(self._waiting) and self._fits(self._waiting[0], active_rows)
+
+    def _fits(self, seq: _Sequence, active_rows: int) -> bool:
+        """Whether `seq` may join the batch beside its `active_rows` cache rows: a place is free
+        and the rows stay within bounds (a lone request fits whatever its size)."""
         if not self._active:
             return True
-        rows = sum(seq.rows for seq in self._active) + self._waiting[0].rows
-        return len(self._active) < self.max_batch and rows <= self.max_batch_tokens
+        return (
+            len(self._active) < self.max_batch and active_rows + seq.rows <= self.max_batch_tokens
+        )
 
     def _enqueue(self, line: deque[Any], item: object) -> None:
         """Append `item` to one of the scheduler's lines and wake its thread (starting one if
@@ -414,12 +419,12 @@ class DecodeScheduler:
         """Move waiting requests into the batch in arrival order while both bounds hold
         (a lone request is admitted whatever its size; nobody overtakes a waiting request)."""
         rows = sum(seq.rows for seq in self._active)
-        while self._waiting and len(self._active) < self.max_batch:
+        while self._waiting:
             seq = self._waiting[0]
             if seq.cancelled:
                 self._waiting.popleft()
                 continue
-            if self._active and rows + seq.rows > self.max_batch_tokens:
+            if not self._fits(seq, rows):
                 return
             self._active.append(self._waiting.popleft())
             rows += seq.rows

@@ -358,11 +358,19 @@ def test_a_prefill_lets_decode_steps_run_between_its_layers(
         engine.close()
 
 
-def test_interleave_is_a_no_op_off_the_scheduler_thread(engines):
-    scheduler = engines["batched"].scheduler
-    steps, interleaved = scheduler.num_steps, scheduler.num_interleaved
-    scheduler.interleave()  # this test's thread: no step, whatever is due
-    assert (scheduler.num_steps, scheduler.num_interleaved) == (steps, interleaved)
+def test_interleave_is_a_no_op_off_the_scheduler_thread(engines, chunks):
+    engine = engines["batched"]
+    result = prefill(engine, chunks, 0, "naive")
+    scheduler = scheduler_module.DecodeScheduler(engine.stack, decode_gap_s=0)  # never started
+    # a request waits to join, so a step is due
+    waiting = scheduler_module._Sequence(
+        result.cache, result.logits, SamplingParams(max_new_tokens=4), ()
+    )
+    scheduler._waiting.append(waiting)
+    assert scheduler._step_due()
+    scheduler.interleave()  # this test's thread is not the scheduler's: no step
+    assert (scheduler.num_steps, scheduler.num_interleaved) == (0, 0)
+    assert scheduler.num_waiting == 1 and waiting.num_picked == 0
 
 
 def test_decode_weights_are_built_at_start_up(engines):
