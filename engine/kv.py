@@ -127,6 +127,22 @@ class KVCache:
     def capacity(self) -> int:
         return self.data.shape[3]
 
+    def copy(self, capacity: int | None = None) -> KVCache:
+        """A new cache of `capacity` rows (default: this one's) holding a copy of the valid
+        rows, not yet decoded from."""
+        data = self.data
+        copy = KVCache(
+            data.shape[0],
+            data.shape[2],
+            data.shape[4],
+            self.capacity if capacity is None else capacity,
+            data.dtype,
+            data.device,
+        )
+        copy.data[:, :, :, : self.length] = data[:, :, :, : self.length]
+        copy.length = self.length
+        return copy
+
     def keys(self, layer: int, end: int) -> torch.Tensor:
         return self.data[layer, 0, :, :end]
 

@@ -123,21 +123,6 @@ def corpus_cache(engine: Engine, tokens: int) -> tuple[KVCache, int]:
     return cache, ids[-1]
 
 
-def clone(cache: KVCache, capacity: int) -> KVCache:
-    """A copy of `cache`'s rows in a cache of `capacity` rows."""
-    copy = KVCache(
-        cache.data.shape[0],
-        cache.data.shape[2],
-        cache.data.shape[4],
-        capacity,
-        cache.data.dtype,
-        cache.data.device,
-    )
-    copy.data[:, :, :, : cache.length] = cache.data[:, :, :, : cache.length]
-    copy.length = cache.length
-    return copy
-
-
 def decode_weight_bytes(stack: DecoderStack) -> int:
     """Bytes of the weights one decode step reads: every linear layer and lm_head (each tensor
     once, tied ones too), and the norms; the embedding table only where lm_head is it. The
@@ -201,7 +186,7 @@ def timed_steps(
     sampling: Callable[[torch.Tensor], int] = greedy,
 ) -> list[float]:
     """Seconds of every step of `rounds` rounds of `steps` steps (after `warmup` untimed)."""
-    caches = [clone(prompt, prompt.length + warmup + steps + 1) for _ in range(streams)]
+    caches = [prompt.copy(prompt.length + warmup + steps + 1) for _ in range(streams)]
     times = []
     for _ in range(rounds):
         for cache in caches:

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.compute.decode import clone
 from engine.engine import Engine
 from engine.model.decode import SamplingParams
 from engine.plan import ChunkInput
@@ -82,7 +81,7 @@ def stream_stamps(
 ) -> list[float]:
     """Decode a copy of `prefilled` through the scheduler, EOS ignored; the time each piece
     arrives, until `budget` pieces or `stop` is set."""
-    cache = clone(prefilled.cache, prefilled.cache.capacity)
+    cache = prefilled.cache.copy()
     stream = scheduler_of(engine).submit(
         cache, prefilled.logits, SamplingParams(max_new_tokens=budget), eos_ids=()
     )

@@ -30,7 +30,6 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from bench.compute.decode import clone
 from bench.fidelity import decode_rows
 from bench.fidelity.accuracy import (
     Interval,
@@ -552,9 +551,7 @@ def _run_record(
         chunks, warmup_cost = inputs[label]
         weights = checked_weights(label, settings_of(label).get(decode_rows.KEY))
         if reference is not None and untouched is not None and decodes_only(label):
-            result = dataclasses.replace(
-                reference.result, cache=clone(untouched, untouched.capacity)
-            )
+            result = dataclasses.replace(reference.result, cache=untouched.copy())
         else:
             result = engine.prefill(
                 chunks,
@@ -566,7 +563,7 @@ def _run_record(
                 config=row_config(label, engine.config),
             )
         if reference is None and any(decodes_only(m) for m in modes):
-            untouched = clone(result.cache, result.cache.capacity)
+            untouched = result.cache.copy()
         logits = result.logits.clone()
         work = flops.prefill(result.layers_computed)
         with decoding_with(engine, weights):
