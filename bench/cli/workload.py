@@ -178,6 +178,7 @@ def _default(key: str):
 def run_workload_command(args) -> int:
     from app.cli.common import settings_overrides
     from app.settings import Settings
+    from bench.extras import require
     from bench.workload.report import (
         format_answers,
         format_bounds,
@@ -190,6 +191,8 @@ def run_workload_command(args) -> int:
     from engine.serving.threads import in_own_thread, single_threaded
     from retrieval.embedder import Embedder
 
+    if args.report:  # before the run: its plots need the bench extra
+        require("matplotlib")
     values = settings_overrides(args)
     base = Settings(**values)
     options = workload_options(args, base.data_dir)

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.extras import require
 from bench.workload.summary import CellSummary
 
 
 def draw_all(summaries: list[CellSummary], directory: Path) -> list[str]:
-    """Draw every plot into `directory`; returns the file names of those drawn."""
+    """Draw every plot into `directory`; returns the file names of those drawn. Raises
+    `MissingBenchExtra` without matplotlib (the `bench` extra)."""
+    require("matplotlib")
     import matplotlib
 
     matplotlib.use("Agg")
