@@ -31,6 +31,7 @@ from engine.result import PrefillResult
 from engine.variants.order import ChunkOrder
 from engine.variants.served import ServedTokens
 from retrieval import Retriever
+from retrieval.text import text_problem
 
 OnPiece = Callable[[str], None]
 
@@ -197,6 +198,9 @@ class RagService:
         question = question.strip()
         if not question:
             raise InvalidRequest("the question is empty")
+        problem = text_problem(question)
+        if problem is not None:  # what the tokenizer and the embedder cannot encode
+            raise InvalidRequest(f"question: {problem}")
         if len(question) > s.max_question_chars:
             raise InvalidRequest(
                 f"the question has {len(question)} characters; the limit is {s.max_question_chars}"

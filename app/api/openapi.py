@@ -65,8 +65,7 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
 
 
 # Some non-whitespace, no NUL: what the service checks after stripping (`RagService.query`,
-# uploads).
-NOT_BLANK = "\\S"
+# uploads; `retrieval.text` refuses lone surrogates too, which no pattern can name).
 TEXT_WITHOUT_NUL = "^[^\\x00]*[^\\s\\x00][^\\x00]*$"
 
 
@@ -83,7 +82,7 @@ def add_limits(schemas: JsonObject, settings: Settings, tiers: list[str]) -> Non
             if field in properties:
                 _narrow(properties[field], maximum=budget)
     schemas["AskRequest"]["properties"]["question"].update(
-        maxLength=settings.max_question_chars, pattern=NOT_BLANK
+        maxLength=settings.max_question_chars, pattern=TEXT_WITHOUT_NUL
     )
     # The question is the last user message: require one with text the service accepts.
     schemas["ChatRequest"]["properties"]["messages"]["contains"] = {
@@ -93,7 +92,7 @@ def add_limits(schemas: JsonObject, settings: Settings, tiers: list[str]) -> Non
             "role": {"const": "user"},
             "content": {
                 "type": "string",
-                "pattern": NOT_BLANK,
+                "pattern": TEXT_WITHOUT_NUL,
                 "maxLength": settings.max_question_chars,
             },
         },

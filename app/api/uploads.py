@@ -3,9 +3,10 @@ upload (fields `file`, `title?`, `kv?`, each once, no others); `kv` ("eager" or 
 back beside it. The `file` part may also be a plain text field (curl's `-F file=<doc.txt`).
 
 Refuses, before anything is written: bodies over the size limit (413), other content types
-(415), malformed or too deeply nested JSON (400), schema violations (422), non-UTF-8 or empty
-text (422), titles over `TITLE_MAX_CHARS` or file names over `FILENAME_MAX_CHARS` (422: the
-catalog's columns are bounded). A title taken from the text's first heading is cut to fit.
+(415), malformed or too deeply nested JSON (400), schema violations (422), non-UTF-8, empty or
+unencodable text (422, `retrieval.text`: a lone surrogate, NUL), titles over `TITLE_MAX_CHARS`
+or file names over `FILENAME_MAX_CHARS` (422: the catalog's columns are bounded). A title
+taken from the text's first heading is cut to fit.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from starlette.datastructures import UploadFile
 
 from app.schemas.documents import FILENAME_MAX_CHARS, TITLE_MAX_CHARS, DocumentIn, KvMode
 from retrieval.sources import SourceDocument, title_of
+from retrieval.text import text_problem
 
 # JSON escaping can inflate text; the raw body may exceed the text limit by this much.
 JSON_OVERHEAD = 64 * 1024
@@ -141,8 +143,10 @@ def _document(
         raise _too_large(limit)
     if not text.strip():
         raise HTTPException(422, "the document is empty")
-    if "\x00" in text:
-        raise HTTPException(422, "the document contains NUL characters; send plain text")
+    for field, value in (("text", text), ("title", title or ""), ("source", source)):
+        problem = text_problem(value)
+        if problem is not None:
+            raise HTTPException(422, f"{field}: {problem}")
     title = (title or "").strip() or title_of(text, fallback_title)[:TITLE_MAX_CHARS]
     return SourceDocument(source=source, title=title, text=text)
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from app.schemas.common import Ratio, Seed, Temperature, TokenBudget, TopK, TopP
+from app.schemas.common import Ratio, Seed, Temperature, Text, TokenBudget, TopK, TopP
 
 # The fidelity guard's levels (engine.config.FIDELITIES, spelled out for the OpenAPI schema).
 Fidelity = Literal["fast", "balanced", "exact"]
@@ -21,7 +21,7 @@ class AskRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    question: str = Field(min_length=1, description="the question; its length limit is a setting")
+    question: Text = Field(min_length=1, description="the question; its length limit is a setting")
     top_k: TopK | None = Field(default=None, description="chunks to retrieve (1-20)")
     mode: str | None = Field(default=None, description="recompute mode (see GET /modes)")
     ratio: Ratio | None = Field(default=None, description="cacheblend recompute ratio")
@@ -136,6 +136,12 @@ class GuardOut(BaseModel):
         "mostly repaired, so this request computed its "
         "context exactly after its exact prefix instead "
         "of blending (KVMOSAIC_GUARD_BUSY_REPAIR_SHARE)",
+    )
+    exact_first: bool = Field(
+        default=False,
+        description="no blend of this mode is measured to hold on the loaded model (its reuse "
+        "profile, KVMOSAIC_REUSE_PROFILE), so this balanced request computed its context "
+        "exactly after its exact prefix instead of blending",
     )
 
 

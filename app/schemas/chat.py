@@ -21,6 +21,7 @@ from app.schemas.common import (
     Ratio,
     Seed,
     Temperature,
+    Text,
     TokenBudget,
     TopK,
     TopP,
@@ -35,14 +36,14 @@ class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     type: str
-    text: str | None = None
+    text: Text | None = None
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: str
-    content: str | list[ContentPart] | None = None
+    content: Text | list[ContentPart] | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):

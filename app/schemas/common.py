@@ -1,11 +1,14 @@
-"""Field types shared by the request schemas: integers the catalog and torch can hold.
+"""Field types shared by the request schemas: integers the catalog and torch can hold, and text
+the tokenizer and the embedder can encode.
 
 Every integer a client sends ends up somewhere with a fixed width: catalog ids and offsets
 in 64-bit database columns (SQLite raises OverflowError, PostgreSQL "integer out of range"),
 seeds in torch's 64-bit generator. Bounding them here turns an out-of-range value into a 422
 instead of a 500 deep in the database driver. Body integers, numbers and booleans are strict,
 so `true` is not an id or a temperature and `0` is not a boolean (an integral `3.0` is an
-integer, as in JSON Schema; `1` is a number).
+integer, as in JSON Schema; `1` is a number). Every text field that reaches the tokenizer, the
+embedder or the catalog is `Text`: `retrieval.text.text_problem` refuses a lone surrogate or a
+NUL there, the same check the service runs on text that comes by other ways (a form, the CLI).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from pydantic import BeforeValidator, Field, Strict
+
+from retrieval.text import text_problem
 
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
@@ -48,3 +53,18 @@ ByteCount = Annotated[int, Strict(), Field(ge=1, lt=INT64_END), WHOLE_FLOAT]
 Ratio = Annotated[float, Strict(), Field(ge=0.0, le=1.0)]
 Temperature = Annotated[float, Strict(), Field(ge=0.0, le=2.0)]
 TopP = Annotated[float, Strict(), Field(le=1.0, gt=0.0)]
+
+
+def _encodable(value: object) -> object:
+    """A str the tokenizer cannot encode fails here, naming the character (pydantic's own str
+    check refuses a lone surrogate too, but without saying which or where)."""
+    if isinstance(value, str):
+        problem = text_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+    return value
+
+
+# Text a request sends for the tokenizer, the embedder or the catalog (a 422 naming the
+# character otherwise).
+Text = Annotated[str, BeforeValidator(_encodable)]

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.schemas.common import Text
+
 # The catalog's title and source columns hold 1024 characters; "upload:" + a file name must fit.
 TITLE_MAX_CHARS = 1000
 FILENAME_MAX_CHARS = 255
@@ -23,11 +25,11 @@ KV_HELP = (
 class DocumentIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    text: str = Field(min_length=1, description="UTF-8 text or markdown; size limit is a setting")
-    title: str | None = Field(
+    text: Text = Field(min_length=1, description="UTF-8 text or markdown; size limit is a setting")
+    title: Text | None = Field(
         default=None, max_length=TITLE_MAX_CHARS, description="default: first heading"
     )
-    source: str | None = Field(
+    source: Text | None = Field(
         default=None, max_length=TITLE_MAX_CHARS, description="where it came from"
     )
     kv: KvMode | None = Field(default=None, description=KV_HELP)

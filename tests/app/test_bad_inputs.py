@@ -130,4 +130,4 @@ def test_missing_documents_are_404(client):
 )
 def test_lone_surrogates_are_422(client, path, raw):
     response = client.post(path, content=raw, headers={"Content-Type": "application/json"})
-    assert "valid string" in error(response, 422)
+    assert "lone surrogate U+D800" in error(response, 422)
