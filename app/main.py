@@ -22,6 +22,7 @@ from app.api.hosts import TrustedHostMiddleware
 from app.api.openapi import install_openapi
 from app.api.routes import ROUTERS
 from app.api.routes.web import WEB_DIR
+from app.environment import warn_unknown_variables
 from app.middleware import (
     AllowedMethodsMiddleware,
     ErrorMiddleware,
@@ -42,6 +43,8 @@ def create_app(
     settings: Settings | None = None, services: Services | None = None, announce: str | None = None
 ) -> FastAPI:
     """`announce`: a URL to print once the server is ready (the `serve` command's)."""
+    if settings is None and services is None:  # `uvicorn --factory`: read the environment here
+        warn_unknown_variables()
     settings = settings or (services.settings if services else Settings())
 
     @asynccontextmanager

@@ -214,7 +214,7 @@ class RagService:
         return Query(
             question,
             top_k or s.default_top_k,
-            Mode.named(mode or s.default_mode),
+            Mode.named(mode) if mode else s.default_mode,
             ratio,
             sampling,
             Fidelity.named(fidelity) if fidelity else s.fidelity,

@@ -20,7 +20,15 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.store.codec_names import Codec, VariantCodec
@@ -42,6 +50,7 @@ from engine.config import (
 )
 from engine.model.encoder import DEFAULT_BATCH_TOKENS
 from engine.model.known import MODEL_NAMES
+from engine.planners import Mode, planner_names
 from engine.variants.order import ChunkOrder
 from retrieval.index import IndexConfig
 
@@ -75,6 +84,19 @@ def parse_bytes(text: str) -> int:
         raise ValueError(f"not a byte size: {text!r} (use e.g. 1048576, 512MiB, 4GiB, 10GB)")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
+
+def _mode(value: object) -> Mode:
+    """A mode setting from its name (UnknownMode, a ValueError naming the modes, otherwise)."""
+    return value if isinstance(value, Mode) else Mode.named(str(value))
+
+
+# A mode as a setting: its name in the environment, the planner registry's `Mode` once read,
+# so a misspelt name fails the start instead of every request that names no mode.
+ModeSetting = Annotated[
+    Mode, NoDecode, PlainValidator(_mode), PlainSerializer(str, return_type=str)
+]
+# What `device` accepts (torch's other device kinds are not supported by the engine).
+DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 # {field name: default} of EngineConfig, the one home of the engine settings' defaults.
 ENGINE_DEFAULTS: Mapping[str, Any] = {f.name: f.default for f in fields(EngineConfig)}
@@ -134,9 +156,13 @@ class Settings(BaseSettings):
         ),
     )
     # -- recompute ----------------------------------------------------------------------------
-    default_mode: str = Field(
-        default="cachecraft",
-        description=("Mode of `/ask` and chat requests that name none (any of `GET /modes`)."),
+    default_mode: ModeSetting = Field(
+        default=Mode.named("cachecraft"),
+        description=(
+            "Mode of `/ask` and chat requests that name none: "
+            + ", ".join(f"`{name}`" for name in planner_names())
+            + " (`GET /modes`)."
+        ),
     )
     recompute_ratio: float = engine_setting("recompute_ratio")
     check_layers: Annotated[tuple[int, ...], NoDecode] = engine_setting("check_layers")
@@ -227,11 +253,15 @@ class Settings(BaseSettings):
     max_question_chars: int = Field(
         default=2000, ge=1, description=("Longer questions are refused (422).")
     )
-    default_max_tokens: int = Field(
-        default=96, ge=1, description=("Answer token budget when a request names none.")
-    )
     max_tokens_limit: int = Field(
         default=512, ge=1, description=("Largest `max_tokens` a request may ask for.")
+    )
+    default_max_tokens: int = Field(
+        default=96,
+        ge=1,
+        description=(
+            "Answer token budget when a request names none (at most `KVMOSAIC_MAX_TOKENS_LIMIT`)."
+        ),
     )
     max_upload_bytes: int = Field(
         default=1_000_000,
@@ -429,6 +459,25 @@ class Settings(BaseSettings):
     @classmethod
     def _blank_is_none(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("default_max_tokens")
+    @classmethod
+    def _within_limit(cls, value: int, info: ValidationInfo) -> int:
+        """A default above the limit would refuse every request that names no budget."""
+        limit = info.data.get("max_tokens_limit")
+        if limit is not None and value > limit:
+            raise ValueError(
+                f"above KVMOSAIC_MAX_TOKENS_LIMIT={limit}: lower it, or raise the limit"
+            )
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        value = value.strip().lower()
+        if not DEVICE.fullmatch(value):
+            raise ValueError(f"unknown device {value!r}: use cpu, cuda or cuda:N")
+        return value
 
     @field_validator("model")
     @classmethod

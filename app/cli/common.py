@@ -16,9 +16,12 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from(args, **overrides):
-    """Settings from KVMOSAIC_* variables, with the given flags on top (None = not given)."""
+    """Settings from KVMOSAIC_* variables, with the given flags on top (None = not given); a
+    KVMOSAIC_* variable that no setting reads is logged as a WARNING (`app.environment`)."""
+    from app.environment import warn_unknown_variables
     from app.settings import Settings
 
+    warn_unknown_variables()
     values = {"data_dir": getattr(args, "data_dir", None), **overrides}
     return Settings(**{k: v for k, v in values.items() if v is not None})
 
@@ -31,7 +34,8 @@ def setting_errors(exc: ValidationError) -> list[str]:
         name = str(error["loc"][0]).upper() if error["loc"] else "?"
         variable = name if name.startswith("KVMOSAIC_") else f"KVMOSAIC_{name}"  # an alias
         given = f"={error['input']!r}" if not isinstance(error["input"], dict) else ""
-        lines.append(f"{variable}{given}: {error['msg']}")
+        message = str(error["msg"]).removeprefix("Value error, ")  # a validator's own message
+        lines.append(f"{variable}{given}: {message}")
     return lines
 
 

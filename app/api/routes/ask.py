@@ -32,7 +32,7 @@ def modes(services: ServicesDep) -> ModesResponse:
     s = services.settings
     return ModesResponse(
         modes=planner_names(),
-        default=s.default_mode,
+        default=s.default_mode.name,
         top_k=s.default_top_k,
         max_tokens=s.default_max_tokens,
         fidelities=list(FIDELITIES),
