@@ -289,6 +289,36 @@ class Settings(BaseSettings):
         ),
     )
     retry_after_s: int = Field(default=2, ge=1, description="The `Retry-After` of those 503s.")
+    # slow clients (app/connections.py, docs/operations.md)
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0.0,
+        description=(
+            "Seconds a client has to send a request's headers, from its first byte (or the "
+            "connection's opening); then `408` and the connection is closed."
+        ),
+    )
+    body_timeout_s: float = Field(
+        default=60.0,
+        gt=0.0,
+        description=(
+            "Seconds a client has to send a request's body once its headers are in (time the "
+            "server does not read does not count); then the connection is closed (a 499)."
+        ),
+    )
+    keep_alive_s: int = Field(
+        default=5,
+        ge=1,
+        description="Seconds an idle connection is kept open between requests (uvicorn's).",
+    )
+    max_connections: int = Field(
+        default=2048,
+        ge=1,
+        description=(
+            "Connections open at once; a new one beyond closes the oldest that is waiting on its "
+            "client (or gets `503` when all are busy). The open-file limit is raised to fit."
+        ),
+    )
     # continuous batching of decode (engine/serving/scheduler.py)
     batching: bool = engine_setting("batching")
     max_batch: int = engine_setting("max_batch")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from app.cli.common import add_settings_arguments, settings_from
 
+# uvicorn's exit status when the app could not start (the lifespan failed, the port is taken)
+STARTUP_FAILURE = 3
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("serve", help="run the HTTP server and web demo")
@@ -22,15 +25,14 @@ def run(args) -> int:
     import uvicorn
 
     from app.main import create_app
+    from app.server import server_config
 
     settings = settings_from(args, host=args.host, port=args.port, workers=args.workers)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     app = create_app(settings, announce=f"http://{host}:{settings.port}/")
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=10,
-    )
-    return 0
+    server = uvicorn.Server(server_config(app, settings))
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    return 0 if server.started else STARTUP_FAILURE
