@@ -78,7 +78,8 @@ class Metrics:
         self.guard = Counter(
             "kvmosaic_guard_outcomes",
             "Answers by fidelity level and what the guard did "
-            "(kept, exact, rerun, repaired, skipped: engine/serving/guard.py GuardReport.outcome)",
+            "(kept, exact, rerun, repaired, skipped, exact-first: engine/serving/guard.py "
+            "GuardReport.outcome)",
             ["fidelity", "outcome"],
             registry=r,
         )

@@ -67,6 +67,7 @@ def guard_out(report: GuardReport) -> GuardOut:
         repair_margin=repair_margin,
         repair_ms=round(report.repair_s * 1000, 2),
         skipped_blend=report.skipped_blend,
+        exact_first=report.exact_first,
     )
 
 

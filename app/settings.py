@@ -44,6 +44,7 @@ from engine.config import (
     EncodeDtype,
     Fidelity,
     LinearKernel,
+    ReuseProfileUse,
     Selection,
     field_doc,
     gradual_multipliers,
@@ -197,6 +198,7 @@ class Settings(BaseSettings):
     focus_rows: float = engine_setting("focus_rows")
     # fidelity guard (engine/serving/guard.py); a level outside `Fidelity` fails here, at start-up
     fidelity: Fidelity = engine_setting("fidelity")
+    reuse_profile: ReuseProfileUse = engine_setting("reuse_profile")
     guard_margin: float = engine_setting("guard_margin")
     # "off": recompute_ratio
     guard_recompute_ratio: float | None = engine_setting("guard_recompute_ratio")

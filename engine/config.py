@@ -91,6 +91,8 @@ DecodeWeights = Literal[
     "auto", "model", "bfloat16", "int8", "int4"
 ]  # engine/model/decode_weights.py
 DECODE_WEIGHTS: tuple[str, ...] = get_args(DecodeWeights)
+ReuseProfileUse = Literal["auto", "off"]  # engine/serving/profile.py
+REUSE_PROFILE_USES: tuple[str, ...] = get_args(ReuseProfileUse)
 
 Value = TypeVar("Value")
 # Keys of a field's `Bounds` and of its one-paragraph description in its dataclass metadata
@@ -374,6 +376,14 @@ class EngineConfig:
         "prefill of the prompt and its answer so far), `fast` (the mode as is). See "
         "docs/benchmarks/fidelity.md.",
     )
+    reuse_profile: str = described(
+        "auto",
+        "`auto`: `balanced` runs only the blends the loaded model's reuse profile passed, every "
+        "other request exact-first (exact variants and prefix reuse, the rest computed; no "
+        "profile: exact-first for all), at the guard thresholds the profile names "
+        "(engine/serving/profile.py, docs/benchmarks/profiles.md); `off`: `balanced` blends "
+        "every reuse mode under the settings' thresholds (for measuring a profile).",
+    )
     guard_margin: float = bounded(
         1.0,
         ge=0.0,
@@ -499,6 +509,7 @@ class EngineConfig:
             ("linear_kernel", LINEAR_KERNELS),
             ("decode_attention", DECODE_ATTENTIONS),
             ("decode_weights", DECODE_WEIGHTS),
+            ("reuse_profile", REUSE_PROFILE_USES),
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}")

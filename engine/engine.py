@@ -33,7 +33,7 @@ from engine.model.decode import (
 from engine.model.decode_attention import resolve_decode_attention
 from engine.model.encode_dtype import model_in, resolve_encode_dtype
 from engine.model.encoder import DEFAULT_BATCH_TOKENS, ChunkEncoder
-from engine.model.known import rounded_decode_weights
+from engine.model.known import configured_known_model, rounded_decode_weights
 from engine.model.layers import DecoderStack
 from engine.model.linear import linear_kernel_of
 from engine.model.loader import LoadedModel, cpu_has_amx_bf16, load_model
@@ -48,6 +48,7 @@ from engine.prompt import PromptBuilder, PromptLayout
 from engine.result import PrefillResult, chunk_reports
 from engine.serving.busy import BusyGate
 from engine.serving.guard import AnswerCheck, Guarded, answer_watch, default_ratio, judge
+from engine.serving.profile import ReuseProfile, load_profile
 from engine.serving.scheduler import DecodeScheduler
 from engine.serving.threads import DEFAULT_THREADS, in_own_thread
 
@@ -59,10 +60,17 @@ T = TypeVar("T")
 class Engine:
     """Thread-safe for concurrent prefill/generate calls (the model is read-only)."""
 
-    def __init__(self, config: EngineConfig, loaded: LoadedModel):
+    def __init__(
+        self, config: EngineConfig, loaded: LoadedModel, profile: ReuseProfile | None = None
+    ):
+        """`profile` None: the loaded model's reuse profile in force (engine/serving/profile.py)."""
         self.config = config
         self.loaded = loaded
         spec = loaded.spec
+        known = configured_known_model(config.model, config.model_path)
+        self.profile = profile or load_profile(
+            config.data_dir, loaded.fingerprint, known.name if known else None
+        )
         # resolved on a passing thread: its probe computes, and this thread keeps no OpenMP pool
         self.stack = DecoderStack(
             loaded,
@@ -134,6 +142,7 @@ class Engine:
         )
         engine = cls(config, loaded)
         log.info("engine: %s", engine.summary)
+        log.info("reuse profile: %s", engine.profile.summary)
         if engine.dtype_hint:
             log.info("%s", engine.dtype_hint)
         return engine
@@ -290,6 +299,8 @@ class Engine:
         """
         started = time.perf_counter()
         config = self.config if config is None else config
+        if config.reuse_profile == "auto":
+            config = self.profile.guarded_config(config)
         fidelity = config.fidelity if fidelity is None else fidelity
         request, mode, fallback = self._plan_request(
             chunks, question, mode, fidelity, ratio, max_new_tokens, config
@@ -342,9 +353,10 @@ class Engine:
         exact = all(request.exact_chunks(out.layers_computed))
         verdict = judge(request.fidelity, request.config, first, out, exact)
         if not verdict.rerun:
-            return Guarded(
-                plan, out, first.name, dataclasses.replace(verdict.report, skipped_blend=skipped)
+            report = dataclasses.replace(
+                verdict.report, skipped_blend=skipped == "busy", exact_first=skipped == "profile"
             )
+            return Guarded(plan, out, first.name, report)
         started = time.perf_counter()
         plan, out = self._rerun_exact(request, out, capacity)
         report = dataclasses.replace(
@@ -354,20 +366,27 @@ class Engine:
 
     def _first_attempt(
         self, request: PlanRequest, planner: BasePlanner
-    ) -> tuple[BasePlanner, bool]:
-        """The first attempt's planner and whether it skipped the mode's blend: the reference
-        for a level that runs it (`exact`); the exact-reuse plan for a guarded blend that the
-        busy engine would only have to repair anyway (engine/serving/busy.py); else the mode's
-        own."""
+    ) -> tuple[BasePlanner, str | None]:
+        """The first attempt's planner and why it skipped the mode's blend (None: it did not):
+        the reference for a level that runs it (`exact`); the exact-reuse plan for a guarded
+        blend that the model's reuse profile has not passed ("profile": exact-first,
+        engine/serving/profile.py) or that the busy engine would only have to repair anyway
+        ("busy": engine/serving/busy.py); else the mode's own."""
         config = request.config
         if request.fidelity.runs_reference:
-            return reference_planner(config), False
+            return reference_planner(config), None
         blends = (
             request.fidelity.guards and planner.blends() and not all(request.exact_chunks(None))
         )  # every chunk from a variant of this context: no blend
-        if blends and self.busy.skip_blend(config.guard_busy_repair_share, self._decoding()):
-            return exact_reuse_planner(config), True
-        return planner, False
+        if not blends:
+            return planner, None
+        if config.reuse_profile == "auto" and not self.profile.allows(
+            request.fidelity, planner.name
+        ):
+            return exact_reuse_planner(config), "profile"
+        if self.busy.skip_blend(config.guard_busy_repair_share, self._decoding()):
+            return exact_reuse_planner(config), "busy"
+        return planner, None
 
     def _prefill_result(
         self,

@@ -113,6 +113,8 @@ def guard_line(guard: dict) -> str:
         if guard["escalated"]
         else "kept the mode's prefill"
     )
+    if guard.get("exact_first"):
+        action = "exact-first (no blend holds on this model): computed after the exact prefix"
     if guard.get("skipped_blend"):
         action = "skipped the blend, the server being busy: computed exactly after the exact prefix"
     if guard.get("repaired_at") is not None:

@@ -43,16 +43,35 @@ def add_parser(subparsers) -> None:
 def run_list(args) -> int:
     settings = settings_from(args)
     selected = settings.model or (None if settings.model_path else "smollm2-135m")
-    rows = [("model", "state", "size", "where")]
+    rows = [("model", "state", "size", "balanced", "where")]
     for model in KNOWN_MODELS.values():
         mark = " *" if model.name == selected else ""
-        rows.append((model.name + mark, *describe(model, Path(settings.data_dir))))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+        state, size, where = describe(model, Path(settings.data_dir))
+        rows.append((model.name + mark, state, size, balanced_of(model), where))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3])
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
     print("\n* selected (KVMOSAIC_MODEL; unset: the embedded default)", end="")
     print(f"; KVMOSAIC_MODEL_PATH={settings.model_path}" if settings.model_path else "")
+    print(
+        "balanced: the blends its committed reuse profile passed, else exact-first "
+        "(docs/benchmarks/profiles.md); a profile calibrated in the data dir wins"
+    )
     return 0
+
+
+def balanced_of(model: KnownModel) -> str:
+    """What `balanced` may blend on `model` by its committed reuse profile."""
+    from engine.serving.profile import ProfileError, known_path, read_profile
+
+    path = known_path(model.name)
+    if not path.is_file():
+        return "exact-first (no profile)"
+    try:
+        modes = read_profile(path).balanced_modes
+    except ProfileError:
+        return "exact-first (unreadable profile)"
+    return f"blends {','.join(modes)}" if modes else "exact-first"
 
 
 def describe(model: KnownModel, data_dir: Path) -> tuple[str, str, str]:

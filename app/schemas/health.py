@@ -11,6 +11,20 @@ class Health(BaseModel):
     status: str = Field(description="always 'ok' while the process answers")
 
 
+class ReuseProfileOut(BaseModel):
+    """The loaded model's reuse profile (engine/serving/profile.py)."""
+
+    balanced_modes: list[str] = Field(
+        description="modes whose blends `balanced` may run on this model (measured to hold)"
+    )
+    exact_first: bool = Field(
+        description="no blend holds: balanced requests reuse exact variants and the exact "
+        "prefix and compute the rest"
+    )
+    source: str = Field(description="the profile file in force, or 'none' (exact-first)")
+    summary: str
+
+
 class Readiness(BaseModel):
     ready: bool
     checks: dict[str, bool] = Field(description="catalog, index, queue (room to submit), kv_reuse")
@@ -35,3 +49,6 @@ class Readiness(BaseModel):
         description="why each degraded tier, the catalog or the index cannot write",
     )
     queue: dict[str, int] = Field(description="running, waiting, capacity")
+    reuse_profile: ReuseProfileOut | None = Field(
+        default=None, description="what `balanced` may blend on the loaded model"
+    )

@@ -62,6 +62,9 @@ class GuardReport:
     # the engine was busy and blends were mostly repaired: the first attempt was the exact-reuse
     # plan (`prefix`) instead of the mode's blend (engine/serving/busy.py)
     skipped_blend: bool = False
+    # the model's reuse profile passed no blend of this mode at this level: the first attempt
+    # was the exact-reuse plan (exact-first, engine/serving/profile.py)
+    exact_first: bool = False
 
     @property
     def estimate(self) -> str:
@@ -69,6 +72,11 @@ class GuardReport:
         the first token's margin was measured, whether it reached the threshold calibrated so
         that a kept answer stays inside full prefill's own reorder floor
         (docs/benchmarks/fidelity.md)."""
+        if self.exact_first:
+            return (
+                "not judged: no blend of this mode is measured to hold on this model (its reuse "
+                "profile), so the context was computed exactly after its exact chunks"
+            )
         if self.skipped_blend:
             return "not judged: the engine was busy, so the context was computed exactly"
         if self.margin is None:
@@ -90,10 +98,13 @@ class GuardReport:
 
     @property
     def outcome(self) -> str:
-        """What answered, in one word (for dashboards): "skipped" (computed exactly at once, the
-        engine busy), "rerun" (re-run in full at the first token), "repaired" (went on from full
-        prefill while decoding), "exact" (an exact state: nothing to judge) or "kept" (the
-        mode's own state answered, judged good enough or at `fast`)."""
+        """What answered, in one word (for dashboards): "exact-first" (computed exactly at
+        once: the model's reuse profile passed no blend), "skipped" (the same, the engine busy),
+        "rerun" (re-run in full at the first token), "repaired" (went on from full prefill while
+        decoding), "exact" (an exact state: nothing to judge) or "kept" (the mode's own state
+        answered, judged good enough or at `fast`)."""
+        if self.exact_first:
+            return "exact-first"
         if self.skipped_blend:
             return "skipped"
         if self.escalated:

@@ -1,7 +1,9 @@
 """The fidelity knob through the API and the CLI, on the tiny model.
 
-The module's server defaults to `balanced` with a margin no first token reaches, so a
-balanced request always re-runs in full: what the report says must follow.
+The module's server defaults to `balanced` with a margin no first token reaches and its reuse
+profile off, so a balanced request always blends and re-runs in full: what the report says must
+follow. A server on the default profile (the tiny model has none) answers balanced requests
+exact-first, and says so in the report and in /readyz.
 """
 
 from __future__ import annotations
@@ -30,10 +32,31 @@ def client(tiny_loaded, embedder, tmp_path_factory):
         tmp_path_factory.mktemp("guard"),
         fidelity="balanced",
         guard_margin=1e9,
+        reuse_profile="off",
     )
     with TestClient(create_app(services=services), client=LOCAL_CLIENT) as client:
         yield client
     services.close()
+
+
+def test_without_a_profile_balanced_is_exact_first_and_readyz_says_so(
+    tiny_loaded, embedder, tmp_path
+):
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    services = start_services(tiny_loaded, embedder, tmp_path, fidelity="balanced")
+    try:
+        with TestClient(create_app(services=services), client=LOCAL_CLIENT) as client:
+            guard = ask(client)["guard"]
+            profile = client.get("/readyz").json()["reuse_profile"]
+    finally:
+        services.close()
+    assert guard["exact_first"] and not guard["escalated"] and guard["margin"] is None
+    assert "reuse profile" in guard["estimate"]
+    assert profile["exact_first"] and profile["balanced_modes"] == []
+    assert profile["source"] == "none" and "calibrate profile" in profile["summary"]
 
 
 def ask(client, **fields) -> dict:
@@ -148,6 +171,7 @@ def repairing_client(tiny_loaded, embedder, tmp_path_factory):
         fidelity="balanced",
         guard_margin=0.0,
         guard_answer_margin=1e9,
+        reuse_profile="off",
     )
     with TestClient(create_app(services=services), client=LOCAL_CLIENT) as client:
         yield client

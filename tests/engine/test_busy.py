@@ -26,7 +26,8 @@ def chunks(tiny_engine):
 
 def engine_with(tiny_engine, **overrides) -> Engine:
     """A fresh engine (fresh odds) over the tiny model, first-token check off unless overridden."""
-    settings = dict(guard_margin=0.0, batching=False, epic_tokens=4)
+    # reuse profile off: balanced blends (no profile would make them exact-first)
+    settings = dict(guard_margin=0.0, reuse_profile="off", batching=False, epic_tokens=4)
     settings.update(overrides)
     return Engine(
         EngineConfig(data_dir=tiny_engine.config.data_dir, **settings), tiny_engine.loaded

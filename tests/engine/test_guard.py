@@ -20,7 +20,9 @@ def chunks(tiny_engine):
 
 
 def engine_with(tiny_engine, **overrides) -> Engine:
-    """Another engine over the same tiny model, with guard settings overridden."""
+    """Another engine over the same tiny model, with guard settings overridden; its balanced
+    requests blend (reuse profile off: no profile would make them exact-first)."""
+    overrides.setdefault("reuse_profile", "off")
     return Engine(
         EngineConfig(data_dir=tiny_engine.config.data_dir, epic_tokens=4, **overrides),
         tiny_engine.loaded,

@@ -58,6 +58,7 @@ def readyz(services: ServicesDep) -> JSONResponse:
             "waiting": services.queue.waiting,
             "capacity": services.queue.capacity,
         },
+        "reuse_profile": _profile(services),
     }
     return JSONResponse(body, status_code=200 if ready else 503)
 
@@ -74,6 +75,17 @@ def readyz(services: ServicesDep) -> JSONResponse:
 )
 def metrics(services: ServicesDep) -> Response:
     return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _profile(services: Services) -> dict[str, object]:
+    """The loaded model's reuse profile: what `balanced` may blend, and where that was decided."""
+    profile = services.engine.profile
+    return {
+        "balanced_modes": list(profile.balanced_modes),
+        "exact_first": not profile.balanced_modes,
+        "source": profile.source,
+        "summary": profile.summary,
+    }
 
 
 def _catalog_ok(services: Services) -> bool:
