@@ -282,7 +282,7 @@ class EngineConfig:
         doc="`cachecraft`: α of CFO = clamp(α·CCI·(1 − β′·ν), 0, 1). CCI lies in "
         "[0.5, 1), so at 1 the whole range up to the full-recompute branch is reachable and a "
         "variant from an unrelated context (high CFO) loses to the blend fix of the base variant. "
-        "Fit it with `kvmosaic calibrate`.",
+        "Fit it with `kvmosaic calibrate alpha`.",
     )
     craft_novelty: bool = described(
         True,

@@ -1,4 +1,5 @@
-"""`kvmosaic calibrate`: fit Cache-Craft's α to a fidelity target and print the curve."""
+"""`kvmosaic calibrate alpha`: fit Cache-Craft's α to a fidelity target and print the curve;
+`kvmosaic calibrate profile`: measure a model's reuse profile (bench/cli/profile.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,18 @@ from app.cli.common import (
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("calibrate", help="fit cachecraft's alpha on a dataset slice")
+    from bench.cli.profile import add_profile_parser
+
+    calibrate = subparsers.add_parser(
+        "calibrate", help="measure what a model's reuse may do: its profile, cachecraft's alpha"
+    )
+    kinds = calibrate.add_subparsers(dest="what", required=True)
+    add_profile_parser(kinds)
+    add_alpha_parser(kinds)
+
+
+def add_alpha_parser(kinds) -> None:
+    parser = kinds.add_parser("alpha", help="fit cachecraft's alpha on a dataset slice")
     add_engine_arguments(parser)
     add_dataset_arguments(parser)
     parser.add_argument(
