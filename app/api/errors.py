@@ -2,7 +2,8 @@
 
 Malformed JSON → 400, schema violations → 422, engine `InvalidRequest` (unknown mode, prompt
 too long, ...) → 422, missing resources → 404, full queue → 503 with Retry-After, a catalog
-that cannot write (no space left, a read-only volume) → 507, naming the cause. Anything
+that cannot write (no space left, a read-only volume) → 507, naming the cause, a client gone
+before its body arrived → 499 (one INFO line). Anything
 else is a bug: `app.middleware.ErrorMiddleware` answers 500 with a generic message (the
 traceback goes to the log, not the client) and keeps the connection usable.
 """
@@ -17,8 +18,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
-from app.api.abandon import ClientGone
+from app.api.abandon import ClientGone, request_label
 from app.catalog import CatalogUnwritable, LeaseLost
 from app.ingest import IngestInProgress
 from app.queue import QueueFull
@@ -114,6 +116,7 @@ def install_error_handlers(app: FastAPI) -> None:
     _handle(app, CatalogUnwritable, _catalog_unwritable)
     _handle(app, IngestInProgress, _ingest_in_progress)
     _handle(app, ClientGone, _client_gone)
+    _handle(app, ClientDisconnect, _client_disconnected)
 
 
 E = TypeVar("E", bound=Exception)
@@ -141,6 +144,8 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if isinstance(exc.__cause__, ClientDisconnect):  # FastAPI's 400 for a body it could not read
+        return await _client_disconnected(request, exc.__cause__)
     return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
 
 
@@ -173,6 +178,17 @@ async def _client_gone(request: Request, exc: ClientGone) -> JSONResponse:
     """Nobody will read it: 499 ("client closed request", nginx's code) is for the request log and
     metrics."""
     return error_response(499, str(exc))
+
+
+async def _client_disconnected(request: Request, exc: ClientDisconnect) -> JSONResponse:
+    """The client went away while sending its body: nothing was done, nobody reads the answer.
+    A 499 for the request log and metrics, one INFO line (it is the client's doing, and a slow
+    client closed at its body deadline ends here too)."""
+    log.info(
+        "request %s: the client disconnected before its request body arrived; nothing was done",
+        request_label(request),
+    )
+    return error_response(499, "the client disconnected before its request body arrived")
 
 
 async def _queue_full(request: Request, exc: QueueFull) -> JSONResponse:
