@@ -69,16 +69,36 @@ class LoadedModel:
 CPUINFO = Path("/proc/cpuinfo")
 
 
-@functools.cache
-def cpu_has_amx_bf16(cpuinfo: Path = CPUINFO) -> bool:
-    """True when the CPU flags list `amx_bf16` (Linux; False where /proc/cpuinfo is absent)."""
+def _cpu_flags(cpuinfo: Path) -> frozenset[str]:
+    """The flags the first `flags` line of `cpuinfo` lists (empty where the file is absent)."""
     try:
         text = cpuinfo.read_text(errors="replace")
     except OSError:
-        return False
-    return any(
-        line.startswith("flags") and "amx_bf16" in line.split() for line in text.splitlines()
-    )
+        return frozenset()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+@functools.cache
+def cpu_has_amx_bf16(cpuinfo: Path = CPUINFO) -> bool:
+    """True when the CPU flags list `amx_bf16` (Linux; False where /proc/cpuinfo is absent)."""
+    return "amx_bf16" in _cpu_flags(cpuinfo)
+
+
+@functools.cache
+def cpu_has_avx512_bf16(cpuinfo: Path = CPUINFO) -> bool:
+    """True when the CPU flags list `avx512_bf16` (native bfloat16 dot products in AVX-512,
+    e.g. AMD Zen 4, Intel Cooper Lake and later; False where /proc/cpuinfo is absent)."""
+    return "avx512_bf16" in _cpu_flags(cpuinfo)
+
+
+def native_bfloat16(cpuinfo: Path = CPUINFO) -> str | None:
+    """Which instructions give this CPU native bfloat16 products: "AMX-BF16", "AVX512-BF16", or
+    None where bfloat16 is emulated (converted to float32 and back)."""
+    flags = _cpu_flags(cpuinfo)
+    if "amx_bf16" in flags:
+        return "AMX-BF16"
+    return "AVX512-BF16" if "avx512_bf16" in flags else None
 
 
 def resolve_dtype(name: str, device: str, amx: bool | None = None) -> torch.dtype:
@@ -87,7 +107,9 @@ def resolve_dtype(name: str, device: str, amx: bool | None = None) -> torch.dtyp
 
     bfloat16 where AMX makes its products native: it kept task accuracy and stayed inside full
     prefill's own reorder floor on the answerable report cases, and serves more requests per
-    second (docs/benchmarks/bfloat16.md, "auto"). Elsewhere bfloat16 products are emulated.
+    second (docs/benchmarks/bfloat16.md, "auto"). AVX512-BF16 without AMX also has native
+    bfloat16 dot products, but `auto` stays float32 there until the rule written for it is run
+    (docs/benchmarks/bfloat16.md, "auto on AVX512-BF16"); elsewhere bfloat16 is emulated.
     """
     if name == "auto":
         if device.startswith("cuda"):
@@ -98,6 +120,23 @@ def resolve_dtype(name: str, device: str, amx: bool | None = None) -> torch.dtyp
     if name not in table:
         raise ValueError(f"unknown dtype {name!r}; use one of auto, {', '.join(table)}")
     return table[name]
+
+
+def auto_dtype_reason(device: str, cpuinfo: Path = CPUINFO) -> str:
+    """Why `auto` picks its dtype on `device`, in words for a log line (the CPU's flags read from
+    `cpuinfo`)."""
+    if device.startswith("cuda"):
+        return "float16 on CUDA"
+    native = native_bfloat16(cpuinfo)
+    if native == "AMX-BF16":
+        return "bfloat16: this CPU has AMX-BF16 (docs/benchmarks/bfloat16.md, auto)"
+    if native == "AVX512-BF16":
+        return (
+            "float32: this CPU has native bfloat16 dot products (AVX512-BF16) but no AMX, and "
+            "bfloat16 has not passed the yardstick here yet (docs/benchmarks/bfloat16.md, "
+            "auto on AVX512-BF16); KVMOSAIC_DTYPE=bfloat16 takes it"
+        )
+    return "float32: this CPU emulates bfloat16 products (no AVX512-BF16, no AMX)"
 
 
 def load_model(
@@ -120,6 +159,8 @@ def load_model(
         )
     _check_checkpoint_config(source)
     torch_dtype = resolve_dtype(dtype, device)
+    if dtype == "auto":
+        log.info("dtype auto: %s", auto_dtype_reason(device))
     started = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, local_files_only=True)
     # PreTrainedModel.to is wrapped with functools.wraps, which typeshed types as unbound
