@@ -14,6 +14,7 @@ from app.cli.common import (
     engine_config,
 )
 from app.store.codec_names import CODEC_NAMES
+from bench.cli.compute import add_invariance_parser, add_prefill_parser
 from bench.cli.ingest import add_ingest_parser
 from bench.cli.retrieval import add_retrieval_parser
 from bench.cli.workload import add_workload_parser
@@ -71,6 +72,8 @@ def add_parser(subparsers) -> None:
     add_workload_parser(kinds, add_engine_arguments)
     add_ingest_parser(kinds, add_engine_arguments)
     add_retrieval_parser(kinds)
+    add_invariance_parser(kinds)
+    add_prefill_parser(kinds)
 
 
 def add_fidelity_merge_parser(kinds) -> None:
