@@ -22,6 +22,7 @@ builds a plan for every new key length, and every block of every blend has its o
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -32,6 +33,9 @@ import torch.nn.functional as F
 # enough for the kernel to be efficient; 128 was the fastest size for a blend's scattered rows
 # (docs/benchmarks/kernels.md, "Attention blocks").
 QUERY_BLOCK = 128
+# Positions per tile of a prefill's tail on the CPU (`_tiled_tail`): each tile is two kernel
+# calls, so larger tiles make fewer calls; its rows see the tile's own keys masked.
+TAIL_TILE = 128
 # Split a block's keys only when the unmasked head is at least this long (below it the
 # second kernel call and the merge cost more than the mask does).
 MIN_UNMASKED_HEAD = 128
@@ -45,9 +49,12 @@ _CPU_FLASH: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = getattr(
 class QueryLayout:
     """How query rows at positions q_pos attend to keys 0..num_keys-1; built once, reused.
 
-    q_pos: [m] strictly increasing positions, all < num_keys. Three shapes:
-    - the rows are a tail [s, num_keys) with s <= num_keys / 2: pad the missing head rows and
-      run the plain causal kernel (cheaper than masking; the padded rows are discarded);
+    q_pos: [m] strictly increasing positions, all < num_keys. Four shapes:
+    - on the CPU, the rows are a tail [s, num_keys) of more than one row (full prefill, a
+      prefix's tail, a chunk at ingest, a repair): tiles aligned to position 0 (`_tiled_tail`),
+      so that a row's bits do not depend on s;
+    - elsewhere, a tail with s <= num_keys / 2: pad the missing head rows and run the plain
+      causal kernel (cheaper than masking; the padded rows are discarded);
     - a single row at the last position: no mask at all (decode);
     - otherwise blocks of QUERY_BLOCK rows (`_Block`), each attending to keys [0, end).
     """
@@ -57,9 +64,13 @@ class QueryLayout:
         self.num_keys = num_keys
         first, last = int(q_pos[0]), int(q_pos[-1])
         is_tail = last == num_keys - 1 and last - first == self.num_rows - 1
-        self.pad = first if is_tail and first <= num_keys // 2 else None
+        # a prefill's tail on the CPU: position-aligned tiles, each row's bits its own
+        # (`_tiled_tail`); a lone last row is a decode step and runs alone
+        tileable = is_tail and self.num_rows > 1 and q_pos.device.type == "cpu"
+        self.tiled = first if tileable and _CPU_FLASH is not None else None
+        self.pad = first if is_tail and first <= num_keys // 2 and self.tiled is None else None
         self.blocks: list[_Block] = []
-        if self.pad is None:
+        if self.pad is None and self.tiled is None:
             for start in range(0, self.num_rows, QUERY_BLOCK):
                 self.blocks.append(_Block(start, q_pos[start : start + QUERY_BLOCK], dtype))
 
@@ -116,7 +127,9 @@ def causal_attention(
     q: [heads, m, head_dim]; k, v: [kv_heads, num_keys, head_dim] (grouped-query heads allowed).
     """
     gqa = q.shape[0] != k.shape[0]
-    if layout.pad is not None:
+    if layout.tiled is not None:
+        out = _tiled_tail(q, k, v, layout.tiled, scale)
+    elif layout.pad is not None:
         out = _padded_causal(q, k, v, layout.pad, scale, gqa)
     else:
         out = torch.cat(
@@ -263,3 +276,61 @@ def attention_mass(
         scores.masked_fill_(key_pos[None, None, :] > rows[None, :, None], float("-inf"))
         total += torch.softmax(scores, dim=-1).sum(dim=(0, 1))
     return total / (q.shape[0] * q.shape[1])
+
+
+def _tiled_tail(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int, scale: float
+) -> torch.Tensor:
+    """Rows [first, num_keys) by tiles of QUERY_BLOCK positions aligned to position 0:
+    [heads, m, head_dim].
+
+    A row's output depends only on its position, its query and the keys up to it, not on which
+    other rows are computed with it: the rows of tile [t, t + QUERY_BLOCK) always run keys
+    [0, t) unmasked and keys [t, t + QUERY_BLOCK) masked (zero past the prompt's end), merged
+    by log-sum-exp, so full prefill, a prefix's tail, a chunk at ingest and a repair give a row
+    the same bits. The rows of a call are not padded to a whole tile (a short tail would pay
+    for a tile): the CPU flash kernel gives a row the same bits in calls of any row count
+    (`kvmosaic bench invariance`; tests/engine/test_row_invariance_dtype.py fails where not).
+    """
+    assert _CPU_FLASH is not None  # tiled only where the kernel exists
+    heads, m, head_dim = q.shape
+    kv_heads, num_keys = k.shape[0], k.shape[1]
+    group, tile = heads // kv_heads, TAIL_TILE
+    out = q.new_empty(heads, m, head_dim)
+    for start in range(first // tile * tile, num_keys, tile):
+        lo, hi = max(start, first), min(start + tile, num_keys)  # rows [lo, hi) of the tile
+        # folded: [1, kv_heads, group * rows, head_dim], query head h on key head h // group
+        folded = q[:, lo - first : hi - first].reshape(kv_heads, -1, head_dim)[None]
+        mask = _tile_mask(tile, q.dtype)[lo - start : hi - start].repeat(group, 1)
+        k_tile, v_tile = (_padded_keys(x, start, hi, tile) for x in (k, v))
+        rows, lse = _CPU_FLASH(folded, k_tile, v_tile, attn_mask=mask, scale=scale)
+        if start:
+            head, head_lse = _CPU_FLASH(folded, k[None, :, :start], v[None, :, :start], scale=scale)
+            rows = _merge(head, head_lse, rows, lse).to(q.dtype)
+        out[:, lo - first : hi - first] = rows.reshape(heads, hi - lo, head_dim)
+    return out
+
+
+def _padded_keys(x: torch.Tensor, start: int, stop: int, tile: int) -> torch.Tensor:
+    """Keys (or values) [start, stop) padded with zeros to `tile` rows: [1, kv_heads, tile, d]."""
+    padded = x.new_zeros(x.shape[0], tile, x.shape[2])
+    padded[:, : stop - start] = x[:, start:stop]
+    return padded[None]
+
+
+@functools.cache
+def _tile_mask(tile: int, dtype: torch.dtype) -> torch.Tensor:
+    """Causal additive mask of one tile over its own keys: [tile, tile] (shared: read only)."""
+    hidden = torch.ones(tile, tile, dtype=torch.bool).triu_(1)
+    return torch.zeros(tile, tile, dtype=dtype).masked_fill_(hidden, float("-inf"))
+
+
+def _merge(
+    head_out: torch.Tensor, head_lse: torch.Tensor, tail_out: torch.Tensor, tail_lse: torch.Tensor
+) -> torch.Tensor:
+    """Two partial attentions over disjoint keys as one, in float32, by their log-sum-exp."""
+    top = torch.maximum(head_lse, tail_lse)
+    head_w, tail_w = (head_lse - top).exp_(), (tail_lse - top).exp_()
+    return (head_out.float() * head_w[..., None] + tail_out.float() * tail_w[..., None]) / (
+        head_w + tail_w
+    )[..., None]
