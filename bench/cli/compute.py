@@ -25,6 +25,9 @@ def add_invariance_parser(kinds) -> None:
         "bench.compute.invariance.BLOCKS)",
     )
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated")
+    p.add_argument(
+        "--ops", default=None, help="only the ops whose name contains one of these, comma-separated"
+    )
     p.add_argument("--repeats", type=int, default=5, help="timed calls per op (median)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.set_defaults(handler=run_invariance_command)
@@ -50,7 +53,8 @@ def run_invariance_command(args) -> int:
     for line in capability_lines():
         print(line)
     print(f"shapes of {checkpoint.name}: {shapes}; {args.rows} rows, random weights")
-    results = run_invariance(shapes, args.rows, blocks, dtypes, args.repeats)
+    only = tuple(o.strip() for o in args.ops.split(",") if o.strip()) if args.ops else None
+    results = run_invariance(shapes, args.rows, blocks, dtypes, args.repeats, only=only)
     print(format_table(results, args.rows, blocks))
     return 0
 

@@ -231,11 +231,15 @@ def run_invariance(
     dtypes: Sequence[torch.dtype] = DTYPES,
     repeats: int = 5,
     say: Callable[[str], None] = print,
+    only: Sequence[str] | None = None,
 ) -> list[Invariance]:
-    """Every op in every dtype; `say` gets a line per op as it finishes."""
+    """Every op (or those whose name contains one of `only`) in every dtype; `say` gets a line
+    per op as it finishes."""
     found = []
     for dtype in dtypes:
         for op in row_ops(shapes, dtype, total):
+            if only is not None and not any(part in op.name for part in only):
+                continue
             result = measure(op, dtype, total, blocks, repeats)
             say(f"  {op.name} [{op.kernel}] {_dtype_name(dtype)}: {_verdict(result)}")
             found.append(result)
