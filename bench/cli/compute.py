@@ -73,6 +73,11 @@ def add_prefill_parser(kinds) -> None:
     )
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated")
     p.add_argument("--tokens", default="512,2048,8192", help="prompt lengths, comma-separated")
+    p.add_argument(
+        "--linear-kernel",
+        default="auto",
+        help="auto, torch or onednn (KVMOSAIC_LINEAR_KERNEL; engine/model/linear.py)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed prefills per length (median)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.set_defaults(handler=run_prefill_command)
@@ -99,7 +104,7 @@ def run_prefill_command(args) -> int:
         gguf = embedded_gguf() if known_model(name) is SMOLLM2 else None
         print(llama_bench_status(gguf))
         for dtype in (d.strip() for d in args.dtypes.split(",") if d.strip()):
-            loaded = load_model(data_dir, None, "cpu", dtype, model_name=name)
+            loaded = load_model(data_dir, None, "cpu", dtype, args.linear_kernel, name)
             print(f"{name} {dtype}: linear kernel {linear_kernel_of(loaded.model)}")
             stack = DecoderStack(loaded)
             rows += measure_model(name, dtype, stack, lengths, args.repeats, gguf)
