@@ -150,7 +150,10 @@ def wrote(session: Session) -> bool:
 
 
 def _flushed(session: Session, _flush: UOWTransaction) -> None:
-    session.info[WROTE] = True
+    # A flush of rows set to the values they had sends nothing: counting it as a write would
+    # end a degraded state that no write ended (after_flush still sees the pre-flush state).
+    if session.new or session.deleted or any(session.is_modified(row) for row in session.dirty):
+        session.info[WROTE] = True
 
 
 def _executed(state: ORMExecuteState) -> None:

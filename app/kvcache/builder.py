@@ -18,6 +18,7 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 
+from app.catalog import CatalogUnwritable
 from app.kvcache.variants import ChunkVariants
 from engine.decoding import Decoded
 from engine.kv import ChunkId
@@ -85,6 +86,8 @@ class VariantBuilder:
                     return
                 self._wait_for_idle()
                 self.built += self.variants.build(*job)
+            except CatalogUnwritable:  # logged by the catalog once, when it became unwritable
+                self.failed += 1
             except Exception:  # a failed build loses variants, never the server
                 self.failed += 1
                 log.exception("building Cache-Craft variants failed")

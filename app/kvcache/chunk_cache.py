@@ -133,6 +133,8 @@ class ServiceChunkCache:
         try:
             self.cache.variants.record_savings(result, inputs)
             self.cache.variants.harvest(result, inputs, decoded)
+        except CatalogUnwritable:  # the catalog logged that it cannot write, once (WriteHealth)
+            pass
         except Exception:  # variants are an optimisation: never fail an answered request
             log.exception("keeping the request's variants failed")
         ids = [c.chunk_id for c in inputs]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from app.catalog import Catalog
+from app.catalog import Catalog, CatalogUnwritable
 from app.kvcache.keys import VariantKeys
 from app.kvcache.variants import ChunkRef, ChunkVariants
 from app.store import LazyChunkKV, LoadStats, TieredStore, chunk_from_entry, entry_from_chunk
@@ -177,5 +177,7 @@ class ChunkLoader:
                 self.store.promote_later(entry.key)
         try:
             self.catalog.record_access(loaded.used_keys)
+        except CatalogUnwritable:  # the catalog logged that it cannot write, once (WriteHealth)
+            pass
         except Exception:  # statistics must not fail a request that already succeeded
             log.exception("recording variant accesses failed")
