@@ -26,13 +26,20 @@ def run(args) -> int:
 
     from app.main import create_app
     from app.server import server_config
+    from app.startup import start_services
 
     settings = settings_from(args, host=args.host, port=args.port, workers=args.workers)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    app = create_app(settings, announce=f"http://{host}:{settings.port}/")
-    server = uvicorn.Server(server_config(app, settings))
+    # started here, not in the app's lifespan, so that a start that fails (StartFailure) is one
+    # line from `kvmosaic`, not a traceback from uvicorn
+    services = start_services(settings)
     try:
-        server.run()
-    except KeyboardInterrupt:
-        pass
+        app = create_app(settings, services, announce=f"http://{host}:{settings.port}/")
+        server = uvicorn.Server(server_config(app, settings))
+        try:
+            server.run()
+        except KeyboardInterrupt:
+            pass
+    finally:
+        services.close()
     return 0 if server.started else STARTUP_FAILURE
