@@ -66,6 +66,8 @@ def guard_out(report: GuardReport) -> GuardOut:
         repaired_at=report.repaired_at,
         repair_margin=repair_margin,
         repair_ms=round(report.repair_s * 1000, 2),
+        repair_reason=report.repair_reason,
+        repair_span=report.repair_span,
         skipped_blend=report.skipped_blend,
         exact_first=report.exact_first,
     )

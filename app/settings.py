@@ -206,6 +206,7 @@ class Settings(BaseSettings):
     guard_busy_repair_share: float | None = engine_setting("guard_busy_repair_share")
     guard_answer_margin: float = engine_setting("guard_answer_margin")
     guard_answer_tokens: int = engine_setting("guard_answer_tokens")
+    guard_grounding: bool = engine_setting("guard_grounding")
     # -- chunking and retrieval ---------------------------------------------------------------
     chunk_tokens: int = Field(
         default=256,

@@ -415,6 +415,14 @@ class EngineConfig:
         ge=0,
         doc="`balanced`: answer tokens watched that way (0 or 1: no check while decoding).",
     )
+    guard_grounding: bool = described(
+        True,
+        "`balanced`, while the answer is watched: a number, date or capitalised name that no "
+        "retrieved passage nor the question contains is held back from the stream and stops the "
+        "blended decode before it is sent; decoding goes on from a full prefill of the prompt "
+        "and the answer before it, as for a low margin (engine/serving/grounding.py: what it "
+        "cannot see; docs/benchmarks/guard.md).",
+    )
     guard_busy_repair_share: float | None = bounded(
         0.7,
         ge=0.0,

@@ -9,6 +9,7 @@ the answer so far. The prefill's `PrefillResult` is never changed: a repair is a
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -17,9 +18,9 @@ import torch
 
 from engine.errors import InvalidRequest
 from engine.kv import KVCache
-from engine.model.decode import TextStream, TokenIds
+from engine.model.decode import TextStream
 from engine.result import PrefillResult
-from engine.serving.guard import GuardReport
+from engine.serving.guard import GuardReport, RepairReason
 
 if TYPE_CHECKING:  # transformers is imported only when a model is loaded
     from transformers import PreTrainedTokenizerBase
@@ -27,16 +28,25 @@ if TYPE_CHECKING:  # transformers is imported only when a model is loaded
 
 @dataclass(frozen=True)
 class Repair:
-    """The guard's repair while decoding: the blended decode stopped before answer token `at`
-    (its top-token margin `margin` nats, below the threshold); the prompt and the answer so far
-    were prefilled as the reference would (`seconds`, after TTFT; `layers_computed`: [rows]
-    layers per row) into `cache`, and decoding went on from there."""
+    """The guard's repair while decoding: the blended decode stopped before answer token `at`,
+    because that token's top-token margin `margin` nats was below the threshold (`reason`
+    "margin") or because the answer's `span` from token `at` on is a number, date or name that
+    no passage nor the question contains (`reason` "grounding", `margin` None); the prompt and
+    the answer before `at` were prefilled as the reference would (`seconds`, after TTFT;
+    `layers_computed`: [rows] layers per row) into `cache`, and decoding went on from there."""
 
     at: int
-    margin: float
+    margin: float | None
     seconds: float
     cache: KVCache
     layers_computed: torch.Tensor
+    reason: RepairReason = "margin"
+    span: str | None = None
+
+
+# An answer's stream: its token ids, and the guard's `Repair` at the point where it was made
+# (at most one), so a stream closed after its repair still says what answered.
+AnswerIds = Generator[int | Repair, None, None]
 
 
 @dataclass(frozen=True)
@@ -56,20 +66,25 @@ class Decoded:
 
 
 class Decoding:
-    """The text pieces of one answer (an iterator); `close` cancels the decode. `repairs` is
-    filled by the engine's repairing stream (at most one), read by `decoded` at the end."""
+    """The text pieces of one answer (an iterator); `close` cancels the decode. The answer's
+    stream is read on the caller's thread; the guard's `Repair` that it carries is kept for
+    `decoded`."""
 
-    def __init__(
-        self,
-        tokenizer: PreTrainedTokenizerBase,
-        ids: TokenIds,
-        result: PrefillResult,
-        repairs: list[Repair],
-    ):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, ids: AnswerIds, result: PrefillResult):
         self._token_ids: list[int] = []
-        self._pieces = TextStream(tokenizer, ids, collected=self._token_ids)
-        self._result, self._repairs = result, repairs
+        self._repair: Repair | None = None
+        self._pieces = TextStream(tokenizer, self._kept(ids), collected=self._token_ids)
+        self._result = result
         self._ended = False
+
+    def _kept(self, ids: AnswerIds) -> Generator[int, None, None]:
+        """The token ids of `ids`, keeping its repair (closing this closes `ids`)."""
+        with closing(ids):
+            for item in ids:
+                if isinstance(item, Repair):
+                    self._repair = item
+                else:
+                    yield item
 
     def __iter__(self) -> Decoding:
         return self
@@ -94,10 +109,12 @@ class Decoding:
         """The record of the decode; InvalidRequest while it is still under way."""
         if not self._ended:
             raise InvalidRequest("the decode is still under way: read or close it first")
-        repair = self._repairs[0] if self._repairs else None
+        repair = self._repair
         guard = self._result.guard
         if repair is not None:
-            guard = guard.repaired(repair.at, repair.margin, repair.seconds)
+            guard = guard.repaired(
+                repair.at, repair.margin, repair.seconds, repair.reason, repair.span
+            )
         cache = repair.cache if repair is not None else self._result.cache
         return Decoded(tuple(self._token_ids), cache, guard, repair)
 

@@ -12,19 +12,19 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
-from contextlib import closing
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TypeVar
 
 import torch
 
 from engine.config import EngineConfig, Fidelity
-from engine.decoding import Decoding, Repair
+from engine.decoding import Decoding
 from engine.errors import InvalidRequest, PromptTooLong
 from engine.kv import ChunkKV, KVCache
 from engine.model.decode import (
     SamplingParams,
+    StepCheck,
     TokenIds,
     generate_ids,
     native_step,
@@ -37,17 +37,16 @@ from engine.model.known import configured_known_model, rounded_decode_weights
 from engine.model.layers import DecoderStack
 from engine.model.linear import linear_kernel_of
 from engine.model.loader import LoadedModel, cpu_has_amx_bf16, load_model
-from engine.model.runner import LayerRunner, RunOutput
+from engine.model.runner import LayerRunner
 from engine.model.selfcheck import rope_shift_selfcheck, tokenization_selfcheck
 from engine.model.work import counted_as, is_background_thread
 from engine.plan import CachedSpan, ChunkInput, Plan, PlanRequest
-from engine.planners import Mode, exact_reuse_planner, reference_mode, reference_planner
-from engine.planners.base import BasePlanner
-from engine.planners.focus import focus_mask, wants_focus
-from engine.prompt import PromptBuilder, PromptLayout
+from engine.planners import Mode, reference_mode
+from engine.prompt import PromptBuilder
 from engine.result import PrefillResult, chunk_reports
 from engine.serving.busy import BusyGate
-from engine.serving.guard import AnswerCheck, Guarded, answer_watch, default_ratio, judge
+from engine.serving.guard import Guarded, default_ratio
+from engine.serving.guarded import GuardedRequest
 from engine.serving.profile import ReuseProfile, load_profile
 from engine.serving.scheduler import DecodeScheduler
 from engine.serving.threads import DEFAULT_THREADS, in_own_thread
@@ -305,11 +304,13 @@ class Engine:
         request, mode, fallback = self._plan_request(
             chunks, question, mode, fidelity, ratio, max_new_tokens, config
         )
+        guarded = GuardedRequest(self)
         planner = mode.create_planner(config)
         capacity = request.layout.total_len + max_new_tokens
-        with self.busy.in_flight():
-            kept = self.compute(partial(self._prefill_steps, request, planner, capacity))
-        return self._prefill_result(request, mode, kept, fallback, time.perf_counter() - started)
+        with self.busy.in_flight():  # first attempt → judge → (re-run), on the compute thread
+            kept = self.compute(partial(guarded.prefill, request, planner, capacity))
+        ttft = time.perf_counter() - started
+        return self._prefill_result(request, mode, kept, guarded, fallback, ttft)
 
     def _plan_request(
         self,
@@ -343,61 +344,17 @@ class Engine:
         )
         return request, mode, fallback
 
-    def _prefill_steps(self, request: PlanRequest, planner: BasePlanner, capacity: int) -> Guarded:
-        """One request's prefill, on the compute thread: the first attempt's planner (the busy
-        skip named), its run, the guard's verdict, and the exact re-run when the verdict says so."""
-        first, skipped = self._first_attempt(request, planner)
-        if first.blends() and wants_focus(request):  # the rows the question reads, recomputed
-            request = dataclasses.replace(request, focus=focus_mask(self.runner, request))
-        plan, out = self._run(request, capacity, first)
-        exact = all(request.exact_chunks(out.layers_computed))
-        verdict = judge(request.fidelity, request.config, first, out, exact)
-        if not verdict.rerun:
-            report = dataclasses.replace(
-                verdict.report, skipped_blend=skipped == "busy", exact_first=skipped == "profile"
-            )
-            return Guarded(plan, out, first.name, report)
-        started = time.perf_counter()
-        plan, out = self._rerun_exact(request, out, capacity)
-        report = dataclasses.replace(
-            verdict.report, escalated=True, spent_s=time.perf_counter() - started
-        )
-        return Guarded(plan, out, reference_planner(request.config).name, report)
-
-    def _first_attempt(
-        self, request: PlanRequest, planner: BasePlanner
-    ) -> tuple[BasePlanner, str | None]:
-        """The first attempt's planner and why it skipped the mode's blend (None: it did not):
-        the reference for a level that runs it (`exact`); the exact-reuse plan for a guarded
-        blend that the model's reuse profile has not passed ("profile": exact-first,
-        engine/serving/profile.py) or that the busy engine would only have to repair anyway
-        ("busy": engine/serving/busy.py); else the mode's own."""
-        config = request.config
-        if request.fidelity.runs_reference:
-            return reference_planner(config), None
-        blends = (
-            request.fidelity.guards and planner.blends() and not all(request.exact_chunks(None))
-        )  # every chunk from a variant of this context: no blend
-        if not blends:
-            return planner, None
-        if config.reuse_profile == "auto" and not self.profile.allows(
-            request.fidelity, planner.name
-        ):
-            return exact_reuse_planner(config), "profile"
-        if self.busy.skip_blend(config.guard_busy_repair_share, self._decoding()):
-            return exact_reuse_planner(config), "busy"
-        return planner, None
-
     def _prefill_result(
         self,
         request: PlanRequest,
         mode: Mode,
         kept: Guarded,
+        guarded: GuardedRequest,
         fallback: str | None,
         ttft: float,
     ) -> PrefillResult:
         """The result of a prefill: its state, reports and what the guard watches while it
-        decodes (with the rows a repair may keep); a judged blend's outcome feeds the busy gate."""
+        decodes (with the rows a repair may keep)."""
         out = kept.out
         if out.logits is None:  # `_run` always asks the runner for them
             raise RuntimeError("a prefill ran without its first logits")
@@ -405,12 +362,7 @@ class Engine:
         reports = chunk_reports(
             request.chunks, layout, out, num_layers, kept.planner_name, kept.plan.decisions
         )
-        watch = answer_watch(kept.report, request.config)
-        exact_rows = None
-        if watch is not None:
-            exact_rows = _exact_leading_rows(layout, request.exact_chunks(out.layers_computed))
-        elif _judged_blend(kept):
-            self.busy.odds.record(kept.report.escalated, at_first_token=True)
+        watch, exact_rows = guarded.watch(request, kept)
         return PrefillResult(
             mode,
             layout,
@@ -425,69 +377,12 @@ class Engine:
             exact_rows=exact_rows,
         )
 
-    def _run(
-        self, request: PlanRequest, capacity: int, planner: BasePlanner
-    ) -> tuple[Plan, RunOutput]:
-        """Plan the request with `planner` and run its layers (synchronised: timings are real)."""
-        plan = planner.plan(request)
-        out = self.runner.run(request.layout.token_tensor(self.device), plan, capacity=capacity)
-        _synchronize(self.device)
-        return plan, out
-
-    def _decoding(self) -> int:
+    def num_decoding(self) -> int:
         """Requests decoding in the batch or waiting to join it (0 without batching, where each
         decodes on its own thread)."""
         return (
             0 if self.scheduler is None else self.scheduler.num_active + self.scheduler.num_waiting
         )
-
-    def _rerun_exact(
-        self, request: PlanRequest, blended: RunOutput, capacity: int
-    ) -> tuple[Plan, RunOutput]:
-        """The guard's re-run inside TTFT: the reference's result, computed after the exact
-        leading rows of the blended run (see `_exact_rerun`)."""
-        exact_rows = _exact_leading_rows(
-            request.layout, request.exact_chunks(blended.layers_computed)
-        )
-        return self._exact_rerun(request.layout, blended.cache, exact_rows, capacity)
-
-    def _repair(
-        self, layout: PromptLayout, cache: KVCache, exact_rows: int, answer_ids: Sequence[int]
-    ) -> RunOutput:
-        """The guard's repair while decoding: the exact state of the prompt followed by
-        `answer_ids` in a new cache of the same capacity, and the next token's logits
-        (see `_exact_rerun`)."""
-        layout = dataclasses.replace(layout, question_ids=layout.question_ids + tuple(answer_ids))
-        with self.busy.in_flight():
-            return self.compute(
-                lambda: self._exact_rerun(layout, cache, exact_rows, cache.capacity)[1]
-            )
-
-    def _exact_rerun(
-        self, layout: PromptLayout, cache: KVCache, exact_rows: int, capacity: int
-    ) -> tuple[Plan, RunOutput]:
-        """Prefill `layout` as the reference would, into a new cache of `capacity` rows.
-
-        Rows [0, exact_rows) of the blended `cache` (the system prefix and the leading chunks
-        that were exact in this context) are reused as prefix caching would; every row after
-        them is computed through every layer, so the result is what `full` computes, to float
-        tolerance. `cache` is not modified; the caller holds the prefill turn."""
-        total = layout.total_len
-        exact = ChunkKV(
-            token_ids=tuple(layout.token_tensor().tolist()[:exact_rows]),
-            kv=cache.data[:, :, :, :exact_rows],
-            base_position=0,
-            fingerprint=self.fingerprint,
-            prefix_digest=self.prompts.prefix_digest,
-        )
-        plan = Plan(
-            [CachedSpan(0, exact)] if exact_rows else [],
-            torch.arange(exact_rows, total),
-            pinned=torch.ones(total, dtype=torch.bool),
-        )
-        out = self.runner.run(layout.token_tensor(self.device), plan, capacity=capacity)
-        _synchronize(self.device)
-        return plan, out
 
     def generate(self, result: PrefillResult, params: SamplingParams | None = None) -> Decoding:
         """Stream the answer as text pieces; `decoded()` on the stream, once it has ended, says
@@ -495,74 +390,33 @@ class Engine:
 
         While batching, the request joins the decode batch at once; closing the stream before
         its end cancels the request's decoding. A watched prefill (`result.watch`: balanced,
-        blended) is checked while it decodes (`engine.serving.guard.AnswerCheck`); when the
-        check fires, the prompt and the answer so far are prefilled by the reference plan and
-        decoding goes on from there in the same stream, recorded as the decode's `Repair`.
+        blended) is checked while it decodes (engine/serving/guarded.py); when the watch stops
+        it, the prompt and the answer so far are prefilled by the reference plan and decoding
+        goes on from there in the same stream, recorded as the decode's `Repair`.
         """
         result.cache.claim_for_decode()
         params = params or SamplingParams()
         generator = new_generator(params.seed, result.logits.device)  # one for the whole answer
-        check = result.watch.start() if result.watch is not None else None
-        ids: TokenIds = self._decode_ids(result.cache, result.logits, params, check, generator)
-        repairs: list[Repair] = []
-        if check is not None:
-            ids = self._repairing_ids(result, check, params, ids, generator, repairs)
-        return Decoding(self.loaded.tokenizer, ids, result, repairs)
+        # decode → (repair)
+        ids = GuardedRequest(self).answer(result, params, generator)
+        return Decoding(self.loaded.tokenizer, ids, result)
 
-    def _decode_ids(
+    def decode_ids(
         self,
         cache: KVCache,
         logits: torch.Tensor,
         params: SamplingParams,
-        check: AnswerCheck | None,
+        check: StepCheck | None,
         generator: torch.Generator | None,
     ) -> TokenIds:
+        """The answer's ids decoded from `cache` after `logits`, batched with the others while
+        batching; the stream's end carries `check`'s verdict (`engine.model.decode.ended_by`)."""
         eos = self.loaded.eos_token_ids
         if self.scheduler is None:
             return generate_ids(self.stack, cache, logits, params, eos, check, generator)
         return self.scheduler.submit(
             cache, logits, params, eos, check, generator
         )  # batched with the others
-
-    def _repairing_ids(
-        self,
-        result: PrefillResult,
-        check: AnswerCheck,
-        params: SamplingParams,
-        first: TokenIds,
-        generator: torch.Generator | None,
-        repairs: list[Repair],
-    ) -> Generator[int, None, None]:
-        """`first`'s ids, then, if `check` fired, the rest of the answer from the exact state,
-        its `Repair` appended to `repairs` (closing this generator closes whichever stream is
-        under way: cancellation holds)."""
-        exact_rows = result.exact_rows
-        assert exact_rows is not None  # set with every watch
-        answered: list[int] = []
-        with closing(first):
-            for token in first:
-                answered.append(token)
-                yield token
-        # reached only when the blended decode ended
-        self.busy.odds.record(check.fired_at is not None)
-        if check.fired_at is None or check.margin is None:
-            return
-        started = time.perf_counter()
-        out = self._repair(result.layout, result.cache, exact_rows, answered)
-        if out.logits is None:
-            raise RuntimeError("a repair ran without logits")
-        repairs.append(
-            Repair(
-                check.fired_at,
-                check.margin,
-                time.perf_counter() - started,
-                out.cache,
-                out.layers_computed,
-            )
-        )
-        rest = dataclasses.replace(params, max_new_tokens=params.max_new_tokens - len(answered))
-        with closing(self._decode_ids(out.cache, out.logits, rest, None, generator)) as tail:
-            yield from tail
 
     def compute(self, fn: Callable[[], T]) -> T:
         """Run the model work `fn` (a prefill, a repair, an encoding, a benchmark's forced
@@ -616,22 +470,6 @@ class Engine:
                     f"cached KV of chunk {chunk.chunk_id} has {kv.num_tokens} rows "
                     f"for {len(chunk.token_ids)} tokens"
                 )
-
-
-def _judged_blend(kept: Guarded) -> bool:
-    """Whether a guarded first attempt blended and was judged at its first token (a margin
-    measured), so its outcome is known at prefill: re-run, or kept with no watch while decoding."""
-    report = kept.report
-    return report.fidelity.guards and report.margin is not None and not report.skipped_blend
-
-
-def _exact_leading_rows(layout: PromptLayout, exact_chunks: Sequence[bool]) -> int:
-    """Rows of the prompt that are exact before the first inexact chunk (the system prefix,
-    which reuse modes always take from its exact cache, and the exact leading chunks)."""
-    leading = next(
-        (i for i, is_exact in enumerate(exact_chunks) if not is_exact), len(exact_chunks)
-    )
-    return layout.chunk_spans[leading - 1][1] if leading else layout.prefix_len
 
 
 def _synchronize(device: torch.device) -> None:

@@ -118,8 +118,13 @@ def guard_line(guard: dict) -> str:
     if guard.get("skipped_blend"):
         action = "skipped the blend, the server being busy: computed exactly after the exact prefix"
     if guard.get("repaired_at") is not None:
+        why = (
+            f"named {guard['repair_span']!r}, in no passage"
+            if guard.get("repair_reason") == "grounding"
+            else f"had margin {guard['repair_margin']:.2f} nats"
+        )
         action += (
-            f"; answer token {guard['repaired_at']} had margin {guard['repair_margin']:.2f} nats, "
+            f"; answer token {guard['repaired_at']} {why}, "
             f"went on from full prefill ({guard['repair_ms']:.0f} ms)"
         )
     return f"fidelity {guard['fidelity']}: first-token margin {margin}; {action}"

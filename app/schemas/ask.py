@@ -124,12 +124,24 @@ class GuardOut(BaseModel):
         description="answer token where balanced switched to full "
         "prefill of the prompt and the answer so far, "
         "because that token's margin was below the "
-        "answer threshold (null: it never did)",
+        "answer threshold or the answer named there a number, date or name that no passage "
+        "holds (null: it never did)",
     )
     repair_margin: float | None = Field(
-        default=None, description="that token's margin (nats) in the mode's state"
+        default=None,
+        description="that token's margin (nats) in the mode's state (null for a grounding repair)",
     )
     repair_ms: float = Field(default=0.0, description="time of that prefill, after the first token")
+    repair_reason: Literal["margin", "grounding"] | None = Field(
+        default=None,
+        description="why the answer was repaired: a low margin, or a span that no passage nor "
+        "the question contains (KVMOSAIC_GUARD_GROUNDING; null: not repaired)",
+    )
+    repair_span: str | None = Field(
+        default=None,
+        description="for a grounding repair, the number, date or name that no passage holds; "
+        "it was never sent",
+    )
     skipped_blend: bool = Field(
         default=False,
         description="the engine was busy and its recent blends were "

@@ -47,11 +47,22 @@ class SamplingParams:
             raise InvalidRequest("top_p must lie in (0, 1]")
 
 
-class StepCheck(Protocol):
-    """Looks at a step's logits before its token is picked (the fidelity guard's
-    `AnswerCheck`); `fired(step, logits)` True stops decoding there, nothing picked."""
+@dataclass(frozen=True)
+class Fired:
+    """A `StepCheck`'s verdict: it stopped the decode before step `at`'s token was picked, the
+    top-token margin there being `margin` nats. Immutable: made on the thread that decodes and
+    handed to the stream's reader by the stream's end (`ended_by`), never shared while it runs."""
 
-    def fired(self, step: int, logits: torch.Tensor) -> bool: ...
+    at: int
+    margin: float
+
+
+class StepCheck(Protocol):
+    """Looks at a step's logits before its token is picked (the fidelity guard's `AnswerWatch`);
+    `fired(step, logits)` returns a `Fired` to stop decoding there (nothing picked), else None.
+    It keeps no state, so any thread may call it."""
+
+    def fired(self, step: int, logits: torch.Tensor) -> Fired | None: ...
 
 
 def generate_ids(
@@ -62,8 +73,9 @@ def generate_ids(
     eos_ids: tuple[int, ...],
     check: StepCheck | None = None,
     generator: torch.Generator | None = None,
-) -> Generator[int, None, None]:
-    """Yield generated token ids; the EOS token that ends generation is not yielded.
+) -> Generator[int, None, Fired | None]:
+    """Yield generated token ids; the EOS token that ends generation is not yielded. Returns
+    `check`'s verdict when it stopped the decode (None: it ended otherwise).
 
     Appends to `cache` in place; stops early if the cache is full, or before picking a step's
     token when `check` fires on its logits. `generator` (None: a new one from params.seed)
@@ -72,15 +84,17 @@ def generate_ids(
     generator = new_generator(params.seed, first_logits.device) if generator is None else generator
     logits = first_logits
     for step in range(params.max_new_tokens):
-        if check is not None and check.fired(step, logits):
-            return
+        fired = check.fired(step, logits) if check is not None else None
+        if fired is not None:
+            return fired
         token = pick_token(logits, params, generator)
         if token in eos_ids:
-            return
+            return None
         yield token
         if step + 1 == params.max_new_tokens or cache.length >= cache.capacity:
-            return
+            return None
         logits = decode_step(stack, cache, token)
+    return None
 
 
 @torch.inference_mode()
@@ -276,13 +290,20 @@ def new_generator(seed: int | None, device: torch.device) -> torch.Generator | N
 
 class TokenIds(Protocol):
     """A stream of token ids that its consumer may close early: `generate_ids`'s generator, or
-    the scheduler's `TokenStream` (closing it cancels the request's decoding)."""
+    the scheduler's `TokenStream` (closing it cancels the request's decoding). Its end carries
+    the check's verdict: the `StopIteration` that ends it holds a `Fired` or None (`ended_by`),
+    the one hand-off of a check's result from the thread that decodes to the stream's reader."""
 
     def __iter__(self) -> Iterator[int]: ...
 
     def __next__(self) -> int: ...
 
     def close(self) -> None: ...
+
+
+def ended_by(end: StopIteration) -> Fired | None:
+    """The check's verdict that the end of a `TokenIds` stream carries (None: no check fired)."""
+    return end.value if isinstance(end.value, Fired) else None
 
 
 class TextStream:

@@ -8,10 +8,13 @@ A request names one of `FIDELITIES`:
   token over the runner-up. At the first token (inside TTFT), a margin below `guard_margin`
   nats re-runs the prompt as the reference would (`judge` returns the `Verdict`; the engine
   keeps the blend's exact leading rows and computes every later row). While decoding
-  (`AnswerCheck`), the first answer token within `guard_answer_tokens` whose margin is below
-  `guard_answer_margin` stops the blended decode before that token is picked; the prompt and
-  the answer so far are prefilled as the reference would and decoding goes on from that exact
-  state, so the rest of the answer is what `full` says after the same words.
+  (`AnswerWatch`), the first answer token within `guard_answer_tokens` whose margin is below
+  `guard_answer_margin` stops the blended decode before that token is picked, and so does a
+  number, date or name that no passage nor the question contains (`guard_grounding`,
+  grounding.py), before its first token is sent; the prompt and the answer so far are
+  prefilled as the reference would and decoding goes on from that exact state, so the rest of
+  the answer is what `full` says after the same words. guarded.py runs these steps for a
+  request; this module judges and reports.
 
 Contract: `exact` is token-identical to `full`; `balanced` keeps task accuracy within full's
 95% interval and its deviation from `full` inside full prefill's own stability floor (the
@@ -27,16 +30,21 @@ faithful than its mode.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import torch
 
 from engine.config import EngineConfig, Fidelity
+from engine.model.decode import Fired
 
 if TYPE_CHECKING:
     from engine.model.runner import RunOutput
     from engine.plan import Plan
     from engine.planners.base import BasePlanner
+
+
+# why a decode was repaired: a low top-token margin, or a span no source holds (grounding.py)
+RepairReason = Literal["margin", "grounding"]
 
 
 @dataclass(frozen=True)
@@ -55,10 +63,14 @@ class GuardReport:
     escalated: bool = False
     spent_s: float = 0.0
     # answer token index where decoding switched to the reference state (None: it never did),
-    # that token's margin in the blended state, and the seconds of that prefill (after TTFT)
+    # that token's margin in the blended state (None: not measured, a grounding repair), the
+    # seconds of that prefill (after TTFT), why ("margin" or "grounding") and, for grounding,
+    # the answer's span that no passage nor the question contains
     repaired_at: int | None = None
     repair_margin: float | None = None
     repair_s: float = 0.0
+    repair_reason: RepairReason | None = None
+    repair_span: str | None = None
     # the engine was busy and blends were mostly repaired: the first attempt was the exact-reuse
     # plan (`prefix`) instead of the mode's blend (engine/serving/busy.py)
     skipped_blend: bool = False
@@ -91,6 +103,8 @@ class GuardReport:
         verdict = "re-ran in full" if self.escalated else "kept"
         if self.repaired_at is not None:
             verdict = f"kept, then repaired at answer token {self.repaired_at}"
+            if self.repair_span is not None:
+                verdict += f": {self.repair_span!r} is in no passage"
         return (
             f"first-token margin {self.margin:.2f} nats against threshold {self.threshold:.2f}: "
             f"{side} full prefill's reorder floor; {verdict}"
@@ -113,9 +127,23 @@ class GuardReport:
             return "repaired"
         return "exact" if self.margin is None else "kept"
 
-    def repaired(self, at: int, margin: float, seconds: float) -> GuardReport:
+    def repaired(
+        self,
+        at: int,
+        margin: float | None,
+        seconds: float,
+        reason: RepairReason = "margin",
+        span: str | None = None,
+    ) -> GuardReport:
         """This report with the repair made while decoding (a new record; this one stays)."""
-        return replace(self, repaired_at=at, repair_margin=margin, repair_s=seconds)
+        return replace(
+            self,
+            repaired_at=at,
+            repair_margin=margin,
+            repair_s=seconds,
+            repair_reason=reason,
+            repair_span=span,
+        )
 
 
 def default_ratio(fidelity: Fidelity, config: EngineConfig) -> float:
@@ -182,34 +210,24 @@ def judge(
 @dataclass(frozen=True)
 class AnswerWatch:
     """What the balanced guard watches while a request decodes: answer steps in [1, `window`)
-    whose top-token margin is below `threshold` nats. `start` makes one decode's check."""
+    whose top-token margin is below `threshold` nats (step 0, the first token, was judged at
+    prefill), and, when `grounding`, numbers, dates and names of the answer that no passage
+    nor the question contains (engine/serving/grounding.py).
+
+    Immutable: `fired` is a pure function of its arguments, so the decoding thread (the
+    scheduler's, in a batch) may call it while the request's own thread holds the watch; the
+    verdict comes back through the decode stream's end (`engine.model.decode.ended_by`)."""
 
     threshold: float
     window: int
+    grounding: bool = False
 
-    def start(self) -> AnswerCheck:
-        return AnswerCheck(self.threshold, self.window)
-
-
-class AnswerCheck:
-    """The balanced guard's watch over decoding: `fired(step, logits)` is True at the first
-    step in [1, window) whose top-token margin is below `threshold` nats (step 0, the first
-    token, was judged at prefill). Once fired it stays silent; `fired_at` and `margin` say
-    where and how low. One per request; called by the decoding thread only."""
-
-    def __init__(self, threshold: float, window: int):
-        self.threshold, self.window = threshold, window
-        self.fired_at: int | None = None
-        self.margin: float | None = None
-
-    def fired(self, step: int, logits: torch.Tensor) -> bool:
-        if self.fired_at is not None or not 1 <= step < self.window:
-            return False
+    def fired(self, step: int, logits: torch.Tensor) -> Fired | None:
+        """The verdict at answer step `step` before its token is picked (None: go on)."""
+        if not 1 <= step < self.window:
+            return None
         margin = first_token_margin(logits)
-        if margin >= self.threshold:
-            return False
-        self.fired_at, self.margin = step, margin
-        return True
+        return Fired(step, margin) if margin < self.threshold else None
 
 
 def answer_watch(report: GuardReport, config: EngineConfig) -> AnswerWatch | None:
@@ -220,7 +238,9 @@ def answer_watch(report: GuardReport, config: EngineConfig) -> AnswerWatch | Non
         return None
     if config.guard_answer_tokens <= 1:
         return None
-    return AnswerWatch(config.guard_answer_margin, config.guard_answer_tokens)
+    return AnswerWatch(
+        config.guard_answer_margin, config.guard_answer_tokens, config.guard_grounding
+    )
 
 
 def first_repair(margins: list[float], check: AnswerWatch) -> int | None:

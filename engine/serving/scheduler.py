@@ -48,7 +48,14 @@ import torch
 
 from engine.errors import EngineClosed
 from engine.kv import KVCache
-from engine.model.decode import SamplingParams, StepCheck, decode_batch, new_generator, pick_token
+from engine.model.decode import (
+    Fired,
+    SamplingParams,
+    StepCheck,
+    decode_batch,
+    new_generator,
+    pick_token,
+)
 from engine.model.layers import DecoderStack
 from engine.serving.threads import DEFAULT_THREADS, use_threads
 
@@ -89,8 +96,9 @@ class _Sequence:
         )
         self.num_picked = 0
         self.token = -1  # the last token picked, whose K/V the next step computes
-        # ids, then _END or an error
-        self.out: queue.SimpleQueue[int | _End | BaseException] = queue.SimpleQueue()
+        # ids, then _END, the check's verdict or an error: the queue hands each item over from
+        # the scheduler thread to the stream's reader (nothing else of this object is shared)
+        self.out: queue.SimpleQueue[int | _End | Fired | BaseException] = queue.SimpleQueue()
         self.cancelled = False
 
     @property
@@ -103,10 +111,11 @@ class _Sequence:
 
         The same stop rules as `engine.model.decode.generate_ids`: an EOS token ends it unstreamed;
         the token budget or a full cache end it after the token; a firing `check` ends it
-        before the token is picked.
+        before the token is picked, its verdict the stream's last item.
         """
-        if self.check is not None and self.check.fired(self.num_picked, self.logits):
-            self.out.put(_END)
+        fired = self.check.fired(self.num_picked, self.logits) if self.check is not None else None
+        if fired is not None:
+            self.out.put(fired)
             return False
         token = pick_token(self.logits, self.params, self.generator)
         self.num_picked += 1
@@ -155,7 +164,10 @@ class _Job(Generic[T]):
 
 
 class TokenStream:
-    """One request's token ids, as the scheduler picks them; `close` cancels the request."""
+    """One request's token ids, as the scheduler picks them; `close` cancels the request. Its
+    end carries the check's verdict as `generate_ids`'s does (`engine.model.decode.ended_by`):
+    the verdict is made on the scheduler thread and read here only after it came through the
+    queue, so no check state is shared between the two threads."""
 
     def __init__(self, scheduler: DecodeScheduler, seq: _Sequence):
         self._scheduler, self._seq, self._done = scheduler, seq, False
@@ -167,12 +179,12 @@ class TokenStream:
         if self._done:
             raise StopIteration
         item = self._seq.out.get()
-        if item is _END or isinstance(item, BaseException):
-            self.close()
-            if item is _END:
-                raise StopIteration
+        if isinstance(item, int):
+            return item
+        self.close()
+        if isinstance(item, BaseException):
             raise item
-        return item
+        raise StopIteration(item if isinstance(item, Fired) else None)
 
     def close(self) -> None:
         if not self._done:

@@ -1,4 +1,4 @@
-"""The balanced guard while decoding (engine.serving.guard.AnswerCheck) on the tiny model: where it
+"""The balanced guard while decoding (engine.serving.guard.AnswerWatch) on the tiny model: where it
 fires the rest of the answer comes from the exact state; where it does not, nothing changes."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from engine.engine import Engine
 from engine.model.decode import SamplingParams
 from engine.planners import Mode
 from engine.result import PrefillResult
-from engine.serving.guard import AnswerCheck, first_repair, first_token_margin
+from engine.serving.guard import AnswerWatch, first_repair, first_token_margin
 from tests.engine.helpers import QUESTION, chunk_inputs
 
 TOKENS = 8
@@ -62,16 +62,16 @@ def answer(
 
 
 def test_the_check_fires_at_the_first_low_margin_inside_its_window():
-    check = AnswerCheck(threshold=1.0, window=4)
+    watch = AnswerWatch(threshold=1.0, window=4)
     confident, unsure = torch.tensor([5.0, 0.0, 0.0]), torch.tensor([0.5, 0.0, 0.0])
-    assert not check.fired(0, unsure)  # the first token was judged at prefill
-    assert not check.fired(1, confident)
-    assert check.fired(2, unsure) and check.fired_at == 2
-    assert check.margin == pytest.approx(first_token_margin(unsure))
-    assert not check.fired(3, unsure)  # fires once
-    assert not AnswerCheck(1.0, 4).fired(4, unsure)  # outside the window
-    assert first_repair([0.1, 3.0, 0.2, 0.1], AnswerCheck(1.0, 4)) == 2
-    assert first_repair([0.1, 3.0, 3.0, 3.0, 0.1], AnswerCheck(1.0, 4)) is None  # past the window
+    assert watch.fired(0, unsure) is None  # the first token was judged at prefill
+    assert watch.fired(1, confident) is None
+    fired = watch.fired(2, unsure)
+    assert fired is not None and fired.at == 2
+    assert fired.margin == pytest.approx(first_token_margin(unsure))
+    assert watch.fired(4, unsure) is None  # outside the window
+    assert first_repair([0.1, 3.0, 0.2, 0.1], watch) == 2
+    assert first_repair([0.1, 3.0, 3.0, 3.0, 0.1], watch) is None  # past the window
 
 
 @pytest.mark.parametrize("batching", [False, True])
