@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 # Each is sent inside ordinary text: the check must find it anywhere.
 UNENCODABLE = [
@@ -63,3 +65,44 @@ def test_documents_refuse_unencodable_text(client, text):
 def test_the_message_names_the_character(client):
     message = post_json(client, "/ask", {"question": "cut \ud83d"}).json()["error"]["message"]
     assert "U+D83D" in message
+
+
+# -- fuzz: any text around an unencodable character, on every text field of every endpoint ------
+
+ANY_CHARACTER = st.characters(codec=None, categories=None)  # surrogates and controls included
+BAD_CHARACTER = st.one_of(
+    st.just("\x00"), st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
+)
+
+
+def bodies(text: str, stream: bool) -> list[tuple[str, object]]:
+    """Every place a text reaches the tokenizer, the embedder or the catalog."""
+    return [
+        ("/ask", {"question": text, "stream": stream}),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": text}], "stream": stream},
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]},
+        ),
+        ("/documents", {"text": text}),
+        ("/documents", {"text": "fine text", "title": text}),
+        ("/documents", {"text": "fine text", "source": text}),
+    ]
+
+
+@given(
+    before=st.text(ANY_CHARACTER, max_size=20),
+    bad=BAD_CHARACTER,
+    after=st.text(ANY_CHARACTER, max_size=20),
+    stream=st.booleans(),
+)
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+def test_fuzz_unencodable_text_is_a_4xx_everywhere(client, before, bad, after, stream):
+    text = before + bad + after
+    for path, body in bodies(text, stream):
+        assert_refused(post_json(client, path, body))
+    files = {"file": ("notes.txt", text.encode("utf-8", "surrogatepass"), "text/plain")}
+    assert 400 <= client.post("/documents", files=files).status_code < 500
