@@ -143,6 +143,10 @@ class ModeSample:
     work_share: float = (
         1.0  # FLOPs of this mode's prefills (first-token re-run and repair included) / full's
     )
+    # why the guard repaired the greedy answer ("margin", "grounding"; None: it did not) and,
+    # for grounding, the span that no passage held
+    repair_reason: str | None = None
+    repair_span: str | None = None
     case: int = 0  # the record's index in the dataset
     order: int = 0  # 0: the dataset's chunk order; 1..: seeded shuffles (`chunk_orders`)
     identical: bool = False  # the greedy answer is the reference's, word for word
@@ -594,6 +598,8 @@ def _run_record(
             answer_kl=forced.mean_kl,
             escalated=result.guard.escalated,
             repaired=decoded.repaired,
+            repair_reason=decoded.guard.repair_reason,
+            repair_span=decoded.guard.repair_span,
             work_share=work_all / max(reference.work, 1.0),
             identical=answer == reference.answer,
             score=score_answer(answer, record.get("answers", [])),
