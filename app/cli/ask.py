@@ -56,9 +56,9 @@ def run(args) -> int:
 
 def ask_here(args, body: dict) -> dict:
     from app.report import ask_response
-    from app.services import Services
+    from app.startup import start_services
 
-    services = Services.start(settings_from(args))
+    services = start_services(settings_from(args))  # a failed start: one line (StartFailure)
     try:
         query = services.rag.query(
             **{k: v for k, v in body.items() if k != "question"}, question=body["question"]

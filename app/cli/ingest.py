@@ -38,7 +38,7 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     from tqdm import tqdm
 
-    from app.services import Services
+    from app.startup import start_services
     from engine.errors import KvMosaicError
     from retrieval.sources import SourceError, load_sources
 
@@ -48,7 +48,7 @@ def run(args) -> int:
     except SourceError as exc:
         print(f"kvmosaic: error: {exc}", file=sys.stderr)
         return 2
-    services = Services.start(settings_from(args))
+    services = start_services(settings_from(args))  # a failed start: one line (StartFailure)
     ingest_started = time.perf_counter()  # the rate leaves out loading the model and the index
     added = present = chunks = tokens = failed = 0
     kv_tokens = 0  # chunk tokens whose KV is stored so far, for the live rate

@@ -196,3 +196,41 @@ def test_the_connection_bound_fits_the_open_file_limit(monkeypatch, caplog):
     limits.update(soft=1024, hard=1024)
     assert server.fitting_connections(2048) == 1024 - server.RESERVED_FDS
     assert "KVMOSAIC_MAX_CONNECTIONS=2048 does not fit" in caplog.text
+
+
+class FakeConnection:
+    """What `ConnectionGuard` asks of a connection."""
+
+    def __init__(self, waiting: bool) -> None:
+        self.waiting, self.dropped = waiting, None
+
+    def waiting_on_client(self) -> bool:
+        return self.waiting
+
+    def drop(self, reason: str) -> None:
+        self.dropped = reason
+
+
+def test_the_guard_evicts_the_oldest_waiting_connection_or_refuses_when_all_are_busy():
+    from app.connections import ConnectionGuard, ConnectionLimits
+
+    guard = ConnectionGuard(ConnectionLimits(1.0, 1.0, max_connections=2))
+    busy, slow, newer = FakeConnection(False), FakeConnection(True), FakeConnection(True)
+    assert guard.admit(busy) and guard.admit(slow)
+    assert guard.admit(newer)
+    assert slow.dropped == "evicted" and busy.dropped is None
+    guard.forget(slow)  # its connection_lost
+    newer.waiting = False
+    assert not guard.admit(FakeConnection(True))
+    assert list(guard.open) == [busy, newer]
+
+
+def test_a_request_whose_headers_never_end_gets_a_408(services):
+    with serving(services, header_timeout_s=1.0) as (url, _):
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
