@@ -29,6 +29,7 @@ from engine.config import (
     ENCODE_DTYPES,
     FIELD_BOUNDS,
     LINEAR_KERNELS,
+    REUSE_PROFILE_USES,
     SELECTIONS,
     gradual_multipliers,
 )
@@ -45,6 +46,7 @@ ENGINE_CHOICES = {
     "deviation": DEVIATIONS,
     "selection": SELECTIONS,
     "craft_build": CRAFT_BUILDS,
+    "reuse_profile": REUSE_PROFILE_USES,
 }
 
 
