@@ -213,12 +213,6 @@ class AnswerGrounding:
         """The answer ended (EOS, its budget, a full cache): every span is settled."""
         return self._release(final=True)
 
-    def held(self) -> tuple[int, ...]:
-        """The tokens held so far, released unchecked (the decode goes on after them anyway)."""
-        tokens = tuple(self.ids[self.released :])
-        self.released = len(self.ids)
-        return tokens
-
     def _release(self, final: bool) -> Release:
         text = self._text()
         spans = candidate_spans(text)

@@ -10,7 +10,10 @@ exact rows a repair keeps): a caller may decode a prefill later, or never (teach
 The engine provides the model work (its runner, `compute`, `decode_ids`); this module decides
 what runs. The decode's checks come back as decisions: the margin check's verdict through the
 decode stream's end (`engine.model.decode.ended_by`, made on the scheduler's thread and handed
-over by its queue), the grounding check's `Release` on this thread (grounding.py).
+over by its queue), the grounding check's `Release` on this thread (grounding.py). Tokens the
+grounding check holds back are never sent before the decode that picked them is judged: when
+either check stops it, the repair starts at the first token not sent (a held span is decided
+again by the exact state).
 """
 
 from __future__ import annotations
@@ -252,10 +255,9 @@ def _watched(
         yield from release.tokens
         if release.ungrounded is not None:
             return _grounding_stop(grounding, release)
-    if fired is not None:  # a held tail goes out unchecked: the exact state follows it
-        if grounding is not None:
-            yield from grounding.held()
-        return Stop(tuple(answered), fired.margin)
+    if fired is not None:  # a held span is left to the exact state too: the repair starts there
+        sent = answered if grounding is None else grounding.ids[: grounding.released]
+        return Stop(tuple(sent), fired.margin)
     if grounding is None:
         return None
     release = grounding.end()

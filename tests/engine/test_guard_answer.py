@@ -28,9 +28,16 @@ def chunks(tiny_engine):
 
 
 def engine_with(tiny_engine, batching: bool = False, **overrides) -> Engine:
-    """Another engine over the tiny model: balanced, the first-token check off unless overridden."""
+    """Another engine over the tiny model: balanced, the first-token check and the grounding
+    check off unless overridden (the margin's repairs alone: tests/engine/test_grounding.py)."""
     # reuse profile off: balanced blends (no profile would make them exact-first)
-    settings = dict(guard_margin=0.0, reuse_profile="off", batching=batching, epic_tokens=4)
+    settings = dict(
+        guard_margin=0.0,
+        reuse_profile="off",
+        batching=batching,
+        epic_tokens=4,
+        guard_grounding=False,
+    )
     settings.update(overrides)
     return Engine(
         EngineConfig(data_dir=tiny_engine.config.data_dir, **settings), tiny_engine.loaded
