@@ -15,6 +15,7 @@ from app.cli.common import (
 )
 from app.store.codec_names import CODEC_NAMES
 from bench.cli.compute import add_invariance_parser, add_prefill_parser
+from bench.cli.demo import add_demo_parser
 from bench.cli.ingest import add_ingest_parser
 from bench.cli.retrieval import add_retrieval_parser
 from bench.cli.workload import add_workload_parser
@@ -71,6 +72,7 @@ def add_parser(subparsers) -> None:
     add_store_parser(kinds)
     add_workload_parser(kinds, add_engine_arguments)
     add_ingest_parser(kinds, add_engine_arguments)
+    add_demo_parser(kinds, add_engine_arguments)
     add_retrieval_parser(kinds)
     add_invariance_parser(kinds)
     add_prefill_parser(kinds)
