@@ -11,7 +11,8 @@ A request names one of `FIDELITIES`:
   (`AnswerWatch`), the first answer token within `guard_answer_tokens` whose margin is below
   `guard_answer_margin` stops the blended decode before that token is picked, and so does a
   number, date or name that no passage nor the question contains (`guard_grounding`,
-  grounding.py), before its first token is sent; the prompt and the answer so far are
+  grounding.py), before its first token is sent (it cannot see a wrong value that some passage
+  does contain: a neighbouring passage's year or name); the prompt and the answer so far are
   prefilled as the reference would and decoding goes on from that exact state, so the rest of
   the answer is what `full` says after the same words. guarded.py runs these steps for a
   request; this module judges and reports.

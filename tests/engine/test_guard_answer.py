@@ -13,7 +13,7 @@ from engine import EngineConfig
 from engine.config import Fidelity
 from engine.decoding import Decoded, read_out
 from engine.engine import Engine
-from engine.model.decode import SamplingParams
+from engine.model.decode import SamplingParams, ended_by
 from engine.planners import Mode
 from engine.result import PrefillResult
 from engine.serving.guard import AnswerWatch, first_repair, first_token_margin
@@ -356,3 +356,19 @@ def test_prefix_over_a_lossy_prefix_is_judged_and_over_a_float_one_is_not(tiny_e
     rounded = engine.prefill(lossy, QUESTION, mode=Mode.named("prefix"))
     assert rounded.guard.margin is not None and rounded.guard.escalated
     assert torch.allclose(rounded.logits, as_computed.logits, atol=1e-3)  # re-run: the reference's
+
+
+@pytest.mark.parametrize("batching", [False, True])
+def test_the_checks_verdict_comes_back_through_the_streams_end(tiny_engine, chunks, batching):
+    engine = engine_with(tiny_engine, batching=batching)
+    try:
+        result = engine.prefill(chunks, QUESTION, mode=Mode.named("cacheblend"))
+        watch = AnswerWatch(threshold=1e9, window=4)  # fires at the first step it watches
+        ids = engine.decode_ids(result.cache, result.logits, SamplingParams(), watch, None)
+        assert next(ids) is not None  # step 0 is never watched
+        with pytest.raises(StopIteration) as end:
+            next(ids)
+        fired = ended_by(end.value)
+        assert fired is not None and fired.at == 1 and fired.margin < 1e9
+    finally:
+        engine.close()
