@@ -29,9 +29,10 @@ if TYPE_CHECKING:  # transformers is imported only when a model is loaded
 @dataclass(frozen=True)
 class Repair:
     """The guard's repair while decoding: the blended decode stopped before answer token `at`,
-    because that token's top-token margin `margin` nats was below the threshold (`reason`
-    "margin") or because the answer's `span` from token `at` on is a number, date or name that
-    no passage nor the question contains (`reason` "grounding", `margin` None); the prompt and
+    because a top-token margin `margin` nats was below the threshold (`reason` "margin"; at that
+    token, or a later one while the grounding check held back `span` from `at` on) or because
+    the answer's `span` from token `at` on is a number, date or name that no passage nor the
+    question contains (`reason` "grounding", `margin` None); the prompt and
     the answer before `at` were prefilled as the reference would (`seconds`, after TTFT;
     `layers_computed`: [rows] layers per row) into `cache`, and decoding went on from there."""
 

@@ -118,11 +118,14 @@ def guard_line(guard: dict) -> str:
     if guard.get("skipped_blend"):
         action = "skipped the blend, the server being busy: computed exactly after the exact prefix"
     if guard.get("repaired_at") is not None:
-        why = (
-            f"named {guard['repair_span']!r}, in no passage"
-            if guard.get("repair_reason") == "grounding"
-            else f"had margin {guard['repair_margin']:.2f} nats"
-        )
+        why = f"had margin {guard['repair_margin']:.2f} nats"
+        if guard.get("repair_reason") == "grounding":
+            why = f"named {guard['repair_span']!r}, in no passage"
+        elif guard.get("repair_span") is not None:
+            why = (
+                f"began {guard['repair_span']!r}, held back when a margin fell to "
+                f"{guard['repair_margin']:.2f} nats"
+            )
         action += (
             f"; answer token {guard['repaired_at']} {why}, "
             f"went on from full prefill ({guard['repair_ms']:.0f} ms)"

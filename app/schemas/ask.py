@@ -140,7 +140,8 @@ class GuardOut(BaseModel):
     repair_span: str | None = Field(
         default=None,
         description="for a grounding repair, the number, date or name that no passage holds; "
-        "it was never sent",
+        "for a margin repair, the text the grounding check held back when the margin fell "
+        "(the repair started there); never sent",
     )
     skipped_blend: bool = Field(
         default=False,

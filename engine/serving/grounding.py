@@ -213,6 +213,11 @@ class AnswerGrounding:
         """The answer ended (EOS, its budget, a full cache): every span is settled."""
         return self._release(final=True)
 
+    def held_text(self) -> str:
+        """The text of the tokens held back so far."""
+        released = len(self._decoded(self.ids[: self.released]))
+        return self._text()[released:]
+
     def _release(self, final: bool) -> Release:
         text = self._text()
         spans = candidate_spans(text)
@@ -230,4 +235,7 @@ class AnswerGrounding:
         return Release(tokens, ungrounded)
 
     def _text(self) -> str:
-        return str(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+        return self._decoded(self.ids)
+
+    def _decoded(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))

@@ -64,9 +64,10 @@ class GuardReport:
     escalated: bool = False
     spent_s: float = 0.0
     # answer token index where decoding switched to the reference state (None: it never did),
-    # that token's margin in the blended state (None: not measured, a grounding repair), the
-    # seconds of that prefill (after TTFT), why ("margin" or "grounding") and, for grounding,
-    # the answer's span that no passage nor the question contains
+    # the margin that stopped the blended decode (None: not measured, a grounding repair), the
+    # seconds of that prefill (after TTFT), why ("margin" or "grounding") and the span: for
+    # grounding, the answer's span that no passage nor the question contains; for a margin, the
+    # text held back when it fell (the repair started there; None: nothing was held)
     repaired_at: int | None = None
     repair_margin: float | None = None
     repair_s: float = 0.0
@@ -104,8 +105,10 @@ class GuardReport:
         verdict = "re-ran in full" if self.escalated else "kept"
         if self.repaired_at is not None:
             verdict = f"kept, then repaired at answer token {self.repaired_at}"
-            if self.repair_span is not None:
+            if self.repair_reason == "grounding":
                 verdict += f": {self.repair_span!r} is in no passage"
+            elif self.repair_span is not None:
+                verdict += f" (a low margin while {self.repair_span!r} was held back, unsent)"
         return (
             f"first-token margin {self.margin:.2f} nats against threshold {self.threshold:.2f}: "
             f"{side} full prefill's reorder floor; {verdict}"

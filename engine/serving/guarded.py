@@ -53,7 +53,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Stop:
     """Why the blended decode stopped before answer token `at` (the ids before it sent): a low
-    margin (`margin`) or an ungrounded `span` (grounding.py)."""
+    margin (`margin`; `span`, if any, the text held back then, never sent) or an ungrounded
+    `span` (grounding.py)."""
 
     answered: tuple[int, ...]
     margin: float | None = None
@@ -65,7 +66,7 @@ class Stop:
 
     @property
     def reason(self) -> RepairReason:
-        return "grounding" if self.span is not None else "margin"
+        return "margin" if self.margin is not None else "grounding"
 
 
 class GuardedRequest:
@@ -209,14 +210,15 @@ class GuardedRequest:
             stop.at, stop.margin, seconds, out.cache, out.layers_computed, stop.reason, stop.span
         )
         rest = replace(params, max_new_tokens=params.max_new_tokens - stop.at)
-        if stop.span is not None:  # the blended decode drew ahead of the held span, by timing
+        if stop.margin is None:  # the blended decode drew ahead of the held span, by timing
             generator = new_generator(_tail_seed(params.seed, stop.at), out.logits.device)
         with closing(engine.decode_ids(out.cache, out.logits, rest, None, generator)) as tail:
             yield from tail
 
     def _grounding(self, result: PrefillResult) -> AnswerGrounding:
-        """The answer's grounding in the prompt's text: passages and question (the system
-        prompt too, which grounds nothing a reader would call a fact)."""
+        """The answer's grounding in the prompt's text after the system prefix: the passages,
+        their titles and the question (the chat template's markers are special tokens, left
+        out)."""
         tokenizer = self.engine.loaded.tokenizer
         ids = result.layout.token_tensor().tolist()[result.layout.prefix_len :]
         return AnswerGrounding(
@@ -256,8 +258,10 @@ def _watched(
         if release.ungrounded is not None:
             return _grounding_stop(grounding, release)
     if fired is not None:  # a held span is left to the exact state too: the repair starts there
-        sent = answered if grounding is None else grounding.ids[: grounding.released]
-        return Stop(tuple(sent), fired.margin)
+        if grounding is None:
+            return Stop(tuple(answered), fired.margin)
+        held = grounding.held_text().strip() or None
+        return Stop(tuple(grounding.ids[: grounding.released]), fired.margin, held)
     if grounding is None:
         return None
     release = grounding.end()

@@ -4,6 +4,8 @@ contains stops the blended decode before any of its tokens is sent."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from engine import EngineConfig
@@ -166,3 +168,14 @@ def test_a_seeded_sample_repaired_for_grounding_is_repeatable(tiny_engine):
     first, second = streamed(engine, chunks), streamed(engine, chunks)
     ints = [[t for t in run if isinstance(t, int)] for run in (first, second)]
     assert ints[0] == ints[1]
+
+
+def test_a_margin_repair_starts_at_a_span_still_held(tiny_engine):
+    config = dataclasses.replace(
+        watched_engine(tiny_engine, grounding=True).config, guard_answer_margin=1e9
+    )
+    engine = Engine(config, tiny_engine.loaded)  # the margin fires at the first watched step
+    streamed_items = streamed(engine, chunk_inputs(tiny_engine))
+    repair = streamed_items[0]  # the sample's first word was held back: nothing went out
+    assert isinstance(repair, Repair) and repair.at == 0 and repair.reason == "margin"
+    assert repair.margin is not None and repair.span == "Hawaiian"
