@@ -33,7 +33,7 @@ from engine.model.decode import (
 from engine.model.decode_attention import resolve_decode_attention
 from engine.model.encode_dtype import model_in, resolve_encode_dtype
 from engine.model.encoder import DEFAULT_BATCH_TOKENS, ChunkEncoder
-from engine.model.known import configured_known_model, rounded_decode_weights
+from engine.model.known import rounded_decode_weights
 from engine.model.layers import DecoderStack
 from engine.model.linear import linear_kernel_of
 from engine.model.loader import LoadedModel, cpu_has_amx_bf16, load_model
@@ -66,9 +66,8 @@ class Engine:
         self.config = config
         self.loaded = loaded
         spec = loaded.spec
-        known = configured_known_model(config.model, config.model_path)
         self.profile = profile or load_profile(
-            config.data_dir, loaded.fingerprint, known.name if known else None
+            config.data_dir, loaded.fingerprint, loaded.known_name
         )
         # resolved on a passing thread: its probe computes, and this thread keeps no OpenMP pool
         self.stack = DecoderStack(

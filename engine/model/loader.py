@@ -9,6 +9,7 @@ engine/model/families.py refuses the others at load) by path: a Hugging Face fol
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -24,7 +25,7 @@ import torch
 from engine.errors import KvMosaicError
 from engine.model.attention import prepare_device
 from engine.model.families import check_architecture, check_model_type
-from engine.model.known import checkpoint_of
+from engine.model.known import checkpoint_of, configured_known_model
 from engine.model.known import embedded_checkpoint as embedded_checkpoint
 from engine.model.linear import linear_kernel_of, use_linear_kernel
 
@@ -56,6 +57,9 @@ class LoadedModel:
     spec: ModelSpec
     fingerprint: str
     eos_token_ids: tuple[int, ...]
+    # the known model (engine/model/known.py) this was loaded as; None: a checkpoint by path or
+    # a model built in memory
+    known_name: str | None = None
 
     @property
     def device(self) -> torch.device:
@@ -169,7 +173,10 @@ def load_model(
     prepare_device(torch.device(device))
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     log.info("loaded model from %s in %.2fs", source, time.perf_counter() - started)
-    return wrap_model(model, tokenizer, linear_kernel)
+    known = configured_known_model(model_name, model_path)
+    return dataclasses.replace(
+        wrap_model(model, tokenizer, linear_kernel), known_name=known.name if known else None
+    )
 
 
 def _check_checkpoint_config(source: Path) -> None:

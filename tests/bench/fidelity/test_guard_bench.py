@@ -95,17 +95,21 @@ def test_row_settings_plan_that_row_only(tiny_engine, dataset):
         with pytest.raises(InvalidRequest, match=message):
             row_config(bad, tiny_engine.config)
     # the row's settings reach its prefills: a margin no first token can reach re-runs every blend
+    # (reuse profile off: balanced blends on a model without a profile)
     options = FidelityOptions(
         dataset=dataset,
         n=1,
         chunks=4,
         max_new_tokens=2,
         orders=1,
-        modes=("cacheblend@balanced[guard_margin=1000]", "cacheblend@balanced[guard_margin=0]"),
+        modes=(
+            "cacheblend@balanced[guard_margin=1000;reuse_profile=off]",
+            "cacheblend@balanced[guard_margin=0;reuse_profile=off]",
+        ),
     )
     summaries = {s.mode: s for s in run_fidelity(tiny_engine, options, progress=False)}
-    assert summaries["cacheblend@balanced[guard_margin=1000]"].escalated == 1.0
-    assert summaries["cacheblend@balanced[guard_margin=0]"].escalated == 0.0
+    assert summaries["cacheblend@balanced[guard_margin=1000;reuse_profile=off]"].escalated == 1.0
+    assert summaries["cacheblend@balanced[guard_margin=0;reuse_profile=off]"].escalated == 0.0
 
 
 def test_a_row_may_read_its_chunk_kv_through_a_codec(tiny_engine, dataset):
