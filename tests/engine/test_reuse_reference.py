@@ -32,6 +32,7 @@ from engine import EngineConfig
 from engine.config import Fidelity
 from engine.engine import Engine
 from engine.model.known import QWEN_CODER, is_installed
+from engine.model.linear import mkl_is_at_home
 from engine.plan import ChunkInput
 from engine.planners import Mode
 from engine.prompt import PromptLayout
@@ -254,7 +255,10 @@ def test_full_prefills_own_kv_through_the_same_assembly_gives_full_logits(case):
     # full's rows where they were computed: the assembly and the cached pass add nothing
     starts = [start for start, _ in spans]
     logits = reused_logits(case, assemble(case, full_chunks, starts, full_prefix))
-    assert torch.equal(logits, case.full_logits)
+    if mkl_is_at_home():  # MKL's float32 products give a row other bits in a block of other size
+        torch.testing.assert_close(logits, case.full_logits, **LOGITS_TOL)
+    else:
+        assert torch.equal(logits, case.full_logits)
     # full's rows moved back to P, as if each chunk had been computed there, then placed again
     at_base = [
         [(rotate(k, base - start, case.inv_freq), v) for k, v in kv]
