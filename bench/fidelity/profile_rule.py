@@ -9,6 +9,7 @@ trials; it runs nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from types import MappingProxyType
@@ -33,8 +34,8 @@ class Trial:
     mode: str
     cases: int
     accuracy_diff: tuple[float, float, float]  # mean, low, high
-    kl_over_floor: float
-    miss_over_floor: float
+    kl_over_floor: float | None  # None: infinite (a deviation over a floor of zero)
+    miss_over_floor: float | None
     passed: bool
     why: str
 
@@ -62,16 +63,15 @@ def _is_balanced(label: str, default_level: str | None) -> bool:
 
 def _judge(label: str, row: Mapping[str, Any], floor: Mapping[str, Any]) -> Trial:
     diff = row["accuracy_vs_full"]
-    kl_ratio = row["mean_kl"] / floor["mean_kl"] if floor["mean_kl"] else float("inf")
-    floor_miss = 1 - floor["rouge_l"]
-    miss_ratio = (1 - row["rouge_l"]) / floor_miss if floor_miss else float("inf")
+    kl_ratio = _over(row["mean_kl"], floor["mean_kl"])
+    miss_ratio = _over(1 - row["rouge_l"], 1 - floor["rouge_l"])
     faults = []
     if not diff["low"] <= 0.0 <= diff["high"]:
         faults.append(f"accuracy {diff['mean']:+.3f} [{diff['low']:+.3f}, {diff['high']:+.3f}]")
     if kl_ratio > 1.0:
-        faults.append(f"KL {kl_ratio:.2f}x the floor")
+        faults.append(f"KL {_times(kl_ratio)} the floor")
     if miss_ratio > 1.0:
-        faults.append(f"ROUGE-L shortfall {miss_ratio:.2f}x the floor")
+        faults.append(f"ROUGE-L shortfall {_times(miss_ratio)} the floor")
     if not faults and row["records"] < MIN_CASES:
         faults.append(f"only {row['records']} cases (a pass needs {MIN_CASES})")
     return Trial(
@@ -79,11 +79,26 @@ def _judge(label: str, row: Mapping[str, Any], floor: Mapping[str, Any]) -> Tria
         mode=mode_of(label).name,
         cases=row["records"],
         accuracy_diff=(diff["mean"], diff["low"], diff["high"]),
-        kl_over_floor=round(kl_ratio, 4),
-        miss_over_floor=round(miss_ratio, 4),
+        kl_over_floor=_finite(kl_ratio),
+        miss_over_floor=_finite(miss_ratio),
         passed=not faults,
         why="; ".join(faults) or "inside full's interval and floor",
     )
+
+
+def _over(value: float, floor: float) -> float:
+    """`value` as a multiple of `floor`; a floor of zero allows only zero."""
+    if floor > 0:
+        return value / floor
+    return 0.0 if value <= 0 else math.inf
+
+
+def _times(ratio: float) -> str:
+    return f"{ratio:.2f}x" if math.isfinite(ratio) else "above a zero"
+
+
+def _finite(ratio: float) -> float | None:
+    return round(ratio, 4) if math.isfinite(ratio) else None
 
 
 def decide(

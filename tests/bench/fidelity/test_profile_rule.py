@@ -90,3 +90,11 @@ def test_the_command_refuses_report_seeds(tmp_path, capsys):
     argv = ["calibrate", "profile", "--from", str(tmp_path / "x.json"), "--seed", "1000"]
     assert main(argv) != 0
     assert "not a tuning seed" in capsys.readouterr().err
+
+
+def test_a_floor_of_zero_admits_only_zero_and_is_written_as_null():
+    payload = report(row("cachecraft[reuse_profile=off]", rouge=0.9))
+    payload["modes"][1]["rouge_l"] = 1.0  # full answered alike in both orders
+    (trial,) = judge_rows(payload)
+    assert not trial.passed and "ROUGE-L shortfall above a zero the floor" in trial.why
+    assert trial.miss_over_floor is None
