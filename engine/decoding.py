@@ -14,40 +14,15 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
 from engine.errors import InvalidRequest
 from engine.kv import KVCache
 from engine.model.decode import TextStream
 from engine.result import PrefillResult
-from engine.serving.guard import GuardReport, RepairReason
+from engine.serving.guard import GuardReport
+from engine.serving.repair import AnswerIds, Repair
 
 if TYPE_CHECKING:  # transformers is imported only when a model is loaded
     from transformers import PreTrainedTokenizerBase
-
-
-@dataclass(frozen=True)
-class Repair:
-    """The guard's repair while decoding: the blended decode stopped before answer token `at`,
-    because a top-token margin `margin` nats was below the threshold (`reason` "margin"; at that
-    token, or a later one while the grounding check held back `span` from `at` on) or because
-    the answer's `span` from token `at` on is a number, date or name that no passage nor the
-    question contains (`reason` "grounding", `margin` None); the prompt and
-    the answer before `at` were prefilled as the reference would (`seconds`, after TTFT;
-    `layers_computed`: [rows] layers per row) into `cache`, and decoding went on from there."""
-
-    at: int
-    margin: float | None
-    seconds: float
-    cache: KVCache
-    layers_computed: torch.Tensor
-    reason: RepairReason = "margin"
-    span: str | None = None
-
-
-# An answer's stream: its token ids, and the guard's `Repair` at the point where it was made
-# (at most one), so a stream closed after its repair still says what answered.
-AnswerIds = Generator[int | Repair, None, None]
 
 
 @dataclass(frozen=True)

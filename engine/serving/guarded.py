@@ -22,11 +22,10 @@ import time
 from collections.abc import Generator
 from contextlib import closing
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 
-from engine.decoding import AnswerIds, Repair
 from engine.kv import ChunkKV, KVCache
 from engine.model.decode import SamplingParams, TokenIds, ended_by, new_generator
 from engine.plan import CachedSpan, Plan, PlanRequest
@@ -42,12 +41,51 @@ from engine.serving.guard import (
     answer_watch,
     judge,
 )
+from engine.serving.repair import AnswerIds, Repair
 
 if TYPE_CHECKING:
-    from engine.engine import Engine
-    from engine.model.runner import RunOutput
+    from collections.abc import Callable
+
+    from engine.model.decode import StepCheck
+    from engine.model.loader import LoadedModel
+    from engine.model.runner import LayerRunner, RunOutput
     from engine.planners.base import BasePlanner
+    from engine.prompt import PromptBuilder
     from engine.result import PrefillResult
+    from engine.serving.busy import BusyGate
+    from engine.serving.profile import ReuseProfile
+
+T = TypeVar("T")
+
+
+class GuardedEngine(Protocol):
+    """What a guarded request needs of the engine (`engine.engine.Engine` is one): its runner
+    and compute thread, the busy gate, the reuse profile, the prompt builder and the decode."""
+
+    busy: BusyGate
+    loaded: LoadedModel
+    profile: ReuseProfile
+    prompts: PromptBuilder
+    runner: LayerRunner
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def compute(self, fn: Callable[[], T]) -> T: ...
+
+    def num_decoding(self) -> int: ...
+
+    def decode_ids(
+        self,
+        cache: KVCache,
+        logits: torch.Tensor,
+        params: SamplingParams,
+        check: StepCheck | None,
+        generator: torch.Generator | None,
+    ) -> TokenIds: ...
 
 
 @dataclass(frozen=True)
@@ -72,7 +110,7 @@ class Stop:
 class GuardedRequest:
     """The guard's side of one request (module docstring); `engine` does the model work."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: GuardedEngine):
         self.engine = engine
 
     # -- prefill: first attempt → judge → (re-run), on the compute thread ----------------------
