@@ -66,7 +66,7 @@ def run(args) -> int:
     for trial in record["trials"]:
         verdict = "passes" if trial["passed"] else "fails"
         print(f"{trial['row']}: {verdict} ({trial['why']}; {trial['cases']} cases)")
-    print(f"profile: {profile.summary.split(';')[0]}; wrote {out}")
+    print(f"profile: {profile.allowed}; wrote {out}")
     return 0
 
 

@@ -71,16 +71,19 @@ class ReuseProfile:
         return replace(config, **changes) if changes else config
 
     @property
-    def summary(self) -> str:
-        """One line for `kvmosaic models`, `/readyz` and the start-up log."""
+    def allowed(self) -> str:
+        """What `balanced` may run, in words: the blends it passed, or exact-first."""
         if self.balanced_modes:
-            allowed = f"balanced blends {', '.join(self.balanced_modes)}"
-        else:
-            allowed = "balanced is exact-first (no blend measured to hold)"
+            return f"balanced blends {', '.join(self.balanced_modes)}"
+        return "balanced is exact-first (no blend measured to hold)"
+
+    @property
+    def summary(self) -> str:
+        """One line for `/readyz` and the start-up log: what is allowed, and the file."""
         where = self.source
         if self.source == "none":
             where = "no profile yet: `kvmosaic calibrate profile`"
-        return f"{allowed}; {where}"
+        return f"{self.allowed}; {where}"
 
     def to_json(self) -> dict[str, Any]:
         return {
