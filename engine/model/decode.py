@@ -243,11 +243,13 @@ def twin_batch(
     cos, sin = stack.rope_tables(pos, hidden)
     for layer in range(stack.spec.num_layers):
         x = stack.input_norm(layer, hidden)
-        kv = torch.stack(stack.project_kv(layer, x, cos, sin))  # [2, kv_heads, rows, head_dim]
+        kv = torch.stack(
+            stack.project_kv(layer, x, cos, sin, decode=True)
+        )  # [2, kv_heads, rows, head_dim]
         for i, (cache, position) in enumerate(zip(caches, positions)):
             cache.data[layer, :, :, position] = kv[:, :, i]
-        q = stack.project_q(layer, x, cos, sin)  # [heads, rows, head_dim]
-        hidden = stack.finish_layer(layer, hidden, attention(layer, q))
+        q = stack.project_q(layer, x, cos, sin, decode=True)  # [heads, rows, head_dim]
+        hidden = stack.finish_layer(layer, hidden, attention(layer, q), decode=True)
     for cache, position in zip(caches, positions):
         cache.length = position + 1
     return stack.logits(hidden)[:n]

@@ -17,6 +17,7 @@ from engine.model.attention import QueryLayout, causal_attention
 from engine.model.decode_weights import formats_for, needs_native_step
 from engine.model.loader import LoadedModel
 from engine.model.native_step import NativeDecodeStep, native_step_unfit
+from engine.model.row_tiles import by_row_tiles, row_tile_for
 
 # The modules of a Llama-family causal LM that the stack uses. To mypy every submodule of a
 # torch Module is a `Tensor | Module` attribute; these protocols state the layout that
@@ -116,6 +117,8 @@ class DecoderStack:
                 f"here: {self.native_unfit}"
             )
         self.native: NativeDecodeStep | None = None
+        # rows per call of a prefill's products (engine/model/row_tiles.py); decode is untiled
+        self.row_tile = row_tile_for(self.embed_tokens.weight.device)
 
     @property
     def inv_freq(self) -> torch.Tensor:
@@ -135,22 +138,33 @@ class DecoderStack:
         return self.layers[index].input_layernorm(h)
 
     def project_kv(
-        self, index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self,
+        index: int,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        decode: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """K (after RoPE) and V of normed rows x: each [kv_heads, m, head_dim]."""
+        """K (after RoPE) and V of normed rows x: each [kv_heads, m, head_dim]. Prefill rows run
+        in row tiles (`row_tiles`), a decode step's (`decode`) in one call."""
         attn = self.layers[index].self_attn
-        k = self._heads(attn.k_proj(x), self.spec.num_kv_heads)
+        k = self._heads(self._rows(attn.k_proj, x, decode), self.spec.num_kv_heads)
         if hasattr(attn, "k_norm"):  # Qwen3 normalises per head before RoPE
             k = attn.k_norm(k)
-        v = self._heads(attn.v_proj(x), self.spec.num_kv_heads)
+        v = self._heads(self._rows(attn.v_proj, x, decode), self.spec.num_kv_heads)
         return _rope(k, cos, sin), v
 
     def project_q(
-        self, index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self,
+        index: int,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        decode: bool = False,
     ) -> torch.Tensor:
-        """Q (after RoPE) of normed rows x: [heads, m, head_dim]."""
+        """Q (after RoPE) of normed rows x: [heads, m, head_dim]; `decode` as in project_kv."""
         attn = self.layers[index].self_attn
-        q = self._heads(attn.q_proj(x), self.spec.num_heads)
+        q = self._heads(self._rows(attn.q_proj, x, decode), self.spec.num_heads)
         if hasattr(attn, "q_norm"):
             q = attn.q_norm(q)
         return _rope(q, cos, sin)
@@ -178,16 +192,24 @@ class DecoderStack:
             finished.append(self.finish_layer(index, h[block], attn_out[block]))
         return torch.cat(finished)
 
-    def finish_layer(self, index: int, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+    def finish_layer(
+        self, index: int, h: torch.Tensor, attn_out: torch.Tensor, decode: bool = False
+    ) -> torch.Tensor:
         """Rows h after layer `index`, given their attention output [m, heads * head_dim]:
-        o_proj, residual, MLP (row-wise, so rows of several sequences may share one call)."""
+        o_proj, residual, MLP (row-wise, so rows of several sequences may share one call);
+        `decode` as in project_kv."""
         layer = self.layers[index]
-        h = h + layer.self_attn.o_proj(attn_out)
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        h = h + self._rows(layer.self_attn.o_proj, attn_out, decode)
+        return h + self._rows(layer.mlp, layer.post_attention_layernorm(h), decode)
 
     def logits(self, h_last: torch.Tensor) -> torch.Tensor:
         """Next-token logits [rows, vocab] in float32 from final hidden rows."""
         return self.lm_head(self.final_norm(h_last)).float()
+
+    def _rows(
+        self, rowwise: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, decode: bool
+    ) -> torch.Tensor:
+        return by_row_tiles(rowwise, x, None if decode else self.row_tile)
 
     def _heads(self, x: torch.Tensor, num_heads: int) -> torch.Tensor:
         return x.view(x.shape[0], num_heads, self.spec.head_dim).transpose(0, 1)

@@ -28,6 +28,7 @@ from engine.model.families import check_architecture, check_model_type
 from engine.model.known import checkpoint_of, configured_known_model
 from engine.model.known import embedded_checkpoint as embedded_checkpoint
 from engine.model.linear import linear_kernel_of, use_linear_kernel
+from engine.model.row_tiles import row_tile_for
 
 if TYPE_CHECKING:  # transformers is imported only when a model is loaded
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -244,7 +245,8 @@ def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -
 def model_fingerprint(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype
 ) -> str:
-    """sha256 over config, tokenizer, dtype, a weights digest and the linear kernel; 16 hex digits.
+    """sha256 over config, tokenizer, dtype, a weights digest, the linear kernel and the row
+    tiles of a prefill's products; 16 hex digits.
 
     The weights digest hashes every parameter's name and shape and an evenly strided sample
     of up to 4096 of its values: any real change of checkpoint changes it, and it takes
@@ -267,6 +269,10 @@ def model_fingerprint(
     # another kernel's KV differs in the last bits (torch's keeps its old fingerprint)
     if linear_kernel_of(model) != "torch":
         h.update(linear_kernel_of(model).encode())
+    # so do products computed in other row tiles (engine/model/row_tiles.py)
+    tile = row_tile_for(next(model.parameters()).device)
+    if tile is not None:
+        h.update(f"row tiles {tile}".encode())
     return h.hexdigest()[:16]
 
 
