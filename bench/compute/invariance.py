@@ -3,7 +3,8 @@
 A reused exact prefix, a chunk's KV from ingest and a repair's exact rows are bit for bit what
 full prefill computes only if every op of the prefill path gives row i the same bits whether
 it runs alone, in a block of b rows, or with all of the prompt. For each op on the prefill path
-(linear layers on each kernel, attention over the past rows, RMSNorm, RoPE, the embedding
+(linear layers on each kernel, in one call and in the prefill's row tiles of engine/model/row_tiles.py;
+attention over the past rows, RMSNorm, RoPE, the embedding
 lookup, the MLP as the model runs it) and each dtype, this computes N rows all at once, then the
 same rows in blocks of b (1, 7, 16, ... rows) and counts the rows whose bits differ; and times
 the op on all N rows against float32.
@@ -29,6 +30,7 @@ import torch
 from engine.model.attention import QueryLayout, causal_attention
 from engine.model.layers import _rope
 from engine.model.linear import OneDnnLinear, onednn_agrees
+from engine.model.row_tiles import ROW_TILE, by_row_tiles
 
 BLOCKS = (1, 7, 16, 64, 128, 512, 1024)
 DTYPES = (torch.float32, torch.bfloat16)
@@ -131,7 +133,7 @@ def row_ops(shapes: Shapes, dtype: torch.dtype, total: int, seed: int = 0) -> li
     inner = randn(total, shapes.intermediate)
     ops = linear_ops(shapes, dtype, x, inner, randn)
     ops += [
-        mlp_op(shapes, dtype, x),
+        *mlp_ops(shapes, dtype, x),
         attention_op(shapes, total, randn),
         norm_op(shapes, dtype, x),
         rope_op(shapes, total, randn),
@@ -154,9 +156,14 @@ def linear_ops(
     }
     kernels = ["torch", "onednn"] if onednn_agrees(dtype) else ["torch"]
     return [
-        RowOp(name, kernel, _rows_of(_linear(kernel, weight), inputs))
+        RowOp(
+            name,
+            f"{kernel}, row tiles" if tiled else kernel,
+            _rows_of(_linear(kernel, weight), inputs, tiled),
+        )
         for name, (weight, inputs) in weights.items()
         for kernel in kernels
+        for tiled in (False, True)
     ]
 
 
@@ -168,19 +175,26 @@ def _linear(kernel: str, weight: torch.Tensor) -> torch.nn.Module:
     return OneDnnLinear(linear) if kernel == "onednn" else linear
 
 
-def _rows_of(module: torch.nn.Module, inputs: torch.Tensor) -> RowsFn:
-    return lambda lo, hi: module(inputs[lo:hi])
+def _rows_of(module: torch.nn.Module, inputs: torch.Tensor, tiled: bool = False) -> RowsFn:
+    """Rows [lo, hi) of module(inputs): in one call, or in the prefill's row tiles (`tiled`,
+    engine/model/row_tiles.py)."""
+    return lambda lo, hi: by_row_tiles(module, inputs[lo:hi], ROW_TILE if tiled else None)
 
 
-def mlp_op(shapes: Shapes, dtype: torch.dtype, x: torch.Tensor) -> RowOp:
-    """The model's MLP module (gate, up, SiLU, down) on torch's linear kernel."""
+def mlp_ops(shapes: Shapes, dtype: torch.dtype, x: torch.Tensor) -> list[RowOp]:
+    """The model's MLP module (gate, up, SiLU, down) on torch's linear kernel, in one call and
+    in the prefill's row tiles."""
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaMLP
 
     config = LlamaConfig(hidden_size=shapes.hidden, intermediate_size=shapes.intermediate)
     torch.manual_seed(0)
     mlp = LlamaMLP(config).to(dtype).eval()  # type: ignore[no-untyped-call]
-    return RowOp("MLP (gate, up, SiLU, down)", "torch", lambda lo, hi: mlp(x[lo:hi]))
+    name = "MLP (gate, up, SiLU, down)"
+    return [
+        RowOp(name, "torch", _rows_of(mlp, x)),
+        RowOp(name, "torch, row tiles", _rows_of(mlp, x, True)),
+    ]
 
 
 def attention_op(shapes: Shapes, total: int, randn: Randn) -> RowOp:

@@ -36,23 +36,52 @@ log = logging.getLogger(__name__)
 _ONEDNN_LINEAR: Callable[..., torch.Tensor] | None = getattr(
     getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None
 )
+# a weight copied into oneDNN's blocked layout for products of a given row count
+_ONEDNN_PACK: Callable[..., torch.Tensor] | None = getattr(
+    getattr(torch.ops, "mkldnn", None), "_reorder_linear_weight", None
+)
 
 
 class OneDnnLinear(torch.nn.Module):
     """`nn.Linear`'s forward by oneDNN, on the wrapped layer's own weight and bias tensors.
 
     Inference only (the op has no gradient); inputs [..., in_features] in the weight's dtype.
+
+    In bfloat16, products of exactly `packed_rows` rows (a prefill's row tiles,
+    engine/model/row_tiles.py) read a copy of the weight kept in oneDNN's blocked layout, made on
+    the first such product: otherwise each tile would copy the weight into that layout again.
+    The copy costs the weight's size once more in memory; a deep copy of the layer leaves it out.
     """
 
-    def __init__(self, linear: torch.nn.Linear):
+    def __init__(self, linear: torch.nn.Linear, packed_rows: int | None = None):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # the same Parameter: tied weights stay tied
         self.bias = linear.bias
+        self.packed_rows = packed_rows
+        # (the weight it was made from, its dtype): the copy, or None until first used
+        self._packed: tuple[tuple[int, torch.dtype], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         assert _ONEDNN_LINEAR is not None  # only built where the op exists
-        return _ONEDNN_LINEAR(x, self.weight, self.bias, "none", [], "")
+        weight = self._packed_weight() if x.dim() == 2 and x.shape[0] == self.packed_rows else None
+        return _ONEDNN_LINEAR(
+            x, self.weight if weight is None else weight, self.bias, "none", [], ""
+        )
+
+    def _packed_weight(self) -> torch.Tensor | None:
+        if _ONEDNN_PACK is None or self.weight.dtype != torch.bfloat16:
+            return None
+        source = (self.weight.data_ptr(), self.weight.dtype)  # a cast or reload changes it
+        if self._packed is None or self._packed[0] != source:
+            self._packed = (source, _ONEDNN_PACK(self.weight.detach(), self.packed_rows))
+        return self._packed[1]
+
+    def __getstate__(self) -> dict[str, object]:
+        # oneDNN's blocked tensors have no storage to copy: a copy packs its own on first use
+        state = dict(self.__dict__)
+        state["_packed"] = None
+        return state
 
     def extra_repr(self) -> str:
         return (
@@ -123,9 +152,10 @@ def onednn_agrees(dtype: torch.dtype) -> bool:
     return True
 
 
-def use_linear_kernel(model: torch.nn.Module, name: str) -> str:
+def use_linear_kernel(model: torch.nn.Module, name: str, packed_rows: int | None = None) -> str:
     """Make `model`'s linear layers run on kernel `name` (see `resolve_linear_kernel`), in
-    place; returns the kernel used. `torch` leaves the model as it is."""
+    place; returns the kernel used. `torch` leaves the model as it is. On oneDNN, products of
+    `packed_rows` rows read a packed copy of the weight (`OneDnnLinear`)."""
     kernel = resolve_linear_kernel(
         name, next(model.parameters()).device, next(model.parameters()).dtype
     )
@@ -133,7 +163,7 @@ def use_linear_kernel(model: torch.nn.Module, name: str) -> str:
         for parent in list(model.modules()):
             for child_name, child in list(parent.named_children()):
                 if type(child) is torch.nn.Linear:
-                    setattr(parent, child_name, OneDnnLinear(child))
+                    setattr(parent, child_name, OneDnnLinear(child, packed_rows))
     return kernel
 
 

@@ -215,7 +215,7 @@ def wrap_model(
         vocab_size=config.vocab_size,
     )
     dtype = next(model.parameters()).dtype
-    use_linear_kernel(model, linear_kernel)
+    use_linear_kernel(model, linear_kernel, row_tile_for(next(model.parameters()).device))
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

@@ -3,12 +3,15 @@ tile's rows, a row's bits do not depend on the rows computed with it, decode is 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from engine import EngineConfig
 from engine.engine import Engine
 from engine.model.decode import twin_batch
+from engine.model.linear import OneDnnLinear, onednn_agrees
 from engine.model.row_tiles import ROW_TILE, by_row_tiles, row_tile_for
 from engine.planners import Mode
 from tests.conftest import build_tiny_model
@@ -86,3 +89,26 @@ def test_prefill_runs_its_products_in_tiles_and_decode_does_not(engine):
         assert calls == [1]
     finally:
         hook.remove()
+
+
+@pytest.mark.skipif(not onednn_agrees(torch.bfloat16), reason="needs oneDNN's bfloat16 linear")
+def test_a_packed_onednn_weight_serves_tiles_alike_and_survives_a_copy():
+    """bfloat16 oneDNN linears read a packed copy of the weight for tiles: the tail's rows are
+    still the whole's, the result is the plain weight's to rounding, and a deep copy (the
+    encode-dtype model copy) repacks its own."""
+    generator = torch.Generator().manual_seed(1)
+    plain = torch.nn.Linear(96, 40, device="meta")
+    plain.weight = torch.nn.Parameter(torch.randn(40, 96, generator=generator).bfloat16())
+    plain.bias = torch.nn.Parameter(torch.randn(40, generator=generator).bfloat16())
+    layer = OneDnnLinear(plain, packed_rows=16)
+    x = torch.randn(50, 96, generator=generator).bfloat16()
+    whole = by_row_tiles(layer, x, 16)
+    assert layer._packed is not None
+    assert torch.equal(by_row_tiles(layer, x[7:], 16), whole[7:])
+    expected = torch.nn.functional.linear(x.float(), plain.weight.float(), plain.bias.float())
+    assert torch.allclose(whole.float(), expected, atol=0.1, rtol=0.02)
+    twin = copy.deepcopy(layer)
+    assert twin._packed is None
+    assert torch.equal(by_row_tiles(twin, x, 16), whole)
+    twin.float()  # a cast drops the packed bfloat16 weight: products follow the new weight
+    assert by_row_tiles(twin, x.float(), 16).dtype == torch.float32
