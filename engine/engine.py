@@ -170,10 +170,10 @@ class Engine:
             and cpu_has_amx_bf16()
         ):
             return (
-                "this CPU has AMX-BF16: KVMOSAIC_DTYPE=auto (bfloat16) serves more requests "
-                "per second, with answers that match full prefill's less often; with it, "
-                "KVMOSAIC_BATCH_INVARIANT=true costs nothing measurable "
-                "(docs/benchmarks/bfloat16.md)"
+                "this CPU has AMX-BF16: KVMOSAIC_DTYPE=auto (bfloat16) prefills several times "
+                "faster, its exact reuse still bit for bit its own full prefill's, its answers "
+                "those of a model rounded to bfloat16; with it, KVMOSAIC_BATCH_INVARIANT=true "
+                "costs nothing measurable (docs/benchmarks/bfloat16.md)"
             )
         return None
 
