@@ -31,7 +31,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from app.store.codec_names import Codec, VariantCodec
+from app.store.codec_names import StoreCodec, VariantCodec
 from app.store.config import Policy, StoreConfig, Tier
 from engine import EngineConfig
 from engine.config import (
@@ -378,7 +378,7 @@ class Settings(BaseSettings):
         default=None, description=("Directory of the disk tier (unset: `<data_dir>/kv`).")
     )
     # KVMOSAIC_STORE_CODEC (KVMOSAIC_STORE_DTYPE, its former name, is still read)
-    store_codec: Codec = store_setting(
+    store_codec: StoreCodec = store_setting(
         "codec",
         validation_alias=AliasChoices(
             "KVMOSAIC_STORE_CODEC", "KVMOSAIC_STORE_DTYPE", "store_codec"

@@ -171,9 +171,10 @@ class EngineConfig:
         "auto",
         "The model's dtype: `auto` (bfloat16 on a CPU with AMX-BF16, float32 on other "
         "CPUs, float16 on CUDA), `float32`, `float16`, `bfloat16`. On AMX bfloat16 kept task "
-        "accuracy and stayed inside full prefill's reorder floor while serving more; its reused "
-        "KV is not bit-exact, so `float32` where answers must equal full prefill's to the bit "
-        "(docs/benchmarks/bfloat16.md).",
+        "accuracy and stayed inside full prefill's reorder floor while serving more; with the "
+        "prefill's row tiles its exact reuse is bit for bit full prefill's in either dtype "
+        "(docs/benchmarks/bfloat16.md, \"Row tiles\"), and bfloat16's answers differ from "
+        "float32's as a rounding of the whole model does.",
     )
     encode_dtype: str = described(
         "engine",
@@ -230,7 +231,10 @@ class EngineConfig:
         ge=1,
         doc="torch CPU threads of the thread that computes (unset: torch's default, "
         "`OMP_NUM_THREADS`, else the cores); helper threads run single-threaded "
-        "(engine/serving/threads.py).",
+        "(engine/serving/threads.py). Some products split a row's sum by thread, so KV "
+        "computed with another count is not bit-equal though its fingerprint is the same: "
+        "replicas that share a store should run the same count (docs/benchmarks/bfloat16.md, "
+        "\"Row tiles\").",
     )
     system_prompt: str = described(DEFAULT_SYSTEM_PROMPT, "The system prefix of every prompt.")
     instruction: str = described(DEFAULT_INSTRUCTION, "The instruction before the passages.")

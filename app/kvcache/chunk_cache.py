@@ -257,7 +257,7 @@ class ServiceChunkCache:
 
 def open_chunk_cache(settings: Settings, catalog: Catalog, engine: Engine) -> ServiceChunkCache:
     """The store from settings, joined to the catalog; reconciled before the first request."""
-    config = settings.store_config()
+    config = settings.store_config().for_model(str(engine.loaded.dtype).removeprefix("torch."))
     store = create_store(config)
     # Base KV computed on use goes where ingest puts it, so a cleared or cold cache is
     # persistent again after one use instead of living in RAM only.

@@ -12,3 +12,5 @@ Codec = Literal[
 CODEC_NAMES: tuple[str, ...] = get_args(Codec)
 # a variant's codec: one of the codecs, or `auto` (the store's own)
 VariantCodec = Literal["auto", Codec]
+# the store's codec: one of the codecs, or `auto` (by the model's dtype: StoreConfig.for_model)
+StoreCodec = Literal["auto", Codec]

@@ -7,11 +7,12 @@ Evidence for the defaults: docs/benchmarks/codecs.md.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
-from app.store.codec_names import Codec, VariantCodec
+from app.store.codec_names import StoreCodec, VariantCodec
 from app.store.codecs import CODECS, get_codec
 from engine.config import described
 
@@ -56,9 +57,11 @@ class StoreConfig:
     redis_retry_s: float = described(
         30.0, "How long a Redis tier that failed is skipped before it is tried again."
     )
-    codec: Codec = described(
-        "float16",
-        "How chunk KV is stored in every tier (app/store/codecs/): `float16`, "
+    codec: StoreCodec = described(
+        "auto",
+        "How chunk KV is stored in every tier (app/store/codecs/): `auto` = the model's own "
+        "dtype where it is a 16-bit one (bfloat16, float16: exact), else `float16` (a float32 "
+        "model: half the bytes, rounding below the model's own); `float16`, "
         "`bfloat16`, `float32`; quantized per channel and token (KIVI) `int8`, `int4`, `k4v3`; or "
         "after a Hadamard rotation `h4v3`, `h4v3c` (its bits split toward the check layers' "
         "values), `ch4v3` (keys centred per channel: the compressed codec recommended) and "
@@ -91,8 +94,8 @@ class StoreConfig:
         for tier in KNOWN_TIERS:
             if self.capacity(tier) < 0:
                 raise ValueError(f"{tier}_bytes must be >= 0")
-        if self.codec not in CODECS:
-            raise ValueError(f"codec must be one of {tuple(CODECS)}")
+        if self.codec != "auto" and self.codec not in CODECS:
+            raise ValueError(f"codec must be 'auto' or one of {tuple(CODECS)}")
         if self.variant_codec != "auto" and self.variant_codec not in CODECS:
             raise ValueError(f"variant_codec must be 'auto' or one of {tuple(CODECS)}")
         if self.eviction not in KNOWN_POLICIES:
@@ -100,9 +103,20 @@ class StoreConfig:
         if self.load_threads < 1 or self.prefetch_layers < 1:
             raise ValueError("load_threads and prefetch_layers must be >= 1")
 
+    def for_model(self, model_dtype: str) -> StoreConfig:
+        """This config for a model computing in `model_dtype` ("float32", "bfloat16", ...):
+        `codec` `auto` resolved to that dtype where it is a 16-bit float, else float16."""
+        if self.codec != "auto":
+            return self
+        codec = model_dtype if model_dtype in ("bfloat16", "float16") else "float16"
+        return dataclasses.replace(self, codec=codec)
+
     @property
     def context_variant_codec(self) -> str:
-        """The codec context variants are stored in (`variant_codec` with `auto` resolved)."""
+        """The codec context variants are stored in (`variant_codec` with `auto` resolved);
+        needs `codec` resolved (`for_model`)."""
+        if self.codec == "auto":
+            raise ValueError("the store's codec is still 'auto': resolve it with for_model()")
         if self.variant_codec != "auto":
             return self.variant_codec
         return "float16" if get_codec(self.codec).lossy else self.codec

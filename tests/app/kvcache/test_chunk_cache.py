@@ -38,7 +38,7 @@ def refs(tiny_engine, catalog) -> list[ChunkRef]:
 def make_cache(engine, catalog, tmp_path, **config) -> ChunkKVCache:
     settings = dict(tiers=("cpu", "disk"), disk_dir=tmp_path / "kv", disk_fsync=False)
     settings.update(config)
-    store_config = StoreConfig(**settings)
+    store_config = StoreConfig(**settings).for_model("float32")  # the tiny engine's dtype
     return ChunkKVCache.open(
         engine,
         create_store(store_config),
@@ -157,3 +157,26 @@ def test_evictions_and_drops_reach_the_catalog(tiny_engine, catalog, refs, tmp_p
     deleted = cache.maintenance.forget_document(catalog.get_chunk(refs[0].chunk_id).document_id)
     assert len(deleted.store_keys) == 3 and cache.store.locations() == {}
     cache.store.close()
+
+
+@pytest.mark.parametrize(("dtype", "codec"), [("float32", "float16"), ("bfloat16", "bfloat16")])
+def test_the_service_stores_kv_in_the_codec_auto_picks_for_its_model(
+    dtype, codec, smol_tokenizer, catalog, tmp_path
+):
+    """The default store codec (`auto`): a bfloat16 model's KV is kept in bfloat16, exact, not
+    rounded into float16's narrower exponent; a float32 model's in float16, as before."""
+    from app.kvcache.chunk_cache import open_chunk_cache
+    from engine.engine import Engine
+    from engine.model.loader import wrap_model
+    from tests.app.conftest import make_settings
+    from tests.conftest import build_tiny_model
+
+    settings = make_settings(tmp_path / "data")
+    model = build_tiny_model(len(smol_tokenizer)).to(getattr(torch, dtype))
+    engine = Engine(settings.engine_config(), wrap_model(model, smol_tokenizer))
+    service = open_chunk_cache(settings, catalog, engine)
+    try:
+        assert service.cache.keys.storage_dtype == codec
+        assert service.cache.keys.codec(()) == codec
+    finally:
+        service.close()

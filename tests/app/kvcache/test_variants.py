@@ -233,3 +233,18 @@ def test_a_variant_codec_must_be_auto_or_a_known_codec():
     assert StoreConfig(codec="ch4v3", variant_codec="h4v3").context_variant_codec == "h4v3"
     with pytest.raises(ValueError, match="variant_codec"):
         StoreConfig(variant_codec="fp8")
+
+
+def test_the_store_codec_auto_follows_the_model_s_dtype():
+    """`auto` stores a 16-bit model's KV in its own dtype (exact) and a float32 model's in
+    float16; an explicit codec is kept; an unresolved `auto` cannot name a variant codec."""
+    from app.store import StoreConfig
+
+    assert StoreConfig().codec == "auto"
+    assert StoreConfig().for_model("bfloat16").codec == "bfloat16"
+    assert StoreConfig().for_model("float16").codec == "float16"
+    assert StoreConfig().for_model("float32").codec == "float16"
+    assert StoreConfig(codec="k4v3").for_model("bfloat16").codec == "k4v3"
+    assert StoreConfig().for_model("bfloat16").context_variant_codec == "bfloat16"
+    with pytest.raises(ValueError, match="for_model"):
+        StoreConfig().context_variant_codec
