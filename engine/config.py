@@ -173,7 +173,7 @@ class EngineConfig:
         "CPUs, float16 on CUDA), `float32`, `float16`, `bfloat16`. On AMX bfloat16 kept task "
         "accuracy and stayed inside full prefill's reorder floor while serving more; with the "
         "prefill's row tiles its exact reuse is bit for bit full prefill's in either dtype "
-        "(docs/benchmarks/bfloat16.md, \"Row tiles\"), and bfloat16's answers differ from "
+        '(docs/benchmarks/bfloat16.md, "Row tiles"), and bfloat16\'s answers differ from '
         "float32's as a rounding of the whole model does.",
     )
     encode_dtype: str = described(
@@ -234,7 +234,7 @@ class EngineConfig:
         "(engine/serving/threads.py). Some products split a row's sum by thread, so KV "
         "computed with another count is not bit-equal though its fingerprint is the same: "
         "replicas that share a store should run the same count (docs/benchmarks/bfloat16.md, "
-        "\"Row tiles\").",
+        '"Row tiles").',
     )
     system_prompt: str = described(DEFAULT_SYSTEM_PROMPT, "The system prefix of every prompt.")
     instruction: str = described(DEFAULT_INSTRUCTION, "The instruction before the passages.")

@@ -108,7 +108,7 @@ class StoreConfig:
         `codec` `auto` resolved to that dtype where it is a 16-bit float, else float16."""
         if self.codec != "auto":
             return self
-        codec = model_dtype if model_dtype in ("bfloat16", "float16") else "float16"
+        codec: StoreCodec = "bfloat16" if model_dtype == "bfloat16" else "float16"
         return dataclasses.replace(self, codec=codec)
 
     @property

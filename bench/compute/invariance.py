@@ -3,9 +3,9 @@
 A reused exact prefix, a chunk's KV from ingest and a repair's exact rows are bit for bit what
 full prefill computes only if every op of the prefill path gives row i the same bits whether
 it runs alone, in a block of b rows, or with all of the prompt. For each op on the prefill path
-(linear layers on each kernel, in one call and in the prefill's row tiles of engine/model/row_tiles.py;
-attention over the past rows, RMSNorm, RoPE, the embedding
-lookup, the MLP as the model runs it) and each dtype, this computes N rows all at once, then the
+(linear layers on each kernel, in one call and in the prefill's row tiles of
+engine/model/row_tiles.py; attention over the past rows, RMSNorm, RoPE, the embedding lookup,
+the MLP as the model runs it) and each dtype, this computes N rows all at once, then the
 same rows in blocks of b (1, 7, 16, ... rows) and counts the rows whose bits differ; and times
 the op on all N rows against float32.
 

@@ -247,4 +247,4 @@ def test_the_store_codec_auto_follows_the_model_s_dtype():
     assert StoreConfig(codec="k4v3").for_model("bfloat16").codec == "k4v3"
     assert StoreConfig().for_model("bfloat16").context_variant_codec == "bfloat16"
     with pytest.raises(ValueError, match="for_model"):
-        StoreConfig().context_variant_codec
+        _ = StoreConfig().context_variant_codec
