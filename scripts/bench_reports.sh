@@ -9,7 +9,8 @@
 # KVMOSAIC_MODEL=NAME (`kvmosaic models`) runs them on that model instead of the embedded SmolLM2,
 # into pages named after it (docs/benchmarks/fidelity-NAME.md, docs/benchmarks/workload-NAME/);
 # FIDELITY_MODES overrides the fidelity rows (default: full and the default mode), FIDELITY_PAGE
-# the fidelity page's name (default fidelity[-NAME]: docs/benchmarks/PAGE.md and PAGE.json).
+# the fidelity page's name (default fidelity[-NAME]: docs/benchmarks/PAGE.md and PAGE.json),
+# FIDELITY_N how many of the 200 report cases run (default all; a multiple of 50, the shard size).
 #
 # Run it on an idle machine: every figure is timed. Commit the reports it writes.
 set -euo pipefail
@@ -24,11 +25,11 @@ WORKLOAD_CMD=(.venv/bin/kvmosaic bench workload "${MODEL_ARGS[@]}" --report "$WO
 FIDELITY_PAGE=${FIDELITY_PAGE:-fidelity$SUFFIX}
 FIDELITY_REPORT=docs/benchmarks/$FIDELITY_PAGE.md
 # answerable cases of report seeds (bench/fidelity/cases.py: tune on seeds 0-999, report on 1000-1999)
-# The report runs the default mode against full on 200 cases in both orders, as shards of 50
+# The report runs the default mode against full on FIDELITY_N cases in both orders, as shards of 50
 # cases: one shard per core at a time, each pinned to its core on one torch thread, then merged
 # into one table (`bench fidelity-merge`: the same figures as one run over all the cases).
+FIDELITY_N=${FIDELITY_N:-200}
 FIDELITY_CASES=(.venv/bin/python -m bench.fidelity.cases --seed 1000 --n 200 --out /tmp/kvmosaic-cases-1000.json)
-FIDELITY_N=200
 FIDELITY_SHARD=50
 FIDELITY_SHARD_CMD=(.venv/bin/kvmosaic bench fidelity "${MODEL_ARGS[@]}" --dataset /tmp/kvmosaic-cases-1000.json
                     --orders 2 --max-new-tokens 16 --modes "${FIDELITY_MODES:-full,cachecraft}" --threads 1)
