@@ -58,6 +58,7 @@ class WorkQueue:
             max_workers=workers, thread_name_prefix="kvmosaic-worker", initializer=initializer
         )
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when nothing runs or waits
         self._pending = 0  # running + waiting
         self._running = 0
         self.num_rejected = 0
@@ -75,6 +76,12 @@ class WorkQueue:
     @property
     def waiting(self) -> int:
         return self._pending - self._running
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no job runs or waits, at most `timeout` seconds; True if idle then.
+        Woken by the job that finishes last, so a waiter costs nothing while the queue works."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
     def can_submit(self) -> bool:
         return self._pending < self.capacity
@@ -126,3 +133,5 @@ class WorkQueue:
             self._pending -= 1
             self._running -= int(started)
             self.num_completed += int(started)
+            if self._pending == 0:
+                self._idle.notify_all()

@@ -147,7 +147,7 @@ class Services:
         services = cls(settings, engine, catalog, chunk_cache, retriever, ingestor, rag, queue)
         rag.observe = services.observe
         # variant builds use idle capacity only: nothing builds while a request runs or waits
-        chunk_cache.builder.idle = lambda: queue.pending == 0
+        chunk_cache.builder.wait_idle = queue.wait_idle
         services.metrics.add_collector(
             LiveCollector(queue, chunk_cache.tier_stats, engine.busy, services.write_states)
         )

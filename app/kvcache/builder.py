@@ -5,7 +5,9 @@ its context (engine/variants/build.py), which costs one more prefill of its prom
 the first inexact chunk on. That work must delay neither the first token nor the rest of
 any answer, and must not pile up under load: one background thread takes jobs from a short
 queue and starts a job only while the engine is idle (`idle()`: no request running or
-waiting); a request that finds the queue full leaves no build (counted as skipped). The
+waiting; the thread sleeps until the last request finishes, it does not poll: a polling
+thread takes the interpreter lock from the compute thread many times a second); a request that
+finds the queue full leaves no build (counted as skipped). The
 thread also runs at a lower CPU priority (nice + 10, inherited by the threads torch starts
 from it), so a request arriving during a build gets the CPU first.
 """
@@ -30,16 +32,21 @@ log = logging.getLogger(__name__)
 
 # a prefill, its chunks' source contexts and its decode's record
 Job = tuple[PrefillResult, tuple[tuple[ChunkId, ...] | None, ...], Decoded]
-IDLE_POLL_S = 0.01
+STOP_CHECK_S = 0.2  # how soon a thread waiting for idle notices `close`
 
 
 class VariantBuilder:
     def __init__(
-        self, variants: ChunkVariants, max_pending: int = 2, idle: Callable[[], bool] | None = None
+        self,
+        variants: ChunkVariants,
+        max_pending: int = 2,
+        wait_idle: Callable[[float], bool] | None = None,
     ):
+        """`wait_idle(timeout)`: block until no request runs or waits, at most `timeout`
+        seconds, True if so (`WorkQueue.wait_idle`); set by whoever runs requests (`Services`);
+        None: always idle (tests, benchmarks)."""
         self.variants = variants
-        # Set by whoever runs requests (`Services`); None: always idle (tests, benchmarks).
-        self.idle = idle
+        self.wait_idle = wait_idle
         self._jobs: queue.Queue[Job | None] = queue.Queue(
             maxsize=max_pending
         )  # None: stop the thread
@@ -95,8 +102,12 @@ class VariantBuilder:
                 self._jobs.task_done()
 
     def _wait_for_idle(self) -> None:
-        while self.idle is not None and not self._stopping.is_set() and not self.idle():
-            self._stopping.wait(IDLE_POLL_S)
+        while (
+            self.wait_idle is not None
+            and not self._stopping.is_set()
+            and not self.wait_idle(STOP_CHECK_S)
+        ):
+            pass
 
 
 def _lower_priority(increment: int = 10) -> None:

@@ -40,6 +40,7 @@ from engine.plan import ChunkInput
 from engine.planners import Mode
 from engine.result import PrefillResult
 from engine.variants.harvest import source_contexts
+from engine.variants.build import needs_build
 from engine.variants.order import ChunkOrder
 from engine.variants.served import ServedTokens, served_tokens
 
@@ -125,8 +126,9 @@ class ServiceChunkCache:
     ) -> bool:
         """What the finished request (its prefill `result`, its decode `decoded`) leaves, by its
         mode's policy: the savings its context variants brought, the exact rows it computed (at
-        once: a copy), and a background build of exact variants where its chunk set recurs.
-        True if a build was queued."""
+        once: a copy), and a background build of exact variants where its chunk set recurs and
+        some chunk was not exact (an all-exact request has nothing to build). True if a build
+        was queued."""
         inputs = chunks.inputs
         if not result.mode.reuses_cache:
             return False
@@ -137,9 +139,11 @@ class ServiceChunkCache:
             pass
         except Exception:  # variants are an optimisation: never fail an answered request
             log.exception("keeping the request's variants failed")
-        ids = [c.chunk_id for c in inputs]
-        return self.cache.variants.policy.should_build(result.mode, ids) and self.builder.submit(
-            result, source_contexts(inputs), decoded
+        ids, contexts = [c.chunk_id for c in inputs], source_contexts(inputs)
+        return (
+            self.cache.variants.policy.should_build(result.mode, ids)
+            and needs_build(self.engine, result, contexts, decoded)
+            and self.builder.submit(result, contexts, decoded)
         )
 
     def drain(self) -> None:

@@ -66,6 +66,17 @@ def variant_stats(stats: ChunkStats | None, savings: float) -> VariantStats:
     )
 
 
+def needs_build(
+    engine: Engine,
+    result: PrefillResult,
+    contexts: Sequence[tuple[ChunkId, ...] | None],
+    decoded: Decoded | None = None,
+) -> bool:
+    """Whether `build_variants` would compute anything: some chunk of `result` was not exact in
+    its context (arguments as there). An exact-first or `prefix`-like request has none."""
+    return not all(exact_chunks(result, contexts, engine.loaded.spec.num_layers, decoded))
+
+
 def build_variants(
     engine: Engine,
     result: PrefillResult,

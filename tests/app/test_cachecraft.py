@@ -38,3 +38,17 @@ def test_prefix_keeps_its_exact_kv_and_a_repeated_prompt_reuses_all_of_it(client
     assert (
         services.chunk_cache.builder.built == built
     )  # prefix never builds: it keeps what it computed
+
+
+def test_a_recurring_request_computed_exactly_queues_no_build(client, services, monkeypatch):
+    submitted = []
+    monkeypatch.setattr(services.chunk_cache.builder, "submit", lambda *job: submitted.append(job))
+    question = {
+        "question": "Who kept the lighthouse?",
+        "top_k": 3,
+        "mode": "cachecraft",
+        "fidelity": "exact",  # every chunk computed in its context: nothing left to build
+    }
+    for _ in range(3):  # the chunk set recurs
+        assert client.post("/ask", json=question).status_code == 200
+    assert submitted == []  # (a blended recurring set does queue one: the first test)

@@ -102,6 +102,18 @@ def test_work_queue_bounds_and_counts():
     queue.shutdown()
 
 
+def test_wait_idle_returns_when_the_last_job_finishes():
+    queue = WorkQueue(workers=1, queue_size=1)
+    assert queue.wait_idle(0)  # nothing submitted: idle at once
+    gate = threading.Event()
+    running = queue.submit(gate.wait, 10)
+    assert not queue.wait_idle(0.05)  # a job runs: not idle within the timeout
+    woken = ThreadPoolExecutor(1).submit(queue.wait_idle, 10)
+    gate.set()
+    assert woken.result(5) and running.result(5)
+    queue.shutdown()
+
+
 def test_workers_compute_nothing_while_the_engine_computes_for_them(
     services, tiny_loaded, embedder, tmp_path
 ):

@@ -22,13 +22,12 @@ class FakeVariants:
 
 
 def test_a_job_waits_until_no_request_runs_or_waits():
-    busy = threading.Event()
-    busy.set()
+    idle = threading.Event()
     cache = FakeVariants()
-    builder = VariantBuilder(cache, idle=lambda: not busy.is_set())
+    builder = VariantBuilder(cache, wait_idle=idle.wait)
     assert builder.submit("result", [(), (1,)], "decoded")
-    assert not cache.started.wait(0.2)  # requests are running: nothing builds
-    busy.clear()
+    assert not cache.started.wait(0.3)  # requests are running: nothing builds
+    idle.set()
     builder.join()
     assert cache.calls == [("result", ((), (1,)), "decoded")] and builder.built == 2
     builder.close()
@@ -37,7 +36,7 @@ def test_a_job_waits_until_no_request_runs_or_waits():
 def test_a_full_queue_skips_and_a_failed_build_is_counted():
     gate = threading.Event()
     cache = FakeVariants(fail=True)
-    builder = VariantBuilder(cache, max_pending=1, idle=gate.is_set)
+    builder = VariantBuilder(cache, max_pending=1, wait_idle=gate.wait)
     assert builder.submit("a", [], "decoded")
     while builder._jobs.qsize():  # the thread holds "a", waiting for idle
         threading.Event().wait(0.01)
@@ -51,7 +50,7 @@ def test_a_full_queue_skips_and_a_failed_build_is_counted():
 
 def test_close_finishes_queued_jobs_without_waiting_for_idle():
     cache = FakeVariants()
-    builder = VariantBuilder(cache, idle=lambda: False)
+    builder = VariantBuilder(cache, wait_idle=threading.Event().wait)  # never idle
     builder.submit("a", [], "decoded")
     builder.close()
     assert [c[0] for c in cache.calls] == ["a"]
