@@ -39,8 +39,8 @@ from engine.model.encoder import DEFAULT_BATCH_TOKENS, batches
 from engine.plan import ChunkInput
 from engine.planners import Mode
 from engine.result import PrefillResult
-from engine.variants.harvest import source_contexts
 from engine.variants.build import needs_build
+from engine.variants.harvest import source_contexts
 from engine.variants.order import ChunkOrder
 from engine.variants.served import ServedTokens, served_tokens
 
