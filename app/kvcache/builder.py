@@ -1,15 +1,15 @@
 """Builds Cache-Craft variants in the background, on idle capacity only.
 
-A request whose chunk set recurs (`VariantPolicy.should_build`) has exact variants built for
-its context (engine/variants/build.py), which costs one more prefill of its prompt from
-the first inexact chunk on. That work must delay neither the first token nor the rest of
-any answer, and must not pile up under load: one background thread takes jobs from a short
-queue and starts a job only while the engine is idle (`idle()`: no request running or
-waiting; the thread sleeps until the last request finishes, it does not poll: a polling
-thread takes the interpreter lock from the compute thread many times a second); a request that
-finds the queue full leaves no build (counted as skipped). The
-thread also runs at a lower CPU priority (nice + 10, inherited by the threads torch starts
-from it), so a request arriving during a build gets the CPU first.
+A request whose chunk set recurs (`VariantPolicy.should_build`) and that left some chunk
+inexact (`needs_build`) has exact variants built for its context (engine/variants/build.py),
+which costs one more prefill of its prompt from the first inexact chunk on. That work must
+delay neither the first token nor the rest of any answer, and must not pile up under load: one
+background thread takes jobs from a short queue and starts a job only while no request runs or
+waits (`wait_idle`: it sleeps until the last request finishes rather than polling, since a
+polling thread takes the interpreter lock from the compute thread many times a second); a
+request that finds the queue full leaves no build (counted as skipped). The thread also runs
+at a lower CPU priority (nice + 10, inherited by the threads torch starts from it), so a
+request arriving during a build gets the CPU first.
 """
 
 from __future__ import annotations
