@@ -21,6 +21,8 @@ from app.kvcache.order import OrderedChunks
 from app.queue import raise_if_abandoned
 from app.retrieve import Retrieved, retrieve_chunks
 from app.settings import Settings
+from app.variants.order import ChunkOrder
+from app.variants.served import ServedTokens
 from engine.config import Fidelity
 from engine.decoding import Decoded
 from engine.engine import Engine
@@ -28,8 +30,6 @@ from engine.errors import InvalidRequest
 from engine.model.decode import SamplingParams
 from engine.planners import Mode
 from engine.result import PrefillResult
-from engine.variants.order import ChunkOrder
-from engine.variants.served import ServedTokens
 from retrieval import Retriever
 from retrieval.text import text_problem
 

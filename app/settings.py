@@ -33,6 +33,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.store.codec_names import StoreCodec, VariantCodec
 from app.store.config import Policy, StoreConfig, Tier
+from app.variants.order import ChunkOrder
 from engine import EngineConfig
 from engine.config import (
     FIELD_BOUNDS,
@@ -52,7 +53,6 @@ from engine.config import (
 from engine.model.encoder import DEFAULT_BATCH_TOKENS
 from engine.model.known import MODEL_NAMES
 from engine.planners import Mode, planner_names
-from engine.variants.order import ChunkOrder
 from retrieval.index import IndexConfig
 
 if TYPE_CHECKING:

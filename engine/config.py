@@ -37,7 +37,7 @@ DEVIATIONS: tuple[str, ...] = get_args(Deviation)
 # How check layers may rank rows (engine/planners/selection.py).
 Selection = Literal["deviation", "question_weighted"]
 SELECTIONS: tuple[str, ...] = get_args(Selection)
-# How Cache-Craft's exact variants of a recurring chunk set are made (engine/variants/policy.py).
+# How Cache-Craft's exact variants of a recurring chunk set are made (app/variants/policy.py).
 CraftBuild = Literal["background", "inline"]
 CRAFT_BUILDS: tuple[str, ...] = get_args(CraftBuild)
 

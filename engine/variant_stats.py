@@ -1,6 +1,6 @@
 """What the catalog keeps of a variant's Cache-Craft statistics.
 
-The engine measures them (`engine/variants/build.py`) and the variant policy reads them;
+The engine measures them (`app/variants/build.py`) and the variant policy reads them;
 the catalog (`app/catalog`) only stores and returns them, so the type lives here, below both.
 """
 

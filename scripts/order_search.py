@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.variants.order import best_path, exhaustive_best, greedy_path  # noqa: E402
-from engine.variants.tree import ChunkTree  # noqa: E402
+from app.variants.order import best_path, exhaustive_best, greedy_path  # noqa: E402
+from app.variants.tree import ChunkTree  # noqa: E402
 
 
 def random_tree(rng: random.Random, chunks: int, paths: int, depth: int, drop: float) -> ChunkTree:

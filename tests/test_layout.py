@@ -77,6 +77,14 @@ def test_the_engine_imports_neither_the_application_nor_retrieval():
     assert {m: d for m, d in offenders.items() if d} == {}
 
 
+def test_no_client_of_the_engine_lives_inside_it():
+    # what prefills through `Engine` (the variant policy's builds, a benchmark) sits above it
+    clients = sorted(
+        m for m, deps in all_imports("engine").items() if m != "engine" and "engine.engine" in deps
+    )
+    assert clients == []
+
+
 def test_retrieval_does_not_import_the_application():
     offenders = {
         m: sorted(d for d in deps if d.split(".")[0] in ("app", "migrations"))

@@ -1,7 +1,7 @@
 """Builds Cache-Craft variants in the background, on idle capacity only.
 
 A request whose chunk set recurs (`VariantPolicy.should_build`) and that left some chunk
-inexact (`needs_build`) has exact variants built for its context (engine/variants/build.py),
+inexact (`needs_build`) has exact variants built for its context (app/variants/build.py),
 which costs one more prefill of its prompt from the first inexact chunk on. That work must
 delay neither the first token nor the rest of any answer, and must not pile up under load: one
 background thread takes jobs from a short queue and starts a job only while no request runs or

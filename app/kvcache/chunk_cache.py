@@ -9,7 +9,7 @@ request produced in a new context) and `release`. Ingest uses `put_base`; deleti
 `forget_document`; `/admin` uses `tier_stats`, `evict` and `clear`.
 
 Which variant each chunk uses and what a finished request leaves is the mode's policy
-(`engine.variants.VariantPolicy`, from the planner's `variant_use` / `leaves`): `prefix`
+(`app.variants.VariantPolicy`, from the planner's `variant_use` / `leaves`): `prefix`
 uses exact-context variants and keeps what it computed; `cachecraft` uses the cheapest variant
 to fix, keeps its exact rows and, for chunk sets that recur, has exact variants built in the
 background on idle capacity; the other modes use base variants and leave nothing.
@@ -31,6 +31,10 @@ from app.retrieve import Retrieved
 from app.settings import Settings
 from app.store import LazyChunkKV, TierFigures, create_store
 from app.store.config import KNOWN_POLICIES
+from app.variants.build import needs_build
+from app.variants.harvest import source_contexts
+from app.variants.order import ChunkOrder
+from app.variants.served import ServedTokens, served_tokens
 from engine.decoding import Decoded
 from engine.engine import Engine
 from engine.errors import InvalidRequest
@@ -39,10 +43,6 @@ from engine.model.encoder import DEFAULT_BATCH_TOKENS, batches
 from engine.plan import ChunkInput
 from engine.planners import Mode
 from engine.result import PrefillResult
-from engine.variants.build import needs_build
-from engine.variants.harvest import source_contexts
-from engine.variants.order import ChunkOrder
-from engine.variants.served import ServedTokens, served_tokens
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """`ChunkTreeIndex`: this replica's prefix tree of chunk sequences, kept in step with the catalog.
 
 The catalog is the source of truth: every stored variant has a row there, whichever replica
-stored it. The tree (`engine.variants.tree.ChunkTree`) is a local, rebuildable view of the
+stored it. The tree (`app.variants.tree.ChunkTree`) is a local, rebuildable view of the
 ready rows of this model and system prefix, in the codec the loader reads for that context
 (`VariantKeys.codec`, or a base's exact copy):
 
@@ -31,9 +31,9 @@ from collections.abc import Iterable, Sequence
 from app.catalog import Catalog, VariantContext
 from app.kvcache.keys import VariantKeys
 from app.store import TieredStore
+from app.variants.order import ChunkOrder, Ordering
+from app.variants.tree import ChunkTree, Path
 from engine.kv import ChunkId
-from engine.variants.order import ChunkOrder, Ordering
-from engine.variants.tree import ChunkTree, Path
 
 log = logging.getLogger(__name__)
 

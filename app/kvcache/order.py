@@ -1,9 +1,9 @@
 """The order stage of a request: between retrieval and loading, the order of its chunks.
 
-`KVMOSAIC_CHUNK_ORDER` names the rule (`engine.variants.order.ChunkOrder`): `retrieval` keeps
+`KVMOSAIC_CHUNK_ORDER` names the rule (`app.variants.order.ChunkOrder`): `retrieval` keeps
 the retriever's order; `cache-aware` puts first the longest path of the prefix tree of chunk
 sequences (`ChunkTreeIndex`) among the retrieved chunks, so those are served from exact-
-context variants, then the rest in retrieval rank (`engine.variants.order.REST_RULE`). Only
+context variants, then the rest in retrieval rank (`app.variants.order.REST_RULE`). Only
 a mode that loads context variants (`VariantPolicy.uses_variants`: `prefix`, `cachecraft`)
 is reordered; the others gain nothing from an exact path (`full` reuses nothing, the
 blending baselines read base variants only) and keep the retrieval order, whatever the rule.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from app.kvcache.chunk_tree import ChunkTreeIndex
 from app.retrieve import Retrieved
-from engine.variants.order import ChunkOrder, Ordering
+from app.variants.order import ChunkOrder, Ordering
 
 
 @dataclass(frozen=True)

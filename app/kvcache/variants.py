@@ -1,6 +1,6 @@
 """`ChunkVariants`: which stored variant of each chunk a request uses, and what it leaves.
 
-Through `VariantPolicy` (`engine/variants/policy.py`), the one policy the benchmarks use too:
+Through `VariantPolicy` (`app/variants/policy.py`), the one policy the benchmarks use too:
 `choose` (per mode, from the catalog), `record_savings` (what each context variant saved,
 into the catalog and the store's eviction value), `harvest` (a request's exact rows),
 `build` (Cache-Craft's exact variants, run by the background builder) and pruning to
@@ -21,6 +21,9 @@ from app.kvcache.chunk_tree import ChunkTreeIndex
 from app.kvcache.keys import VariantKeys
 from app.store import KVEntry, TieredStore, entry_from_chunk
 from app.store.quant import get_codec
+from app.variants.build import build_variants
+from app.variants.harvest import harvest
+from app.variants.policy import VariantPolicy
 from engine.cachecraft.choice import Candidate
 from engine.decoding import Decoded
 from engine.engine import Engine
@@ -30,9 +33,6 @@ from engine.plan import ChunkInput
 from engine.planners import Mode
 from engine.result import PrefillResult
 from engine.variant_stats import VariantStats
-from engine.variants.build import build_variants
-from engine.variants.harvest import harvest
-from engine.variants.policy import VariantPolicy
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class ChunkVariants:
         decoded: Decoded | None = None,
     ) -> int:
         """Build and store the exact, measured variants of the request's inexact chunks
-        (engine/variants/build.py); returns how many were stored. Whether a request is
+        (app/variants/build.py); returns how many were stored. Whether a request is
         worth it is the caller's question (`VariantPolicy.should_build`)."""
         stored = 0
         for draft in build_variants(self.engine, result, contexts, self.policy, decoded).drafts:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from app.variants.book import VariantBook
+from app.variants.policy import VariantPolicy
 from bench.fidelity.fidelity import CRAFT, DatasetSlice, Record, base_variant_chunks, computed_kv
 from bench.fidelity.metrics import kl_divergence, same_top1
 from engine.engine import Engine
@@ -33,8 +35,6 @@ from engine.errors import InvalidRequest
 from engine.plan import ChunkInput
 from engine.planners import Mode, reference_mode
 from engine.result import PrefillResult
-from engine.variants.book import VariantBook
-from engine.variants.policy import VariantPolicy
 
 BLEND = "cacheblend"
 

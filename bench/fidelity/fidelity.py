@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from app.variants.book import VariantBook
+from app.variants.policy import VariantPolicy
 from bench.fidelity import decode_rows
 from bench.fidelity.accuracy import (
     Interval,
@@ -59,8 +61,6 @@ from engine.plan import ChunkInput
 from engine.planners import Mode, reference_mode
 from engine.planners.base import VariantYield
 from engine.result import PrefillResult
-from engine.variants.book import VariantBook
-from engine.variants.policy import VariantPolicy
 
 REFERENCE = reference_mode().name  # the row every other row is measured against
 FLOOR = "floor"  # the row of full prefill in another chunk order against full in the first

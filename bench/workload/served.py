@@ -2,7 +2,7 @@
 
 Per cell: the shares of context tokens served exact (from a variant computed after exactly
 the chunks before it), blended (reused from KV of another context, fixed in part or not) and
-computed (through every layer), over all answered requests (`engine.variants.served`).
+computed (through every layer), over all answered requests (`app.variants.served`).
 
 The oracle: every chunk the trace retrieved before is reused exactly, so only each chunk's
 first sighting and every question are computed; nothing is blended. One first sighting per

@@ -4,6 +4,6 @@
 - `stats`: attention statistics of a chunk computed in some context (`ChunkStats`);
 - `choice`: the variant cheapest to fix for a request's context (CFO against the blend fix).
 
-Building, keeping and choosing variants is the one policy of every mode, in `engine/variants/`
+Building, keeping and choosing variants is the one policy of every mode, in `app/variants/`
 (exact variants built from a finished request: `variants/build.py`).
 """

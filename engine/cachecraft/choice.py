@@ -3,7 +3,7 @@
 A measured variant costs its CFO (the share of the chunk's rows recomputed in every layer).
 The base variant, or any variant never measured, is fixed CacheBlend's way instead (rows of
 highest KV deviation at the check layers), which costs `blend_cost` (the share of the chunk's
-layer-rows a `cacheblend` plan computes, `engine.variants.policy.blend_cost`). So a stale or
+layer-rows a `cacheblend` plan computes, `app.variants.policy.blend_cost`). So a stale or
 unrelated variant, whose CFO is high, loses to the base variant plus the blend fix; a variant
 computed after exactly the same chunks costs 0 and always wins.
 """
@@ -23,7 +23,7 @@ class Candidate:
     """A stored variant: the ordered chunk ids it was computed after, and its statistics
     (None when never measured).
 
-    For keeping and evicting (`engine.variants.policy.VariantPolicy.keep`): `uses`, how often
+    For keeping and evicting (`app.variants.policy.VariantPolicy.keep`): `uses`, how often
     requests chose it; `savings`, the mean model work (token-equivalents) one use saved over
     the fallback; `num_bytes`, its size.
     """

@@ -13,7 +13,7 @@ from engine.plan import Plan, PlanRequest
 
 
 class VariantUse(str, Enum):  # noqa: UP042 (StrEnum would change str() of its members)
-    """Which stored variants of a chunk a mode can plan with (`engine.variants.policy`)."""
+    """Which stored variants of a chunk a mode can plan with (`app.variants.policy`)."""
 
     BASE = "base"  # only the base variant, computed alone after the system prefix
     EXACT = "exact"  # the variant computed after exactly the chunks before it, else the base

@@ -138,7 +138,7 @@ def test_a_request_decoding_in_the_batch_makes_the_engine_busy(tiny_engine, chun
 def test_a_request_served_from_exact_variants_has_no_blend_to_skip(tiny_engine, chunks):
     import dataclasses
 
-    from engine.variants.harvest import chunk_rows
+    from app.variants.harvest import chunk_rows
 
     full = tiny_engine.prefill(chunks, QUESTION, mode=Mode.named("full"))
     exact = [chunks[0]] + [

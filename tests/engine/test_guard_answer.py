@@ -197,7 +197,7 @@ def test_teacher_forcing_follows_the_guard(tiny_engine, chunks):
 
 
 def test_a_repaired_request_leaves_every_chunk_exact(tiny_engine, chunks):
-    from engine.variants.harvest import exact_chunks, harvest, source_contexts
+    from app.variants.harvest import exact_chunks, harvest, source_contexts
 
     layers = tiny_engine.loaded.spec.num_layers
     result, decoded = answer(
@@ -219,7 +219,7 @@ def test_a_repaired_request_leaves_every_chunk_exact(tiny_engine, chunks):
 def test_a_prefill_from_exact_variants_is_neither_rerun_nor_watched(tiny_engine, chunks):
     import dataclasses
 
-    from engine.variants.harvest import chunk_rows
+    from app.variants.harvest import chunk_rows
 
     full = tiny_engine.prefill(chunks, QUESTION, mode=Mode.named("full"))
     exact = [chunks[0]] + [
@@ -240,7 +240,7 @@ def test_a_prefill_from_exact_variants_is_neither_rerun_nor_watched(tiny_engine,
 def _exact_variants(tiny_engine, chunks):
     import dataclasses
 
-    from engine.variants.harvest import chunk_rows
+    from app.variants.harvest import chunk_rows
 
     full = tiny_engine.prefill(chunks, QUESTION, mode=Mode.named("full"))
     return full, [chunks[0]] + [
@@ -253,7 +253,7 @@ def _exact_variants(tiny_engine, chunks):
 def test_a_short_tail_after_exact_chunks_is_computed_fully_and_the_state_is_exact(
     tiny_engine, chunks
 ):
-    from engine.variants.harvest import exact_chunks, source_contexts
+    from app.variants.harvest import exact_chunks, source_contexts
 
     full, exact = _exact_variants(tiny_engine, chunks)
     mixed = exact[:-1] + chunks[-1:]  # the last chunk's base variant: not exact after the others
@@ -317,7 +317,7 @@ def test_a_lossy_copy_of_exact_variants_is_checked_and_re_run_not_taken_for_exac
     import dataclasses
 
     from app.store.entry import roundtrip
-    from engine.variants.harvest import exact_chunks, harvest, source_contexts
+    from app.variants.harvest import exact_chunks, harvest, source_contexts
 
     full, exact = _exact_variants(tiny_engine, chunks)
     lossy = [dataclasses.replace(c, kv=roundtrip(c.kv, "int8")) for c in exact]

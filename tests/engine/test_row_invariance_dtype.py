@@ -14,13 +14,13 @@ import dataclasses
 import pytest
 import torch
 
+from app.variants.harvest import chunk_rows
 from engine import EngineConfig
 from engine.config import Fidelity
 from engine.decoding import read_out
 from engine.engine import Engine
 from engine.model.decode import SamplingParams
 from engine.planners import Mode
-from engine.variants.harvest import chunk_rows
 from tests.conftest import build_tiny_model
 from tests.engine.helpers import QUESTION, chunk_inputs
 

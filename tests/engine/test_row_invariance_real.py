@@ -16,11 +16,11 @@ import dataclasses
 import pytest
 import torch
 
+from app.variants.harvest import chunk_rows
 from engine import EngineConfig
 from engine.engine import Engine
 from engine.model.known import QWEN_CODER, is_installed
 from engine.planners import Mode
-from engine.variants.harvest import chunk_rows
 from tests.engine.helpers import QUESTION, chunk_inputs
 from tests.engine.test_qwen_real import DATA_DIR
 

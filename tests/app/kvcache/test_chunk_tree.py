@@ -15,10 +15,10 @@ from app.kvcache.chunk_cache import ServiceChunkCache
 from app.kvcache.chunk_tree import ChunkTreeIndex
 from app.kvcache.variants import ChunkRef
 from app.store import StoreConfig, create_store
+from app.variants.order import ChunkOrder
+from app.variants.served import served_tokens
 from engine.plan import ChunkInput
 from engine.planners import Mode
-from engine.variants.order import ChunkOrder
-from engine.variants.served import served_tokens
 from tests.engine.helpers import PASSAGES, QUESTION
 
 

@@ -9,8 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
+from app.variants.order import ChunkOrder
 from engine.errors import InvalidRequest
-from engine.variants.order import ChunkOrder
 from tests.app.conftest import LOCAL_CLIENT, start_services
 
 ALL = 20  # more than the chunks ingested: every request retrieves all of them, ranked by question

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
+from app.variants.harvest import source_contexts
 from engine.planners import Mode
-from engine.variants.harvest import source_contexts
 from tests.app.kvcache.test_chunk_cache import catalog, make_cache, refs  # noqa: F401 (fixtures)
 from tests.engine.helpers import QUESTION
 

@@ -7,15 +7,15 @@ import dataclasses
 import pytest
 import torch
 
+from app.variants.book import VariantBook
+from app.variants.build import build_variants
+from app.variants.harvest import source_contexts
+from app.variants.policy import VariantPolicy
 from engine.cachecraft.choice import Candidate, choose_variant
 from engine.engine import Engine
 from engine.plan import ChunkInput
 from engine.planners import Mode
 from engine.variant_stats import VariantStats
-from engine.variants.book import VariantBook
-from engine.variants.build import build_variants
-from engine.variants.harvest import source_contexts
-from engine.variants.policy import VariantPolicy
 from tests.engine.helpers import QUESTION, chunk_inputs
 
 

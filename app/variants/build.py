@@ -1,6 +1,6 @@
 """Exact Cache-Craft variants built from a finished request, after the answer is out.
 
-A chunk that was not exact in the request's context (`engine/variants/harvest.py`) gets a
+A chunk that was not exact in the request's context (`app/variants/harvest.py`) gets a
 variant for that context (signature = ordered ids of the chunks before it): its true KV there
 and its statistics measured there. The build prefills the prompt once more, but only from the
 first inexact chunk on: the leading chunks that are already exact are served from the
@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from app.variants.harvest import chunk_rows, exact_chunks
 from engine.cachecraft.stats import ChunkStats, measure_context_stats
 from engine.decoding import Decoded
 from engine.kv import ChunkId, ChunkKV
 from engine.result import PrefillResult
 from engine.variant_stats import VariantStats
-from engine.variants.harvest import chunk_rows, exact_chunks
 
 if TYPE_CHECKING:  # annotations only: the engine imports this module
+    from app.variants.policy import VariantPolicy
     from engine.engine import Engine
-    from engine.variants.policy import VariantPolicy
 
 
 @dataclass(frozen=True)

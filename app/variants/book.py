@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from app.variants.build import build_variants
+from app.variants.harvest import harvest, source_contexts
+from app.variants.policy import VariantPolicy
 from engine.cachecraft.choice import Candidate
 from engine.decoding import Decoded
 from engine.kv import ChunkId, ChunkKV
@@ -24,9 +27,6 @@ from engine.plan import ChunkInput
 from engine.planners import Mode
 from engine.result import PrefillResult
 from engine.variant_stats import VariantStats
-from engine.variants.build import build_variants
-from engine.variants.harvest import harvest, source_contexts
-from engine.variants.policy import VariantPolicy
 
 if TYPE_CHECKING:  # annotations only: the engine imports this module
     from engine.engine import Engine

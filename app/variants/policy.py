@@ -4,7 +4,7 @@ a chunk keeps, what a variant is worth, and when a request's exact variants get 
 The mode's planner class says what it may use and what its requests leave
 (`BasePlanner.variant_use` / `leaves`); this object applies that, the same way in the service
 (`app/kvcache/cache.py`, variants in the store and the catalog) and in every benchmark
-(`engine/variants/book.py`, variants in a dict).
+(`app/variants/book.py`, variants in a dict).
 
 Costs are shares of a chunk's layer-rows: a measured variant costs its CFO (rows recomputed in
 every layer), the base variant the share a `cacheblend` plan computes (`blend_cost`). Worth is
@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from app.variants.traffic import RecentTraffic
 from engine.cachecraft.choice import Candidate, choose_variant
 from engine.config import EngineConfig
 from engine.kv import ChunkId
 from engine.planners import Mode
 from engine.planners.base import VariantUse, VariantYield
 from engine.planners.cacheblend import blend_schedule
-from engine.variants.traffic import RecentTraffic
 
 
 def blend_cost(config: EngineConfig, num_layers: int, ratio: float | None = None) -> float:

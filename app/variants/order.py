@@ -3,7 +3,7 @@
 An exact-context variant serves a prompt only at the place it was computed for: after the
 system prefix and exactly the chunks of its context, in that order. The retriever's order is
 one arbitrary choice among the orders of the same chunks; `cache_aware_order` picks the one
-whose leading chunks follow the longest held path of the `ChunkTree` (engine/variants/tree.py),
+whose leading chunks follow the longest held path of the `ChunkTree` (app/variants/tree.py),
 so the most chunks are served exactly, then places the rest by a named rule.
 
 - Objective: chunks on the path (the longest path wins); among paths of one length, the one
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from enum import Enum
 from itertools import permutations
 
+from app.variants.tree import ChunkTree, Path, TreeNode
 from engine.errors import InvalidRequest
 from engine.kv import ChunkId
-from engine.variants.tree import ChunkTree, Path, TreeNode
 
 
 class ChunkOrder(Enum):

@@ -8,6 +8,10 @@ import dataclasses
 import pytest
 import torch
 
+from app.variants.book import VariantBook
+from app.variants.harvest import exact_chunks, source_contexts
+from app.variants.policy import VariantPolicy, blend_cost
+from app.variants.traffic import RecentTraffic
 from engine.cachecraft.choice import Candidate
 from engine.config import EngineConfig
 from engine.engine import Engine
@@ -16,10 +20,6 @@ from engine.planners import PLANNERS, Mode
 from engine.planners.base import VariantUse, VariantYield
 from engine.planners.cacheblend import blend_schedule
 from engine.variant_stats import VariantStats
-from engine.variants.book import VariantBook
-from engine.variants.harvest import exact_chunks, source_contexts
-from engine.variants.policy import VariantPolicy, blend_cost
-from engine.variants.traffic import RecentTraffic
 from tests.engine.helpers import QUESTION, chunk_inputs
 
 LAYERS = 30

@@ -5,10 +5,10 @@ request (`build`) and an in-memory variant book for benchmarks and tests (`book`
 statistics a variant carries are `engine/variant_stats.py`, below the plan and the catalog.
 
 The mode's planner class says what it may use (`variant_use`) and leave (`leaves`); the
-service (`app/kvcache/cache.py`) and the benchmarks (`engine/variants/book.py`) go through
+service (`app/kvcache/cache.py`) and the benchmarks (`app/variants/book.py`) go through
 `VariantPolicy`, so a benchmark measures the policy the server runs.
 """
 
-from engine.variants.policy import VariantPolicy, blend_cost
+from app.variants.policy import VariantPolicy, blend_cost
 
 __all__ = ["VariantPolicy", "blend_cost"]

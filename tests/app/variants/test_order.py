@@ -7,15 +7,15 @@ import random
 
 import pytest
 
-from engine.errors import InvalidRequest
-from engine.variants.order import (
+from app.variants.order import (
     ChunkOrder,
     best_path,
     cache_aware_order,
     exhaustive_best,
     greedy_path,
 )
-from engine.variants.tree import ChunkTree
+from app.variants.tree import ChunkTree
+from engine.errors import InvalidRequest
 
 
 def tree_of(*paths: tuple[int, ...]) -> ChunkTree:
