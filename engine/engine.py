@@ -21,7 +21,7 @@ import torch
 from engine.config import EngineConfig, Fidelity
 from engine.decoding import Decoding
 from engine.errors import InvalidRequest, PromptTooLong
-from engine.kv import ChunkKV, KVCache
+from engine.kv import ChunkId, ChunkKV, KVCache
 from engine.model.decode import (
     SamplingParams,
     StepCheck,
@@ -204,6 +204,21 @@ class Engine:
             raise PromptTooLong("the chunk does not fit in the model's context")
         return self.compute(lambda: self._encode(tuple(token_ids), start=self.prompts.prefix_len))
 
+    def encode_after(
+        self, token_ids: Sequence[int], lead_ids: Sequence[int], lead: tuple[ChunkId, ...]
+    ) -> ChunkKV:
+        """KV of one chunk computed after the system prefix and `lead_ids` (the cut openings of
+        the chunks `lead`): a neighbour-conditioned base (FusionRAG's offline step). Its rows
+        sit at their positions after the lead; `ChunkKV.lead` marks it exact in no prompt."""
+        if not token_ids:
+            raise InvalidRequest("cannot encode an empty chunk")
+        start = self.prompts.prefix_len
+        if start + len(lead_ids) + len(token_ids) > self.loaded.spec.max_positions:
+            raise PromptTooLong("the chunk and its lead do not fit in the model's context")
+        ids = tuple(lead_ids) + tuple(token_ids)
+        kv = self.compute(lambda: self._encode(ids, start=start, keep_from=start + len(lead_ids)))
+        return dataclasses.replace(kv, token_ids=tuple(token_ids), lead=tuple(lead))
+
     def encode_chunks(
         self, chunks: Sequence[Sequence[int]], batch_tokens: int = DEFAULT_BATCH_TOKENS
     ) -> list[ChunkKV]:
@@ -258,18 +273,24 @@ class Engine:
         )
 
     def _encode(
-        self, token_ids: tuple[int, ...], start: int, runner: LayerRunner | None = None
+        self,
+        token_ids: tuple[int, ...],
+        start: int,
+        runner: LayerRunner | None = None,
+        keep_from: int | None = None,
     ) -> ChunkKV:
-        """Run prefix[:start] + token_ids with the prefix cached; keep rows [start, end)."""
+        """Run prefix[:start] + token_ids with the prefix cached; keep rows [keep_from, end)
+        (keep_from None: start)."""
         ids = torch.tensor(self.prompts.prefix_ids[:start] + token_ids, device=self.device)
         total = ids.numel()
         spans = [CachedSpan(0, self.prefix_kv)] if start else []
         plan = Plan(spans, torch.arange(start, total), pinned=torch.ones(total, dtype=torch.bool))
         out = (runner or self.runner).run(ids, plan, capacity=total, want_logits=False)
+        keep = start if keep_from is None else keep_from
         return ChunkKV(
             token_ids=token_ids,
-            kv=out.cache.rows(start, total),
-            base_position=start,
+            kv=out.cache.rows(keep, total),
+            base_position=keep,
             fingerprint=self.fingerprint,
             prefix_digest=self.prompts.prefix_digest,
         )

@@ -32,7 +32,9 @@ class KVSource(Protocol):
     lazily (the store prefetches layer i + 1 while the runner computes layer i); the runner
     asks for layers in increasing order and may skip layers.
     `fingerprint` (model) and `prefix_digest` (system prefix) must match the engine's, and
-    `context` is the ordered ids of the chunks that preceded the chunk when it was computed.
+    `context` is the ordered ids of the chunks that preceded the chunk when it was computed;
+    `lead` the ids of chunks whose opening rows only (cut) preceded it before those (a
+    neighbour-conditioned base: exact in no prompt, `exact_context` None).
     `value_rounding` is how a lossy store codec rounded its V (None: V is as computed, or kept
     in a float dtype); the check layers round fresh V the same way before comparing, so the
     codec's noise does not read as deviation (planners/selection.py).
@@ -50,6 +52,8 @@ class KVSource(Protocol):
     @property
     def context(self) -> tuple[ChunkId, ...]: ...
     @property
+    def lead(self) -> tuple[ChunkId, ...]: ...
+    @property
     def value_rounding(self) -> ValueRounding | None: ...
 
     def layer(self, index: int) -> torch.Tensor: ...
@@ -60,7 +64,7 @@ def exact_context(kv: KVSource | None) -> tuple[ChunkId, ...] | None:
     `context`, or None when there is no KV or a lossy store codec rounded it. A lossy copy of
     an exact variant is close, not exact: its rows count as exact only once recomputed, so
     the fidelity guard checks such requests and re-runs start before such chunks."""
-    if kv is None or kv.value_rounding is not None:
+    if kv is None or kv.value_rounding is not None or kv.lead:
         return None
     return tuple(kv.context)
 
@@ -72,7 +76,9 @@ class ChunkKV:
     kv: [layers, 2, kv_heads, tokens, head_dim]; index 0 of dim 1 is K (after RoPE at
     base_position + t), index 1 is V.
     `context` is the ordered ids of the chunks that preceded it when it was computed
-    (empty for the base variant, computed alone after the system prefix).
+    (empty for the base variant, computed alone after the system prefix). `lead`: the ids of
+    chunks whose cut openings preceded it, before `context` (`Engine.encode_after`; empty for
+    every variant but a neighbour-conditioned base, which is exact in no prompt).
     """
 
     token_ids: tuple[int, ...]
@@ -83,6 +89,7 @@ class ChunkKV:
     context: tuple[ChunkId, ...] = ()
     meta: dict[str, object] = field(default_factory=dict)
     value_rounding: ValueRounding | None = field(default=None, compare=False, repr=False)
+    lead: tuple[ChunkId, ...] = ()
 
     @property
     def num_tokens(self) -> int:

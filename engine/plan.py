@@ -115,12 +115,13 @@ class PlanRequest:
     def chunk_heads(self, tokens: int) -> torch.Tensor:
         """bool [total_len]: the first `tokens` rows of every chunk whose cached KV was computed
         after other chunks than those before it here (a base variant anywhere but first, or a
-        variant from another context). Such a chunk's opening rows read only the system prefix
-        (or another passage) where this prompt puts the passages before it."""
+        variant from another context, or a neighbour-conditioned base anywhere). Such a chunk's
+        opening rows read only the system prefix (or other passages) where this prompt puts the
+        passages before it."""
         heads = torch.zeros(self.layout.total_len, dtype=torch.bool)
         for i, (chunk, (start, end)) in enumerate(zip(self.chunks, self.layout.chunk_spans)):
             before = tuple(c.chunk_id for c in self.chunks[:i])
-            if chunk.kv is not None and tuple(getattr(chunk.kv, "context", ()) or ()) != before:
+            if chunk.kv is not None and (chunk.kv.lead or tuple(chunk.kv.context) != before):
                 heads[start : min(end, start + tokens)] = True
         return heads
 

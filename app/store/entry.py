@@ -69,6 +69,7 @@ class EntryMeta:
     dtype: str
     shape: KVShape
     context: tuple[ChunkId, ...] = ()
+    lead: tuple[ChunkId, ...] = ()  # `engine.kv.ChunkKV.lead`: a neighbour-conditioned base
 
     @property
     def num_layers(self) -> int:
@@ -111,6 +112,7 @@ class EntryMeta:
             "dtype": self.dtype,
             "shape": list(self.shape),
             "context": list(self.context),
+            "lead": list(self.lead),
         }
 
     @classmethod
@@ -129,6 +131,7 @@ class EntryMeta:
                 str(data["dtype"]),
                 kv_shape(shape),
                 tuple(int(c) for c in data.get("context", ())),
+                tuple(int(c) for c in data.get("lead", ())),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptEntry(f"bad entry metadata: {exc}") from exc
@@ -177,6 +180,7 @@ def entry_from_chunk(chunk: ChunkKV, codec: str) -> KVEntry:
         codec,
         kv_shape(chunk.kv.shape),
         tuple(chunk.context),
+        tuple(chunk.lead),
     )
     return KVEntry(meta, payload)
 
@@ -217,6 +221,7 @@ def chunk_from_entry(
         meta.prefix_digest,
         meta.context,
         value_rounding=value_rounding(meta),
+        lead=meta.lead,
     )
 
 
@@ -239,4 +244,5 @@ def roundtrip(chunk: ChunkKV, codec: str) -> ChunkKV:
         chunk.context,
         dict(chunk.meta),
         stored.value_rounding,
+        chunk.lead,
     )

@@ -80,6 +80,7 @@ class LazyChunkKV:
         self.fingerprint = meta.fingerprint
         self.prefix_digest = meta.prefix_digest
         self.context = meta.context
+        self.lead = meta.lead
         self.num_layers = meta.num_layers
         self._meta = meta
         self.stats = LoadStats()

@@ -51,6 +51,8 @@ from bench.fidelity.metrics import (
     same_top1,
     teacher_forced,
 )
+from bench.fidelity.neighbours import KEYS as NEIGHBOUR_KEYS
+from bench.fidelity.neighbours import Conditioning, Neighbourhood
 from engine.config import EngineConfig, Fidelity
 from engine.decoding import read_out
 from engine.engine import Engine
@@ -241,13 +243,14 @@ def run_fidelity(
     _check_codecs(row_labels(options), codecs or {})
     records = options.records()
     modes = row_labels(options)
+    neighbourhood = _neighbourhood(options, modes)
     _warm_up(engine, records[0], options, modes, provider)
     samples: dict[str, list[ModeSample]] = {m: [] for m in (REFERENCE, FLOOR) + modes}
     bar = tqdm(records, desc="fidelity", unit="record", file=sys.stderr, disable=not progress)
     for offset, record in enumerate(bar):
         index = options.start + offset
         for label, sample in _run_orders(
-            engine, record, options, modes, provider, index, codecs or {}
+            engine, record, options, modes, provider, index, codecs or {}, neighbourhood
         ):
             samples[label].append(sample)
         bar.set_postfix(
@@ -257,7 +260,18 @@ def run_fidelity(
                 if m != REFERENCE
             }
         )
+    if neighbourhood is not None:
+        for line in neighbourhood.report():
+            print(line, file=sys.stderr)
     return summarize_rows(samples, modes)
+
+
+def _neighbourhood(options: FidelityOptions, labels: Sequence[str]) -> Neighbourhood | None:
+    """The dataset's passages and their neighbours, where a row conditions its bases on them
+    (bench/fidelity/neighbours.py); None where none does."""
+    if not any(Conditioning.of(label, settings_of(label)) for label in labels):
+        return None
+    return Neighbourhood.of_records(load_dataset(options.dataset), record_chunk_id)
 
 
 def summarize_rows(
@@ -277,11 +291,12 @@ def _run_orders(
     provider: ChunkProvider,
     index: int,
     codecs: Mapping[str, KVTransform],
+    neighbourhood: Neighbourhood | None = None,
 ) -> list[tuple[str, ModeSample]]:
     """(row label, sample) of every row in every chunk order of one record, and the floor's
     samples: full in order k > 0 measured against full in order 0."""
     base = provider(engine, record, options.chunks, index)
-    books = mode_books(engine, record["question"], base, options, modes, index)
+    books = mode_books(engine, record["question"], base, options, modes, index, neighbourhood)
     out: list[tuple[str, ModeSample]] = []
     first: Reference | None = None
     for order, ids in enumerate(
@@ -404,8 +419,8 @@ def row_config(label: str, config: EngineConfig) -> EngineConfig:
     kernels, model) cannot be set per row."""
     changes: dict[str, Any] = {}
     for key, text in settings_of(label).items():
-        if key == CODEC:
-            continue  # the chunks' KV, not the engine (`_through_codec`)
+        if key == CODEC or key in NEIGHBOUR_KEYS:
+            continue  # the chunks' KV, not the engine (`_through_codec`, `mode_books`)
         if key in LOAD_FIELDS or key not in {f.name for f in dataclasses.fields(config)}:
             raise InvalidRequest(
                 f"row {label!r}: {key!r} is not an engine setting a row may change"
@@ -440,14 +455,21 @@ def mode_books(
     options: FidelityOptions,
     labels: Sequence[str],
     index: int,
+    neighbourhood: Neighbourhood | None = None,
 ) -> dict[str, tuple[VariantBook, float]]:
-    """Per row label: the variant book its mode draws from (cold: base variants only; warm:
-    after the warm-up) and the warm-up's cost in full prefills of the record."""
+    """Per row label: the variant book its mode draws from (cold: base variants only, or the
+    row's neighbour-conditioned bases from `neighbourhood`, which only the untimed warm-up
+    leaves out; warm: after the warm-up) and the warm-up's cost in full prefills of the
+    record."""
     out: dict[str, tuple[VariantBook, float]] = {}
     for label in labels:
         orders = options.warmup_orders if WARM in label else 0
+        conditioning = Conditioning.of(label, settings_of(label))
+        bases = base
+        if conditioning is not None and neighbourhood is not None:  # None: the untimed warm-up
+            bases = neighbourhood.conditioned(engine, base, conditioning)
         out[label] = warmed_book(
-            engine, question, base, orders, options.seed + index, mode_of(label)
+            engine, question, bases, orders, options.seed + index, mode_of(label)
         )
     return out
 

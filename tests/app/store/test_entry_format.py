@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import safetensors.torch
 import torch
 
-from app.store import CorruptEntry, codec, create_tier
+from app.store import CorruptEntry, StoreConfig, codec, create_tier
+from app.store.entry import EntryMeta, chunk_from_entry, entry_from_chunk, roundtrip
+from app.store.lazy import LazyChunkKV
+from engine.kv import ChunkKV, exact_context
 from tests.app.store.helpers import key_of, make_entry, same_entry
 
 K = key_of("entry")
@@ -100,3 +104,20 @@ def test_disk_start_up_scan_cleans_temp_and_unreadable_files(tmp_path):
     assert again.keys() == {K: entry.num_bytes}
     assert not stray.exists() and not again.path(key_of("bad")).exists()
     assert same_entry(again.get(K), entry)
+
+
+def test_a_conditioned_bases_lead_survives_the_store(tmp_path):
+    # a neighbour-conditioned base read back without its lead would pass for an exact base
+
+    kv = torch.randn(2, 2, 1, 5, 4)
+    chunk = ChunkKV(tuple(range(5)), kv, 19, "fp", "prefix", lead=(8, 3))
+    entry = entry_from_chunk(chunk, "float32")
+    assert EntryMeta.from_json(entry.meta.to_json()).lead == (8, 3)
+    assert chunk_from_entry(entry, chunk.token_ids, torch.float32).lead == (8, 3)
+    assert roundtrip(chunk, "int8").lead == (8, 3)
+    tier = create_tier("disk", StoreConfig(disk_dir=tmp_path, disk_fsync=False))
+    tier.put(key_of("lead"), entry)
+    with ThreadPoolExecutor(1) as pool:
+        source = LazyChunkKV(tier.open(key_of("lead")), pool, torch.float32, prefetch=1)
+        assert source.lead == (8, 3) and exact_context(source) is None
+        source.close()
