@@ -34,7 +34,8 @@ def add_parser(subparsers) -> None:
         "--modes",
         default="full,naive,epic,cacheblend",
         help="comma-separated modes; `mode@fast|balanced|exact` sets that row's fidelity guard "
-        "level",
+        "level; `mode[key=value;...]` its engine settings, `codec=NAME` a store codec, "
+        "`neighbours=K;lead_tokens=T` neighbour-conditioned bases (bench/fidelity/neighbours.py)",
     )
     fidelity.add_argument(
         "--fidelity",
@@ -86,12 +87,19 @@ def add_fidelity_merge_parser(kinds) -> None:
     )
     merge.add_argument("shards", type=Path, nargs="+", help="the shards' JSON files")
     merge.add_argument("--json", type=Path, default=None, help="also write the merged figures here")
+    merge.add_argument(
+        "--pair",
+        action="append",
+        default=[],
+        metavar="ROW,AGAINST",
+        help="also print ROW's accuracy minus AGAINST's, paired case by case (repeatable)",
+    )
     merge.set_defaults(handler=run_fidelity_merge)
 
 
 def run_fidelity_merge(args) -> int:
     from bench.fidelity.fidelity import write_report
-    from bench.fidelity.merge import load_shard, merge_shards
+    from bench.fidelity.merge import load_shard, merge_shards, paired_rows
 
     options, summaries = merge_shards([load_shard(path) for path in args.shards])
     ranges = ", ".join(f"{s['start']}..{s['start'] + s['n'] - 1}" for s in options["shards"])
@@ -99,7 +107,12 @@ def run_fidelity_merge(args) -> int:
         f"records {ranges} of {Path(options['dataset']).name} ({options['n']} in "
         f"{len(options['shards'])} shards), {options['chunks']} chunks"
     )
-    return _print_fidelity(header, summaries, args.json, partial(write_report, options))
+    status = _print_fidelity(header, summaries, args.json, partial(write_report, options))
+    for pair in args.pair:
+        row, _, against = pair.rpartition(",")
+        delta = paired_rows(summaries, row, against)
+        print(f"{row} - {against}: {delta.mean:+.3f} [{delta.low:+.3f}, {delta.high:+.3f}]")
+    return status
 
 
 def _print_fidelity(header: str, summaries, path: Path | None, write) -> int:

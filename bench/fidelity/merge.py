@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.fidelity.accuracy import Score
+from bench.fidelity.accuracy import Interval, Score, paired_difference, per_case_means
 from bench.fidelity.fidelity import ModeSample, ModeSummary, summarize_rows
 from engine.errors import InvalidRequest
 
@@ -93,3 +93,19 @@ def _check_compatible(shards: Sequence[Shard]) -> None:
                 f"{before.path} (cases {before.cases.start}..{before.cases.stop - 1}) and "
                 f"{after.path} (from {after.cases.start}) overlap"
             )
+
+
+def paired_rows(summaries: Sequence[ModeSummary], row: str, against: str) -> Interval:
+    """Accuracy of `row` − `against`, case by case over the (case, order)s both ran (each
+    case's mean over its orders), with its 95% interval; InvalidRequest for an unknown row."""
+    by_label = {s.mode: s for s in summaries}
+    for label in (row, against):
+        if label not in by_label:
+            raise InvalidRequest(f"no row {label!r}; rows: {', '.join(by_label)}")
+    theirs = {(s.case, s.order): s.score.contains for s in by_label[against].samples}
+    mine = [s for s in by_label[row].samples if (s.case, s.order) in theirs]
+    cases = [s.case for s in mine]
+    return paired_difference(
+        per_case_means([s.score.contains for s in mine], cases),
+        per_case_means([theirs[(s.case, s.order)] for s in mine], cases),
+    )

@@ -10,7 +10,7 @@ import pytest
 from app.cli import main
 from bench.fidelity.accuracy import Score
 from bench.fidelity.fidelity import FLOOR, REFERENCE, ModeSample, summarize_rows, write_report
-from bench.fidelity.merge import load_shard, merge_shards
+from bench.fidelity.merge import load_shard, merge_shards, paired_rows
 from engine.errors import InvalidRequest
 
 MODES = (REFERENCE, "cachecraft")
@@ -101,8 +101,24 @@ def test_the_command_prints_the_merged_table_and_writes_it(tmp_path, capsys):
     first, _ = _write_shard(tmp_path, range(0, 4), seed=1)
     second, _ = _write_shard(tmp_path, range(4, 8), seed=2)
     out = tmp_path / "merged.json"
-    assert main(["bench", "fidelity-merge", str(first), str(second), "--json", str(out)]) == 0
+    pair = ["--pair", f"cachecraft,{REFERENCE}"]
+    assert (
+        main(["bench", "fidelity-merge", str(first), str(second), "--json", str(out), *pair]) == 0
+    )
     printed = capsys.readouterr().out
+    assert f"cachecraft - {REFERENCE}: " in printed
     assert "records 0..3, 4..7 of cases.json (8 in 2 shards)" in printed
     assert "floor" in printed and "cachecraft" in printed
     assert json.loads(out.read_text())["options"]["n"] == 8
+
+
+def test_two_rows_are_paired_case_by_case():
+    samples = _samples(range(40), seed=3)
+    summaries = summarize_rows(samples, MODES)
+    against_full = {s.mode: s for s in summaries}["cachecraft"].accuracy_vs_full
+    assert paired_rows(summaries, "cachecraft", REFERENCE) == against_full
+    swapped = paired_rows(summaries, REFERENCE, "cachecraft")
+    assert swapped.mean == pytest.approx(-against_full.mean)
+    assert paired_rows(summaries, "cachecraft", "cachecraft").mean == 0.0
+    with pytest.raises(InvalidRequest, match="no row 'nope'"):
+        paired_rows(summaries, "nope", REFERENCE)
