@@ -12,6 +12,7 @@ ingest is reported: tokens computed per chunk token (1.00 for bases alone).
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -88,6 +89,7 @@ class Neighbourhood:
             for r, record in enumerate(records)
             for i, ctx in enumerate(record["ctxs"])
         ]
+        print(f"neighbours: embedding the dataset's {len(passages)} passages", file=sys.stderr)
         vectors = Embedder().encode([f"{p.title}\n{p.text}".strip() for p in passages])
         return cls(passages, np.asarray(vectors, dtype=np.float32))
 

@@ -1,0 +1,168 @@
+"""Learned chunk packets (KV Packet, arXiv 2604.13226): soft tokens around every chunk.
+
+The model stays frozen. `head` soft tokens go before each chunk and `tail` after it, the same
+for every chunk; each chunk is encoded alone between them right after the system prefix, moved
+to its place (keys re-rotated, as any base) and read by the question with nothing recomputed.
+The tokens are trained so that this gives full prefill's answers (engine/adapt/train.py). A
+packet file lives beside the converted checkpoint; KV encoded with packets is another cache, so
+its digest belongs in the cache's identity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import safetensors.torch
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from engine.errors import InvalidRequest
+
+KVRows = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (K, V), [1, kv_heads, rows, dim]
+
+
+@dataclass
+class Packets:
+    """`head` [h, hidden] and `tail` [t, hidden]: input embeddings of the soft tokens."""
+
+    head: torch.Tensor
+    tail: torch.Tensor
+
+    @classmethod
+    def initial(
+        cls, model: PreTrainedModel, separator_ids: Sequence[int], h: int, t: int
+    ) -> Packets:
+        """A neutral start: every soft token the embedding of the separator's tokens in turn
+        (chunks begin as if set apart by blank lines)."""
+        if not separator_ids or h < 1 or t < 1:
+            raise InvalidRequest("packets need a separator and at least one head and tail token")
+        table = embedding(model).weight.detach()
+        ids = [separator_ids[i % len(separator_ids)] for i in range(max(h, t))]
+        rows = table[torch.tensor(ids)].float().clone()
+        return cls(rows[:h].clone(), rows[:t].clone())
+
+    @property
+    def extra_rows(self) -> int:
+        """Rows a chunk's cached KV gains: its head and tail."""
+        return self.head.shape[0] + self.tail.shape[0]
+
+    def digest(self) -> str:
+        """sha256 of the tokens' bytes (float32): the packets' part of a cache's identity."""
+        data = torch.cat([self.head, self.tail]).detach().float().contiguous()
+        return hashlib.sha256(data.numpy().tobytes()).hexdigest()[:16]
+
+    def save(self, path: Path, meta: dict[str, object]) -> None:
+        """Write the tokens and `meta` (the model's fingerprint, training figures) atomically."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
+        tensors = {"head": self.head.detach().float(), "tail": self.tail.detach().float()}
+        text = {"meta": json.dumps(meta, sort_keys=True), "digest": self.digest()}
+        safetensors.torch.save_file(tensors, str(partial), metadata=text)
+        partial.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> tuple[Packets, dict[str, object]]:
+        """Tokens and meta of `save`; InvalidRequest if the file is unreadable or altered."""
+        try:
+            with safetensors.safe_open(str(path), "pt") as handle:
+                metadata = handle.metadata() or {}
+                packets = cls(handle.get_tensor("head"), handle.get_tensor("tail"))
+            meta = json.loads(metadata.get("meta", "{}"))
+        except (OSError, ValueError, KeyError) as exc:
+            raise InvalidRequest(f"cannot read packets {path}: {exc}") from exc
+        if metadata.get("digest") != packets.digest():
+            raise InvalidRequest(f"packets {path} do not match their digest")
+        return packets, meta
+
+
+def shifted_keys(k: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Keys that carry RoPE at p, as at p + `delta` (differentiable; `ops.rope_shift_` rotates
+    in place and is not)."""
+    if delta == 0:
+        return k
+    angles = inv_freq.to(torch.float64) * float(delta)
+    cos, sin = angles.cos().to(k.dtype), angles.sin().to(k.dtype)
+    half = k.shape[-1] // 2
+    first, second = k[..., :half], k[..., half:]
+    return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+
+
+def prefix_rows(model: PreTrainedModel, prefix_ids: Sequence[int]) -> KVRows:
+    """The system prefix's KV, computed once and never trained."""
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([list(prefix_ids)]), use_cache=True)
+    return cache_rows(out.past_key_values)
+
+
+def encoded_block(model: PreTrainedModel, prefix: KVRows, embeds: torch.Tensor) -> KVRows:
+    """KV of `embeds` [rows, hidden] computed alone right after the prefix (its base)."""
+    start = prefix[0][0].shape[2]
+    cache = DynamicCache(ddp_cache_data=[(k.clone(), v.clone()) for k, v in prefix])
+    positions = torch.arange(start, start + embeds.shape[0])[None]
+    model.model(inputs_embeds=embeds[None], position_ids=positions, cache=cache, use_cache=True)
+    return [(k[:, :, start:], v[:, :, start:]) for k, v in cache_rows(cache)]
+
+
+def cache_rows(cache: DynamicCache) -> KVRows:
+    """Every layer's (K, V) of a Hugging Face cache of attention layers."""
+    out = []
+    for layer in cache.layers:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
+            raise TypeError(f"cache layer {type(layer).__name__} holds no attention KV")
+        out.append((keys, values))
+    return out
+
+
+def embedding(model: PreTrainedModel) -> torch.nn.Embedding:
+    """The model's input embedding table."""
+    module = model.get_input_embeddings()
+    if not isinstance(module, torch.nn.Embedding):
+        raise TypeError(f"{type(model).__name__} has no plain input embedding table")
+    return module
+
+
+def reused_cache(
+    model: PreTrainedModel,
+    prefix: KVRows,
+    chunks: Sequence[Sequence[int]],
+    packets: Packets | None,
+    inv_freq: torch.Tensor,
+) -> tuple[DynamicCache, int]:
+    """The prompt's cache as reuse assembles it: each chunk (between the packets, if any)
+    encoded alone after the prefix, moved to its place; and the position after the last."""
+    embed = embedding(model)
+    start = prefix[0][0].shape[2]
+    layers: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = [([k], [v]) for k, v in prefix]
+    position = start
+    for ids in chunks:
+        rows = embed(torch.tensor(list(ids)))
+        if packets is not None:
+            rows = torch.cat([packets.head.to(rows.dtype), rows, packets.tail.to(rows.dtype)])
+        for (keys, values), (k, v) in zip(layers, encoded_block(model, prefix, rows)):
+            keys.append(shifted_keys(k, position - start, inv_freq))
+            values.append(v)
+        position += rows.shape[0]
+    data = [(torch.cat(keys, dim=2), torch.cat(values, dim=2)) for keys, values in layers]
+    return DynamicCache(ddp_cache_data=data), position
+
+
+def logits_after(
+    model: PreTrainedModel,
+    cache: DynamicCache,
+    position: int,
+    ids: Sequence[int],
+    last_only: bool = False,
+) -> torch.Tensor:
+    """Logits [len(ids), vocab] of `ids` read at `position` on over `cache` (which grows);
+    `last_only`: of the last id only ([1, vocab]: the output head skips the other rows)."""
+    positions = torch.arange(position, position + len(ids))[None]
+    hidden = model.model(
+        input_ids=torch.tensor([list(ids)]), position_ids=positions, cache=cache, use_cache=True
+    ).last_hidden_state[0]
+    logits: torch.Tensor = model.lm_head(hidden[-1:] if last_only else hidden)
+    return logits.float()
