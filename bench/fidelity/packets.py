@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", type=Path, required=True, help="the trained packets' file")
+    parser.add_argument("--init", type=Path, default=None, help="go on training these packets")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     config = EngineConfig(
@@ -137,7 +138,11 @@ def main(argv: list[str] | None = None) -> None:
     held_n = max(4, len(every) // 10)
     teacher_s = time.monotonic() - began
     separator = engine.loaded.tokenizer("\n\n", add_special_tokens=False).input_ids
-    start = Packets.initial(model, separator, args.head, args.tail)
+    start = (
+        Packets.load(args.init)[0]
+        if args.init
+        else Packets.initial(model, separator, args.head, args.tail)
+    )
     packets, report = train(
         distiller, every[held_n:], every[:held_n], start, args.budget_s, args.lr
     )
@@ -147,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         "train_seed": args.train_seed,
         "train_n": args.train_n,
         "train_chunks": args.train_chunks,
+        "init": str(args.init) if args.init else None,
         "steps": report.steps,
         "best_step": report.best_step,
         "held_kl": [report.held_kl_plain, report.held_kl_start, report.held_kl_best],
