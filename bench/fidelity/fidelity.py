@@ -462,12 +462,15 @@ def mode_books(
     leaves out; warm: after the warm-up) and the warm-up's cost in full prefills of the
     record."""
     out: dict[str, tuple[VariantBook, float]] = {}
+    conditioned: dict[Conditioning, list[ChunkInput]] = {}  # rows that share one compute it once
     for label in labels:
         orders = options.warmup_orders if WARM in label else 0
         conditioning = Conditioning.of(label, settings_of(label))
         bases = base
         if conditioning is not None and neighbourhood is not None:  # None: the untimed warm-up
-            bases = neighbourhood.conditioned(engine, base, conditioning)
+            if conditioning not in conditioned:
+                conditioned[conditioning] = neighbourhood.conditioned(engine, base, conditioning)
+            bases = conditioned[conditioning]
         out[label] = warmed_book(
             engine, question, bases, orders, options.seed + index, mode_of(label)
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -65,21 +65,22 @@ class Passage:
 
 class Neighbourhood:
     """The corpus's passages, their embeddings and each one's nearest others; conditioned
-    bases computed on demand (once per chunk and conditioning) with their ingest cost."""
+    bases computed on demand, with their ingest cost."""
 
     def __init__(self, passages: Sequence[Passage], embeddings: np.ndarray):
         if len(passages) != len(embeddings):
             raise ValueError("one embedding per passage")
         self.passages = list(passages)
         self.by_id = {p.chunk_id: i for i, p in enumerate(self.passages)}
-        self.similarity = embeddings @ embeddings.T
-        self._cache: dict[tuple[ChunkId, Conditioning], ChunkInput] = {}
+        self.embeddings = embeddings
         # per conditioning: chunk tokens, tokens computed, neighbours from the chunk's own
         # record, neighbours drawn
         self.costs: dict[Conditioning, list[int]] = {}
 
     @classmethod
-    def of_records(cls, records: Sequence[Mapping[str, Any]], chunk_id: Any) -> Neighbourhood:
+    def of_records(
+        cls, records: Sequence[Mapping[str, Any]], chunk_id: Callable[[int, int], ChunkId]
+    ) -> Neighbourhood:
         """Every passage of `records` (ids by `chunk_id(record, position)`), embedded by the
         retriever's default MiniLM."""
         from retrieval.embedder import Embedder
@@ -98,36 +99,32 @@ class Neighbourhood:
         copies of its text left out)."""
         row = self.by_id[chunk_id]
         own = self.passages[row].text
-        order = np.argsort(-self.similarity[row], kind="stable")
+        order = np.argsort(-(self.embeddings @ self.embeddings[row]), kind="stable")
         picked = [self.passages[j] for j in order if j != row and self.passages[j].text != own]
         return picked[:count]
 
     def conditioned(
         self, engine: Engine, base: Sequence[ChunkInput], conditioning: Conditioning
     ) -> list[ChunkInput]:
-        """`base` with each chunk's KV computed after its neighbours' openings."""
+        """`base` with each chunk's KV computed after its neighbours' openings (computed and
+        charged on every call: the caller shares them between rows)."""
         return [self._one(engine, chunk, conditioning) for chunk in base]
 
     def _one(self, engine: Engine, chunk: ChunkInput, conditioning: Conditioning) -> ChunkInput:
-        key = (chunk.chunk_id, conditioning)
-        if key not in self._cache:
-            own = self.passages[self.by_id[chunk.chunk_id]]
-            near = self.nearest(chunk.chunk_id, conditioning.neighbours)
-            lead_ids: list[int] = []
-            for passage in reversed(near):  # the nearest right before the chunk
-                lead_ids += engine.chunk_ids(passage.text, passage.title)[
-                    : conditioning.lead_tokens
-                ]
-            kv = engine.encode_after(
-                chunk.token_ids, lead_ids, tuple(p.chunk_id for p in reversed(near))
-            )
-            self._cache[key] = dataclasses.replace(chunk, kv=kv)
-            cost = self.costs.setdefault(conditioning, [0, 0, 0, 0])
-            cost[0] += len(chunk.token_ids)
-            cost[1] += len(chunk.token_ids) + len(lead_ids)
-            cost[2] += sum(p.record == own.record for p in near)
-            cost[3] += len(near)
-        return self._cache[key]
+        own = self.passages[self.by_id[chunk.chunk_id]]
+        near = self.nearest(chunk.chunk_id, conditioning.neighbours)
+        lead_ids: list[int] = []
+        for passage in reversed(near):  # the nearest right before the chunk
+            lead_ids += engine.chunk_ids(passage.text, passage.title)[: conditioning.lead_tokens]
+        kv = engine.encode_after(
+            chunk.token_ids, lead_ids, tuple(p.chunk_id for p in reversed(near))
+        )
+        cost = self.costs.setdefault(conditioning, [0, 0, 0, 0])
+        cost[0] += len(chunk.token_ids)
+        cost[1] += len(chunk.token_ids) + len(lead_ids)
+        cost[2] += sum(p.record == own.record for p in near)
+        cost[3] += len(near)
+        return dataclasses.replace(chunk, kv=kv)
 
     def report(self) -> list[str]:
         """Per conditioning, what its bases cost and where their neighbours came from."""
