@@ -115,12 +115,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--dtype", default="auto", help="the model's dtype (auto: the engine's)")
     parser.add_argument("--out", type=Path, required=True, help="the trained packets' file")
     parser.add_argument("--init", type=Path, default=None, help="go on training these packets")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     config = EngineConfig(
-        model=args.model, dtype="float32", num_threads=args.threads, linear_kernel="torch"
+        model=args.model, dtype=args.dtype, num_threads=args.threads, linear_kernel="torch"
     )
     engine = Engine.load(config)  # torch's linear: oneDNN's has no backward
     model = engine.loaded.model
@@ -169,6 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         "eval_n": args.eval_n,
         "rows": figures,
         "threads": torch.get_num_threads(),
+        "dtype": str(engine.loaded.dtype),
     }
     print(json.dumps(summary, indent=1))
     if args.json:

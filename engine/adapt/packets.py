@@ -98,13 +98,39 @@ def prefix_rows(model: PreTrainedModel, prefix_ids: Sequence[int]) -> KVRows:
     return cache_rows(out.past_key_values)
 
 
-def encoded_block(model: PreTrainedModel, prefix: KVRows, embeds: torch.Tensor) -> KVRows:
-    """KV of `embeds` [rows, hidden] computed alone right after the prefix (its base)."""
+def encoded_blocks(
+    model: PreTrainedModel, prefix: KVRows, blocks: Sequence[torch.Tensor]
+) -> list[KVRows]:
+    """KV of each of `blocks` ([rows, hidden] embeddings) computed alone right after the
+    prefix (its base), all in one batched pass: shorter blocks are padded at their end, which
+    no real row reads (attention is causal), and cut off after."""
     start = prefix[0][0].shape[2]
-    cache = DynamicCache(ddp_cache_data=[(k.clone(), v.clone()) for k, v in prefix])
-    positions = torch.arange(start, start + embeds.shape[0])[None]
-    model.model(inputs_embeds=embeds[None], position_ids=positions, cache=cache, use_cache=True)
-    return [(k[:, :, start:], v[:, :, start:]) for k, v in cache_rows(cache)]
+    longest = max(block.shape[0] for block in blocks)
+    padded = torch.stack([pad_rows(block, longest) for block in blocks])
+    batch = len(blocks)
+    cache = DynamicCache(
+        ddp_cache_data=[
+            (k.expand(batch, -1, -1, -1).clone(), v.expand(batch, -1, -1, -1).clone())
+            for k, v in prefix
+        ]
+    )
+    positions = torch.arange(start, start + longest)[None].expand(batch, -1)
+    model.model(inputs_embeds=padded, position_ids=positions, cache=cache, use_cache=True)
+    layers = cache_rows(cache)
+    return [
+        [
+            (k[i : i + 1, :, start : start + n], v[i : i + 1, :, start : start + n])
+            for k, v in layers
+        ]
+        for i, n in enumerate(block.shape[0] for block in blocks)
+    ]
+
+
+def pad_rows(block: torch.Tensor, rows: int) -> torch.Tensor:
+    """`block` [n, hidden] with zero rows after it up to `rows`."""
+    if block.shape[0] == rows:
+        return block
+    return torch.cat([block, block.new_zeros(rows - block.shape[0], block.shape[1])])
 
 
 def cache_rows(cache: DynamicCache) -> KVRows:
@@ -138,15 +164,18 @@ def reused_cache(
     embed = embedding(model)
     start = prefix[0][0].shape[2]
     layers: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = [([k], [v]) for k, v in prefix]
-    position = start
+    blocks = []
     for ids in chunks:
         rows = embed(torch.tensor(list(ids)))
         if packets is not None:
             rows = torch.cat([packets.head.to(rows.dtype), rows, packets.tail.to(rows.dtype)])
-        for (keys, values), (k, v) in zip(layers, encoded_block(model, prefix, rows)):
+        blocks.append(rows)
+    position = start
+    for block, kv in zip(blocks, encoded_blocks(model, prefix, blocks)):
+        for (keys, values), (k, v) in zip(layers, kv):
             keys.append(shifted_keys(k, position - start, inv_freq))
             values.append(v)
-        position += rows.shape[0]
+        position += block.shape[0]
     data = [(torch.cat(keys, dim=2), torch.cat(values, dim=2)) for keys, values in layers]
     return DynamicCache(ddp_cache_data=data), position
 
