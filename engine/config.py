@@ -185,6 +185,15 @@ class EngineConfig:
         "and the guard's repairs stop equalling full prefill at near-ties; the copy costs one more "
         "model in memory (docs/benchmarks/bfloat16.md).",
     )
+    packets: str | None = described(
+        None,
+        "Learned chunk packets (engine/adapt/packets.py, trained by `kvmosaic adapt`): a "
+        "packets file, `auto` (the `packets.safetensors` beside the model's converted "
+        "checkpoint, if there is one) or unset (none). With packets the engine can encode and "
+        "read a chunk between them (`Engine.packeted`), and their digest joins the model "
+        "fingerprint; nothing serves them by default, as none has passed the fidelity yardstick "
+        "(docs/benchmarks/second-front.md).",
+    )
     linear_kernel: str = described(
         "auto",
         "Kernel of the model's linear layers and of the MiniLM embedder "

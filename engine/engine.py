@@ -18,6 +18,7 @@ from typing import TypeVar
 
 import torch
 
+from engine.adapt.packets import packets_fingerprint, packets_for
 from engine.config import EngineConfig, Fidelity
 from engine.decoding import Decoding
 from engine.errors import InvalidRequest, PromptTooLong
@@ -64,6 +65,12 @@ class Engine:
     ):
         """`profile` None: the loaded model's reuse profile in force (engine/serving/profile.py)."""
         self.config = config
+        # learned packets (config.packets): their digest joins the fingerprint of every cache
+        self.packets = packets_for(config, loaded)
+        if self.packets is not None:
+            loaded = dataclasses.replace(
+                loaded, fingerprint=packets_fingerprint(loaded.fingerprint, self.packets)
+            )
         self.loaded = loaded
         spec = loaded.spec
         self.profile = profile or load_profile(
@@ -86,6 +93,8 @@ class Engine:
             config.decode_weights,
             rounded_decode_weights(config.model, config.model_path),
         )
+        if self.packets is not None:
+            self.stack.install_soft_rows(self.packets.rows)
         self.prompts = PromptBuilder(loaded.tokenizer, config.system_prompt, config.instruction)
         self.scheduler = (
             DecodeScheduler(
@@ -196,6 +205,14 @@ class Engine:
     def chunk_ids(self, text: str, title: str = "") -> tuple[int, ...]:
         return self.prompts.chunk_ids(text, title)
 
+    def packeted(self, token_ids: Sequence[int]) -> tuple[int, ...]:
+        """A chunk's ids between the engine's packets (config.packets): encoded by
+        `encode_chunk` and read as any chunk's, each packet token a soft row. InvalidRequest
+        without packets."""
+        if self.packets is None:
+            raise InvalidRequest("this engine has no packets (KVMOSAIC_PACKETS, kvmosaic adapt)")
+        return self.packets.around(token_ids, self.stack.embed_tokens.weight.shape[0])
+
     def encode_chunk(self, token_ids: Sequence[int]) -> ChunkKV:
         """KV of one chunk computed alone right after the system prefix (its base variant)."""
         if not token_ids:
@@ -260,6 +277,8 @@ class Engine:
         if loaded is not self.loaded:
             log.info("base KV is computed in %s by a copy of the model", loaded.dtype)
             stack = DecoderStack(loaded)
+            if self.packets is not None:
+                stack.install_soft_rows(self.packets.rows)
             with torch.inference_mode():  # the copy's own prefix: its chunks attend to it
                 prefix_kv = self._encode(
                     self.prompts.prefix_ids, start=0, runner=LayerRunner(stack)

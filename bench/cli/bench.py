@@ -3,6 +3,7 @@ run."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from functools import partial
 from pathlib import Path
@@ -35,7 +36,8 @@ def add_parser(subparsers) -> None:
         default="full,naive,epic,cacheblend",
         help="comma-separated modes; `mode@fast|balanced|exact` sets that row's fidelity guard "
         "level; `mode[key=value;...]` its engine settings, `codec=NAME` a store codec, "
-        "`neighbours=K;lead_tokens=T` neighbour-conditioned bases (bench/fidelity/neighbours.py)",
+        "`neighbours=K;lead_tokens=T` neighbour-conditioned bases (bench/fidelity/neighbours.py), "
+        "`packets=1` chunks between learned packets (--packets)",
     )
     fidelity.add_argument(
         "--fidelity",
@@ -63,6 +65,13 @@ def add_parser(subparsers) -> None:
         "KL "
         "along full's answer (teacher forcing, --max-new-tokens) and bytes per token on "
         "the same requests (cold variants)",
+    )
+    fidelity.add_argument(
+        "--packets",
+        type=Path,
+        default=None,
+        help="load these learned packets (`kvmosaic adapt`); rows naming `packets=1` read every "
+        "chunk between them",
     )
     fidelity.add_argument("--json", type=Path, default=None, help="also write the figures here")
     fidelity.set_defaults(handler=run_fidelity)
@@ -160,7 +169,10 @@ def run_fidelity(args) -> int:
         fidelity=args.fidelity,
         orders=args.orders,
     )
-    engine = Engine.load(engine_config(args))
+    config = engine_config(args)
+    if args.packets is not None:
+        config = dataclasses.replace(config, packets=str(args.packets))
+    engine = Engine.load(config)
     # this thread computes metrics, never in a pool of its own (engine/serving/threads.py)
     single_threaded()
     if args.store_codecs:

@@ -70,6 +70,7 @@ CRAFT = "cachecraft"  # the mode whose α `kvmosaic calibrate` fits
 WARM = "+warm"
 AT = "@"  # `mode@fidelity`: the row runs at that guard level (engine/serving/guard.py)
 SETTINGS = "["  # `mode[key=value;...]`: the row plans with these engine settings (`row_config`)
+PACKETS = "packets"  # `mode[packets=1]`: the row reads its chunks between learned packets
 CODEC = "codec"  # `mode[codec=NAME]`: the row's chunk KV goes through a store codec first
 KVTransform = Callable[[ChunkKV], ChunkKV]
 # fixed when the model loads: one engine serves every row
@@ -419,7 +420,7 @@ def row_config(label: str, config: EngineConfig) -> EngineConfig:
     kernels, model) cannot be set per row."""
     changes: dict[str, Any] = {}
     for key, text in settings_of(label).items():
-        if key == CODEC or key in NEIGHBOUR_KEYS:
+        if key in (CODEC, PACKETS) or key in NEIGHBOUR_KEYS:
             continue  # the chunks' KV, not the engine (`_through_codec`, `mode_books`)
         if key in LOAD_FIELDS or key not in {f.name for f in dataclasses.fields(config)}:
             raise InvalidRequest(
@@ -463,6 +464,7 @@ def mode_books(
     record."""
     out: dict[str, tuple[VariantBook, float]] = {}
     conditioned: dict[Conditioning, list[ChunkInput]] = {}  # rows that share one compute it once
+    packeted: list[ChunkInput] = []
     for label in labels:
         orders = options.warmup_orders if WARM in label else 0
         conditioning = Conditioning.of(label, settings_of(label))
@@ -471,9 +473,29 @@ def mode_books(
             if conditioning not in conditioned:
                 conditioned[conditioning] = neighbourhood.conditioned(engine, base, conditioning)
             bases = conditioned[conditioning]
+        if reads_packets(label):
+            if conditioning is not None:
+                raise InvalidRequest(f"row {label!r}: packets or neighbours, not both")
+            packeted = packeted or packeted_bases(engine, base)
+            bases = packeted
         out[label] = warmed_book(
             engine, question, bases, orders, options.seed + index, mode_of(label)
         )
+    return out
+
+
+def reads_packets(label: str) -> bool:
+    """Whether a row reads its chunks between the engine's learned packets (`packets=1`)."""
+    return settings_of(label).get(PACKETS, "0").lower() in ("1", "true", "yes")
+
+
+def packeted_bases(engine: Engine, base: list[ChunkInput]) -> list[ChunkInput]:
+    """`base`'s chunks between the engine's packets (`Engine.packeted`), each encoded alone
+    after the system prefix (ingest's work, not timed)."""
+    out = []
+    for chunk in base:
+        ids = engine.packeted(chunk.token_ids)
+        out.append(ChunkInput(chunk.chunk_id, ids, engine.encode_chunk(ids)))
     return out
 
 

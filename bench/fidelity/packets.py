@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,35 +25,16 @@ import torch
 from tqdm import tqdm
 
 from bench.fidelity.accuracy import bootstrap, paired_difference, per_case_means, score_answer
+from bench.fidelity.adapt import AdaptOptions, adapt, distiller_of
 from bench.fidelity.cases import generate_cases
 from bench.fidelity.fidelity import chunk_orders
-from engine.adapt.packets import Packets, prefix_rows
-from engine.adapt.train import Distiller, Example, train
+from engine.adapt.packets import Packets
+from engine.adapt.train import Distiller
 from engine.config import EngineConfig
 from engine.engine import Engine
 
 CHUNKS = 6
 ROWS = ("full", "naive", "packets")
-
-
-def examples_of(
-    engine: Engine,
-    distiller: Distiller,
-    cases: list[dict[str, Any]],
-    seed: int,
-    max_new: int,
-    train_chunks: int,
-) -> list[Example]:
-    """The first `train_chunks` of each case's chunks in a seeded random order, with full
-    prefill's greedy answer and its teacher log-probs."""
-    rng = random.Random(seed)
-    out = []
-    for case in tqdm(cases, desc="teacher", file=sys.stderr):
-        chunks = [engine.chunk_ids(c["text"], c.get("title", "")) for c in case["ctxs"][:CHUNKS]]
-        rng.shuffle(chunks)
-        question = engine.prompts.question_ids(case["question"])
-        out.append(distiller.full_example(chunks[:train_chunks], question, max_new))
-    return out
 
 
 def judge(
@@ -124,41 +103,22 @@ def main(argv: list[str] | None = None) -> None:
         model=args.model, dtype=args.dtype, num_threads=args.threads, linear_kernel="torch"
     )
     engine = Engine.load(config)  # torch's linear: oneDNN's has no backward
-    model = engine.loaded.model
-    distiller = Distiller(
-        model,
-        prefix_rows(model, engine.prompts.prefix_ids),
-        engine.stack.inv_freq,
-        engine.loaded.eos_token_ids,
+    options = AdaptOptions(
+        out=args.out,
+        seed=args.train_seed,
+        n=args.train_n,
+        chunks=args.train_chunks,
+        head=args.head,
+        tail=args.tail,
+        lr=args.lr,
+        budget_s=args.budget_s,
+        max_new_tokens=args.max_new_tokens,
+        init=args.init,
     )
-    began = time.monotonic()
-    cases = generate_cases(args.train_seed, args.train_n)
-    every = examples_of(
-        engine, distiller, cases, args.train_seed, args.max_new_tokens, args.train_chunks
-    )
-    held_n = max(4, len(every) // 10)
-    teacher_s = time.monotonic() - began
-    separator = engine.loaded.tokenizer("\n\n", add_special_tokens=False).input_ids
-    start = (
-        Packets.load(args.init)[0]
-        if args.init
-        else Packets.initial(model, separator, args.head, args.tail)
-    )
-    packets, report = train(
-        distiller, every[held_n:], every[:held_n], start, args.budget_s, args.lr
-    )
-    meta = {
-        "model": args.model,
-        "fingerprint": engine.fingerprint,
-        "train_seed": args.train_seed,
-        "train_n": args.train_n,
-        "train_chunks": args.train_chunks,
-        "init": str(args.init) if args.init else None,
-        "steps": report.steps,
-        "best_step": report.best_step,
-        "held_kl": [report.held_kl_plain, report.held_kl_start, report.held_kl_best],
-    }
-    packets.save(args.out, meta)
+    adapted = adapt(engine, options)
+    distiller, packets, report = distiller_of(engine), adapted.packets, adapted.report
+    meta = {"model": args.model, **adapted.meta}
+    teacher_s = adapted.teacher_s
     figures = judge(engine, distiller, generate_cases(args.eval_seed, args.eval_n), packets, args)
     summary = {
         **meta,

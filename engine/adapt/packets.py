@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,12 @@ import safetensors.torch
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from engine.errors import InvalidRequest
+from engine.config import EngineConfig
+from engine.errors import InvalidRequest, KvMosaicError
+from engine.model.known import checkpoint_of
+from engine.model.loader import LoadedModel
+
+log = logging.getLogger(__name__)
 
 KVRows = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (K, V), [1, kv_heads, rows, dim]
 
@@ -50,6 +56,23 @@ class Packets:
         """Rows a chunk's cached KV gains: its head and tail."""
         return self.head.shape[0] + self.tail.shape[0]
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(head tokens, tail tokens)."""
+        return self.head.shape[0], self.tail.shape[0]
+
+    @property
+    def rows(self) -> torch.Tensor:
+        """[head + tail, hidden]: the head's rows, then the tail's."""
+        return torch.cat([self.head, self.tail])
+
+    def around(self, token_ids: Sequence[int], first_id: int) -> tuple[int, ...]:
+        """`token_ids` between the packets, whose tokens take the ids from `first_id` on (the
+        soft rows of `DecoderStack.install_soft_rows`): what a chunk is encoded and read as."""
+        head = range(first_id, first_id + self.head.shape[0])
+        tail = range(head.stop, head.stop + self.tail.shape[0])
+        return (*head, *token_ids, *tail)
+
     def digest(self) -> str:
         """sha256 of the tokens' bytes (float32): the packets' part of a cache's identity."""
         data = torch.cat([self.head, self.tail]).detach().float().contiguous()
@@ -77,6 +100,48 @@ class Packets:
         if metadata.get("digest") != packets.digest():
             raise InvalidRequest(f"packets {path} do not match their digest")
         return packets, meta
+
+
+PACKETS_FILE = "packets.safetensors"  # beside the converted checkpoint (`kvmosaic adapt`)
+
+
+def packets_for(config: EngineConfig, loaded: LoadedModel) -> Packets | None:
+    """The packets `config.packets` names for `loaded` (None: unset, or `auto` and no file
+    beside the checkpoint). KvMosaicError if the file is unreadable or fits another model's
+    hidden size; a warning if they were trained on a model of another fingerprint (another
+    dtype or kernel: they still fit, not as well)."""
+    if config.packets is None:
+        return None
+    if config.packets == "auto":
+        path = checkpoint_of(config.data_dir, config.model, config.model_path) / PACKETS_FILE
+        if not path.is_file():
+            return None
+    else:
+        path = Path(config.packets)
+    try:
+        packets, meta = Packets.load(path)
+    except InvalidRequest as exc:
+        raise KvMosaicError(str(exc)) from None
+    if packets.head.shape[1] != loaded.spec.hidden_size:
+        raise KvMosaicError(
+            f"packets {path} have {packets.head.shape[1]} columns, the model's hidden size is "
+            f"{loaded.spec.hidden_size}: they belong to another model"
+        )
+    if meta.get("fingerprint") != loaded.fingerprint:
+        log.warning(
+            "packets %s were trained on model fingerprint %s, this one is %s",
+            path,
+            meta.get("fingerprint"),
+            loaded.fingerprint,
+        )
+    log.info("packets: %s (%d + %d soft tokens, digest %s)", path, *packets.shape, packets.digest())
+    return packets
+
+
+def packets_fingerprint(fingerprint: str, packets: Packets) -> str:
+    """A model fingerprint that also names the packets: KV encoded with them is another cache."""
+    text = f"{fingerprint} packets {packets.digest()}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def shifted_keys(k: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Tensor:

@@ -50,6 +50,7 @@ class TrainReport:
     held_kl_best: float = math.nan
     best_step: int = 0
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, held-back KL)
+    interrupted: bool = False  # Ctrl-C ended it before the budget
 
 
 class Distiller:
@@ -142,9 +143,12 @@ def train(
     eval_every: int = 25,
     progress: bool = True,
     clock: Callable[[], float] = time.monotonic,
+    on_best: Callable[[Packets, TrainReport], None] | None = None,
 ) -> tuple[Packets, TrainReport]:
-    """Train `packets` on `examples` (in turn, again and again) until `budget_s` has passed;
-    returns the best packets on `held` and the report. Nothing else changes."""
+    """Train `packets` on `examples` (in turn, again and again) until `budget_s` has passed
+    or the user interrupts (Ctrl-C ends training, not the run); returns the best packets on
+    `held` and the report. `on_best` sees every new best as it is found (to save it: a crash
+    loses no more than the steps since). Nothing else changes."""
     if not examples or not held:
         raise ValueError("training needs examples and a held-back split")
     report = TrainReport(held_kl_plain=distiller.held_kl(held, None))
@@ -157,21 +161,26 @@ def train(
     optimizer = torch.optim.AdamW([head, tail], lr=lr, weight_decay=0.0)
     began = clock()
     bar = tqdm(desc="adapt", unit="step", file=sys.stderr, disable=not progress)
-    while clock() - began < budget_s:
-        example = examples[report.steps % len(examples)]
-        loss = distiller.kl(example, learning)
-        optimizer.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]
-        optimizer.step()
-        report.steps += 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}", held=f"{report.held_kl_best:.3f}")
-        if report.steps % eval_every == 0:
-            current = Packets(head.detach().clone(), tail.detach().clone())
-            score = distiller.held_kl(held, current)
-            report.curve.append((report.steps, score))
-            if score < report.held_kl_best:
-                report.held_kl_best, report.best_step, best = score, report.steps, current
+    try:
+        while clock() - began < budget_s:
+            example = examples[report.steps % len(examples)]
+            loss = distiller.kl(example, learning)
+            optimizer.zero_grad()
+            loss.backward()  # type: ignore[no-untyped-call]
+            optimizer.step()
+            report.steps += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}", held=f"{report.held_kl_best:.3f}")
+            if report.steps % eval_every == 0:
+                current = Packets(head.detach().clone(), tail.detach().clone())
+                score = distiller.held_kl(held, current)
+                report.curve.append((report.steps, score))
+                if score < report.held_kl_best:
+                    report.held_kl_best, report.best_step, best = score, report.steps, current
+                    if on_best is not None:
+                        on_best(best, report)
+    except KeyboardInterrupt:
+        report.interrupted = True
     bar.close()
     report.seconds = clock() - began
     return best, report

@@ -119,13 +119,30 @@ class DecoderStack:
         self.native: NativeDecodeStep | None = None
         # rows per call of a prefill's products (engine/model/row_tiles.py); decode is untiled
         self.row_tile = row_tile_for(self.embed_tokens.weight.device)
+        # input rows of the ids past the vocabulary (`embed`); None: there are none
+        self.soft_rows: torch.Tensor | None = None
 
     @property
     def inv_freq(self) -> torch.Tensor:
         return self.rotary.inv_freq
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(ids)
+        """Input rows of `ids`; an id past the vocabulary's table is soft row `id - table
+        size` (`install_soft_rows`: learned packets, engine/adapt/packets.py)."""
+        if self.soft_rows is None:
+            return self.embed_tokens(ids)
+        vocab = self.embed_tokens.weight.shape[0]
+        soft = ids >= vocab
+        out: torch.Tensor = self.embed_tokens(torch.where(soft, 0, ids))
+        if bool(soft.any()):
+            out[soft] = self.soft_rows[ids[soft] - vocab]
+        return out
+
+    def install_soft_rows(self, rows: torch.Tensor) -> None:
+        """Let ids from the table's size on stand for `rows` [n, hidden] (in the model's dtype)."""
+        if rows.ndim != 2 or rows.shape[1] != self.embed_tokens.weight.shape[1]:
+            raise ValueError(f"soft rows {tuple(rows.shape)} do not fit the model's hidden size")
+        self.soft_rows = rows.to(self.embed_tokens.weight)
 
     def rope_tables(
         self, positions: torch.Tensor, like: torch.Tensor

@@ -66,3 +66,21 @@ def plan_request(engine, chunks, config=None) -> PlanRequest:
         engine.loaded.spec.num_layers,
         config.fidelity,
     )
+
+
+def engine_with_packets(smol_tokenizer, data_dir, packets: str | None):
+    """The tiny model on torch's linear layers, loaded with the packets file `packets`."""
+    from engine import EngineConfig
+    from engine.engine import Engine
+    from engine.model.loader import wrap_model
+    from tests.conftest import build_tiny_model
+
+    config = EngineConfig(
+        data_dir=data_dir,
+        fidelity="fast",
+        encode_dtype="engine",
+        linear_kernel="torch",
+        packets=packets,
+    )
+    model = build_tiny_model(len(smol_tokenizer))
+    return Engine(config, wrap_model(model, smol_tokenizer, linear_kernel="torch"))

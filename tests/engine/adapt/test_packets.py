@@ -110,3 +110,33 @@ def test_training_moves_only_the_packets_and_keeps_the_best_on_the_held_split(to
     assert report.held_kl_best < report.held_kl_start
     assert distiller.held_kl(examples[:1], best) == pytest.approx(report.held_kl_best, rel=1e-4)
     assert all(torch.equal(a, b) for a, b in zip(weights, distiller.model.parameters()))
+
+
+def test_an_interrupted_training_returns_the_best_so_far(torch_engine):
+    distiller = distiller_of(torch_engine)
+    chunks = [c.token_ids for c in chunk_inputs(torch_engine, cached=False)]
+    example = distiller.full_example(chunks[:2], torch_engine.prompts.question_ids(QUESTION), 4)
+    start = Packets.initial(distiller.model, [13, 13], 2, 2)
+    seen: list[float] = []
+    steps = itertools.count()
+
+    def clock() -> float:
+        if next(steps) == 4:  # the fourth step's turn: the user presses Ctrl-C
+            raise KeyboardInterrupt
+        return 0.0
+
+    best, report = train(
+        distiller,
+        [example],
+        [example],
+        start,
+        10.0,
+        lr=0.002,
+        eval_every=1,
+        progress=False,
+        clock=clock,
+        on_best=lambda packets, report: seen.append(report.held_kl_best),
+    )
+    assert report.interrupted and report.steps == 3
+    assert seen and seen[-1] == report.held_kl_best < report.held_kl_start
+    assert distiller.held_kl([example], best) == pytest.approx(report.held_kl_best, rel=1e-4)
