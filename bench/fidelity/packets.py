@@ -17,67 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-from typing import Any
 
 import torch
-from tqdm import tqdm
 
-from bench.fidelity.accuracy import bootstrap, paired_difference, per_case_means, score_answer
 from bench.fidelity.adapt import AdaptOptions, adapt, distiller_of
 from bench.fidelity.cases import generate_cases
-from bench.fidelity.fidelity import chunk_orders
-from engine.adapt.packets import Packets
-from engine.adapt.train import Distiller
+from bench.fidelity.reading import judge
 from engine.config import EngineConfig
 from engine.engine import Engine
-
-CHUNKS = 6
-ROWS = ("full", "naive", "packets")
-
-
-def judge(
-    engine: Engine,
-    distiller: Distiller,
-    cases: list[dict[str, Any]],
-    packets: Packets,
-    args: argparse.Namespace,
-) -> dict[str, Any]:
-    """Every row's answers on every case in two chunk orders, scored against the golds."""
-    scores: dict[str, list[float]] = {row: [] for row in ROWS}
-    same: dict[str, list[float]] = {row: [] for row in ROWS}
-    case_of: list[int] = []
-    for index, case in enumerate(tqdm(cases, desc="judge", file=sys.stderr)):
-        chunks = [engine.chunk_ids(c["text"], c.get("title", "")) for c in case["ctxs"][:CHUNKS]]
-        question = engine.prompts.question_ids(case["question"])
-        for order in chunk_orders(list(range(len(chunks))), 2, args.eval_seed + index):
-            ordered = [chunks[i] for i in order]
-            example = distiller.full_example(ordered, question, args.max_new_tokens)
-            full = example.answer_ids
-            answers = {
-                "full": full,
-                "naive": distiller.reused_answer(example, None, args.max_new_tokens),
-                "packets": distiller.reused_answer(example, packets, args.max_new_tokens),
-            }
-            for row, ids in answers.items():
-                text = str(engine.loaded.tokenizer.decode(list(ids), skip_special_tokens=True))
-                scores[row].append(float(score_answer(text, case["answers"]).contains))
-                same[row].append(float(ids == full))
-            case_of.append(index)
-    per_case = {row: per_case_means(scores[row], case_of) for row in ROWS}
-    out: dict[str, Any] = {}
-    for row in ROWS:
-        accuracy = bootstrap(per_case[row])
-        versus = paired_difference(per_case[row], per_case["full"])
-        out[row] = {
-            "accuracy": [accuracy.mean, accuracy.low, accuracy.high],
-            "vs_full": [versus.mean, versus.low, versus.high],
-            "same_as_full": sum(same[row]) / len(same[row]),
-        }
-    gain = paired_difference(per_case["packets"], per_case["naive"])
-    out["packets_vs_naive"] = [gain.mean, gain.low, gain.high]
-    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,7 +67,12 @@ def main(argv: list[str] | None = None) -> None:
     distiller, packets, report = distiller_of(engine), adapted.packets, adapted.report
     meta = {"model": args.model, **adapted.meta}
     teacher_s = adapted.teacher_s
-    figures = judge(engine, distiller, generate_cases(args.eval_seed, args.eval_n), packets, args)
+    readers = {
+        "naive": lambda e: distiller.reused_answer(e, None, args.max_new_tokens),
+        "packets": lambda e: distiller.reused_answer(e, packets, args.max_new_tokens),
+    }
+    cases = generate_cases(args.eval_seed, args.eval_n)
+    figures = judge(engine, distiller, cases, readers, args.eval_seed, args.max_new_tokens, "naive")
     summary = {
         **meta,
         "teacher_s": teacher_s,

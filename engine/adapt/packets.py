@@ -169,6 +169,8 @@ def encoded_blocks(
     """KV of each of `blocks` ([rows, hidden] embeddings) computed alone right after the
     prefix (its base), all in one batched pass: shorter blocks are padded at their end, which
     no real row reads (attention is causal), and cut off after."""
+    if not blocks:
+        return []
     start = prefix[0][0].shape[2]
     longest = max(block.shape[0] for block in blocks)
     padded = torch.stack([pad_rows(block, longest) for block in blocks])
