@@ -50,18 +50,7 @@ def run(args) -> int:
 
     config = dataclasses.replace(engine_config(args), linear_kernel="torch", packets=None)
     out = args.out or checkpoint_of(config.data_dir, config.model, config.model_path) / PACKETS_FILE
-    options = AdaptOptions(
-        out=out,
-        seed=args.seed,
-        n=args.n,
-        chunks=args.chunks,
-        head=args.head,
-        tail=args.tail,
-        lr=args.lr,
-        budget_s=args.budget_s,
-        max_new_tokens=args.max_new_tokens,
-        init=args.init,
-    )
+    options = AdaptOptions.of_args(args, out)
     options.check()  # before the model loads
     adapted = adapt(Engine.load(config), options)
     report = adapted.report

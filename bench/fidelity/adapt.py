@@ -43,6 +43,23 @@ class AdaptOptions:
     max_new_tokens: int = 16
     init: Path | None = None  # go on training these packets
 
+    @classmethod
+    def of_args(cls, args: Any, out: Path) -> AdaptOptions:
+        """The options a command line parsed (`seed`, `n`, `chunks`, `head`, `tail`, `lr`,
+        `budget_s`, `max_new_tokens`, `init`), writing to `out`."""
+        return cls(
+            out=out,
+            seed=args.seed,
+            n=args.n,
+            chunks=args.chunks,
+            head=args.head,
+            tail=args.tail,
+            lr=args.lr,
+            budget_s=args.budget_s,
+            max_new_tokens=args.max_new_tokens,
+            init=args.init,
+        )
+
     def check(self) -> None:
         """InvalidRequest for options that cannot train (a report seed, too few cases)."""
         if self.seed not in TUNING_SEEDS:
@@ -57,12 +74,14 @@ class AdaptOptions:
 
 @dataclass
 class Adapted:
-    """What `adapt` made: the packets, their training report, the file's meta, and its costs."""
+    """What `adapt` made: the packets, their training report, the file's meta, its costs and
+    the distiller it trained with."""
 
     packets: Packets
     report: TrainReport
     meta: dict[str, Any]
     teacher_s: float
+    distiller: Distiller  # the model as teacher and student, its prefix computed once
 
 
 def distiller_of(engine: Engine) -> Distiller:
@@ -151,4 +170,4 @@ def adapt(engine: Engine, options: AdaptOptions, progress: bool = True) -> Adapt
     )
     meta = meta_of(report)
     packets.save(options.out, meta)
-    return Adapted(packets, report, meta, teacher_s)
+    return Adapted(packets, report, meta, teacher_s, distiller)

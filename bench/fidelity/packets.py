@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from bench.fidelity.adapt import AdaptOptions, adapt, distiller_of
+from bench.fidelity.adapt import AdaptOptions, adapt
 from bench.fidelity.cases import generate_cases
 from bench.fidelity.reading import judge
 from engine.config import EngineConfig
@@ -31,12 +31,14 @@ from engine.engine import Engine
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
-    parser.add_argument("--train-seed", type=int, default=8)
-    parser.add_argument("--train-n", type=int, default=300)
+    parser.add_argument("--train-seed", dest="seed", type=int, default=8)
+    parser.add_argument("--train-n", dest="n", type=int, default=300)
     parser.add_argument("--eval-seed", type=int, default=7)
     parser.add_argument("--eval-n", type=int, default=50)
     parser.add_argument("--budget-s", type=float, default=900.0)
-    parser.add_argument("--train-chunks", type=int, default=3, help="chunks per training prompt")
+    parser.add_argument(
+        "--train-chunks", dest="chunks", type=int, default=3, help="chunks per training prompt"
+    )
     parser.add_argument("--head", type=int, default=8)
     parser.add_argument("--tail", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -51,20 +53,9 @@ def main(argv: list[str] | None = None) -> None:
         model=args.model, dtype=args.dtype, num_threads=args.threads, linear_kernel="torch"
     )
     engine = Engine.load(config)  # torch's linear: oneDNN's has no backward
-    options = AdaptOptions(
-        out=args.out,
-        seed=args.train_seed,
-        n=args.train_n,
-        chunks=args.train_chunks,
-        head=args.head,
-        tail=args.tail,
-        lr=args.lr,
-        budget_s=args.budget_s,
-        max_new_tokens=args.max_new_tokens,
-        init=args.init,
-    )
+    options = AdaptOptions.of_args(args, args.out)
     adapted = adapt(engine, options)
-    distiller, packets, report = distiller_of(engine), adapted.packets, adapted.report
+    distiller, packets, report = adapted.distiller, adapted.packets, adapted.report
     meta = {"model": args.model, **adapted.meta}
     teacher_s = adapted.teacher_s
     readers = {
