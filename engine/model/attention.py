@@ -281,33 +281,37 @@ def attention_mass(
 def _tiled_tail(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int, scale: float
 ) -> torch.Tensor:
-    """Rows [first, num_keys) by tiles of QUERY_BLOCK positions aligned to position 0:
+    """Rows [first, num_keys) by tiles of TAIL_TILE positions aligned to position 0:
     [heads, m, head_dim].
 
     A row's output depends only on its position, its query and the keys up to it, not on which
-    other rows are computed with it: the rows of tile [t, t + QUERY_BLOCK) always run keys
-    [0, t) unmasked and keys [t, t + QUERY_BLOCK) masked (zero past the prompt's end), merged
-    by log-sum-exp, so full prefill, a prefix's tail, a chunk at ingest and a repair give a row
-    the same bits. The rows of a call are not padded to a whole tile (a short tail would pay
-    for a tile): the CPU flash kernel gives a row the same bits in calls of any row count
-    (`kvmosaic bench invariance`; tests/engine/test_row_invariance_dtype.py fails where not).
+    other rows are computed with it: every tile [t, t + TAIL_TILE) runs as one call of a whole
+    tile of query rows (zero rows where the call has none, discarded) over keys [0, t) unmasked
+    and keys [t, t + TAIL_TILE) masked (zero past the prompt's end), merged by log-sum-exp. So
+    the kernel sees the same shapes for a row's tile whatever rows the call computes, and full
+    prefill, a prefix's tail, a chunk at ingest and a repair give a row the same bits. (The
+    kernel's bits depend on the number of query rows on some CPUs: AMD EPYC, docs/benchmarks/
+    bfloat16.md; tests/engine/test_tiled_tail.py fails where a call's rows change them.)
     """
     assert _CPU_FLASH is not None  # tiled only where the kernel exists
     heads, m, head_dim = q.shape
     kv_heads, num_keys = k.shape[0], k.shape[1]
     group, tile = heads // kv_heads, TAIL_TILE
     out = q.new_empty(heads, m, head_dim)
+    mask = _tile_mask(tile, group, q.dtype)
     for start in range(first // tile * tile, num_keys, tile):
         lo, hi = max(start, first), min(start + tile, num_keys)  # rows [lo, hi) of the tile
-        # folded: [1, kv_heads, group * rows, head_dim], query head h on key head h // group
-        folded = q[:, lo - first : hi - first].reshape(kv_heads, -1, head_dim)[None]
-        mask = _tile_mask(tile, q.dtype)[lo - start : hi - start].repeat(group, 1)
+        rows = q.new_zeros(heads, tile, head_dim)
+        rows[:, lo - start : hi - start] = q[:, lo - first : hi - first]
+        # folded: [1, kv_heads, group * tile, head_dim], query head h on key head h // group
+        folded = rows.reshape(kv_heads, group * tile, head_dim)[None]
         k_tile, v_tile = (_padded_keys(x, start, hi, tile) for x in (k, v))
-        rows, lse = _CPU_FLASH(folded, k_tile, v_tile, attn_mask=mask, scale=scale)
+        result, lse = _CPU_FLASH(folded, k_tile, v_tile, attn_mask=mask, scale=scale)
         if start:
             head, head_lse = _CPU_FLASH(folded, k[None, :, :start], v[None, :, :start], scale=scale)
-            rows = _merge(head, head_lse, rows, lse).to(q.dtype)
-        out[:, lo - first : hi - first] = rows.reshape(heads, hi - lo, head_dim)
+            result = _merge(head, head_lse, result, lse).to(q.dtype)
+        tile_out = result.reshape(heads, tile, head_dim)
+        out[:, lo - first : hi - first] = tile_out[:, lo - start : hi - start]
     return out
 
 
@@ -319,10 +323,12 @@ def _padded_keys(x: torch.Tensor, start: int, stop: int, tile: int) -> torch.Ten
 
 
 @functools.cache
-def _tile_mask(tile: int, dtype: torch.dtype) -> torch.Tensor:
-    """Causal additive mask of one tile over its own keys: [tile, tile] (shared: read only)."""
+def _tile_mask(tile: int, group: int, dtype: torch.dtype) -> torch.Tensor:
+    """Causal additive mask of a tile's folded rows over its own keys: [group * tile, tile]
+    (the tile's mask once per query head of a key head; shared, read only)."""
     hidden = torch.ones(tile, tile, dtype=torch.bool).triu_(1)
-    return torch.zeros(tile, tile, dtype=dtype).masked_fill_(hidden, float("-inf"))
+    one = torch.zeros(tile, tile, dtype=dtype).masked_fill_(hidden, float("-inf"))
+    return one.repeat(group, 1)
 
 
 def _merge(

@@ -246,7 +246,7 @@ def model_fingerprint(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype
 ) -> str:
     """sha256 over config, tokenizer, dtype, a weights digest, the linear kernel and the row
-    tiles of a prefill's products; 16 hex digits.
+    tiles of a prefill's products and attention; 16 hex digits.
 
     The weights digest hashes every parameter's name and shape and an evenly strided sample
     of up to 4096 of its values: any real change of checkpoint changes it, and it takes
@@ -269,10 +269,11 @@ def model_fingerprint(
     # another kernel's KV differs in the last bits (torch's keeps its old fingerprint)
     if linear_kernel_of(model) != "torch":
         h.update(linear_kernel_of(model).encode())
-    # so do products computed in other row tiles (engine/model/row_tiles.py)
+    # so do products computed in other row tiles (engine/model/row_tiles.py) and attention
+    # tiles of fewer query rows than a whole tile (before `_tiled_tail` padded them)
     tile = row_tile_for(next(model.parameters()).device)
     if tile is not None:
-        h.update(f"row tiles {tile}".encode())
+        h.update(f"row tiles {tile}, whole attention tiles".encode())
     return h.hexdigest()[:16]
 
 
