@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#define KVM_CPU_ABI_VERSION 3
+#define KVM_CPU_ABI_VERSION 4
 #define MAX_GROUP 8 /* query heads per key head */
 
 enum { KVM_CPU_OK = 0, KVM_CPU_ERR_SHAPE = 1, KVM_CPU_ERR_MEMORY = 2, KVM_CPU_ERR_UNSUPPORTED = 3 };

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).resolve().parent
 LIBRARY_NAME = "libkvmosaic_cpu.so"
-ABI_VERSION = 3  # KVM_CPU_ABI_VERSION in kernels.h
+ABI_VERSION = 4  # KVM_CPU_ABI_VERSION in kernels.h
 # fp-contract=fast lets the compiler fuse multiply-adds: the results are fixed by the binary
 # (the same on every call, whatever the batch), which is all the engine needs of them.
 COMPILE_FLAGS = (
@@ -82,6 +82,23 @@ SIGNATURES = {
         ctypes.c_void_p,
     ],
     "kvm_cpu_decode_step_supported": [],
+    "kvm_cpu_prefill_attention": [
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_float,
+    ],
+    "kvm_cpu_prefill_attention_supported": [],
 }
 CACHE_DTYPES = {"float32": 0, "bfloat16": 1}  # the last argument of kvm_cpu_decode_attention
 ERRORS = {1: "unsupported shape", 2: "out of memory", 3: "unsupported by this CPU's build"}
@@ -168,6 +185,8 @@ class CpuLibrary:
         self.decode_attention = self._dll.kvm_cpu_decode_attention
         self.decode_step = self._dll.kvm_cpu_decode_step
         self.decode_step_supported = bool(self._dll.kvm_cpu_decode_step_supported())
+        self.prefill_attention = self._dll.kvm_cpu_prefill_attention
+        self.prefill_attention_supported = bool(self._dll.kvm_cpu_prefill_attention_supported())
 
     def check(self, name: str, status: int) -> None:
         if status != 0:

@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from engine.model import prefill_attention
+
 # Queries per block when the query rows are scattered. Each block attends to the keys up to
 # its last query's position, so cost follows the causal triangle while a block stays large
 # enough for the kernel to be efficient; 128 was the fastest size for a blend's scattered rows
@@ -127,7 +129,9 @@ def causal_attention(
     q: [heads, m, head_dim]; k, v: [kv_heads, num_keys, head_dim] (grouped-query heads allowed).
     """
     gqa = q.shape[0] != k.shape[0]
-    if layout.tiled is not None:
+    if layout.tiled is not None and prefill_attention.available(q, k):
+        out = prefill_attention.tail_attention(q, k, v, layout.tiled, scale)
+    elif layout.tiled is not None:
         out = _tiled_tail(q, k, v, layout.tiled, scale)
     elif layout.pad is not None:
         out = _padded_causal(q, k, v, layout.pad, scale, gqa)

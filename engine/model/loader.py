@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.errors import KvMosaicError
+from engine.model import prefill_attention
 from engine.model.attention import prepare_device
 from engine.model.families import check_architecture, check_model_type
 from engine.model.known import checkpoint_of, configured_known_model
@@ -113,7 +114,8 @@ def resolve_dtype(name: str, device: str, amx: bool | None = None) -> torch.dtyp
     bfloat16 where AMX makes its products native: it kept task accuracy and stayed inside full
     prefill's own reorder floor on the answerable report cases, and serves more requests per
     second (docs/benchmarks/bfloat16.md, "auto"). AVX512-BF16 without AMX also has native
-    bfloat16 dot products, but `auto` stays float32 there until the rule written for it is run
+    bfloat16 dot products, but its rule, run on an AMD EPYC (Zen 4), kept float32: bfloat16
+    prefill fell short of the speed the rule asks, attention being no faster in bfloat16
     (docs/benchmarks/bfloat16.md, "auto on AVX512-BF16"); elsewhere bfloat16 is emulated.
     """
     if name == "auto":
@@ -137,9 +139,10 @@ def auto_dtype_reason(device: str, cpuinfo: Path = CPUINFO) -> str:
         return "bfloat16: this CPU has AMX-BF16 (docs/benchmarks/bfloat16.md, auto)"
     if native == "AVX512-BF16":
         return (
-            "float32: this CPU has native bfloat16 dot products (AVX512-BF16) but no AMX, and "
-            "bfloat16 has not passed the yardstick here yet (docs/benchmarks/bfloat16.md, "
-            "auto on AVX512-BF16); KVMOSAIC_DTYPE=bfloat16 takes it"
+            "float32: this CPU has native bfloat16 dot products (AVX512-BF16) but no AMX, where "
+            "bfloat16 prefill fell short of the speed-up auto's rule asks "
+            "(docs/benchmarks/bfloat16.md, auto on AVX512-BF16); KVMOSAIC_DTYPE=bfloat16 takes "
+            "it (faster, with other roundings)"
         )
     return "float32: this CPU emulates bfloat16 products (no AVX512-BF16, no AMX)"
 
@@ -274,6 +277,9 @@ def model_fingerprint(
     tile = row_tile_for(next(model.parameters()).device)
     if tile is not None:
         h.update(f"row tiles {tile}, whole attention tiles".encode())
+    # and a bfloat16 tail's attention on AVX512-BF16's kernel (engine/model/prefill_attention.py)
+    if dtype == torch.bfloat16 and tile is not None and prefill_attention.kernel_name() != "flash":
+        h.update(f"prefill attention {prefill_attention.kernel_name()}".encode())
     return h.hexdigest()[:16]
 
 
