@@ -169,8 +169,10 @@ class EngineConfig:
     device: str = described("cpu", "`cpu` or `cuda[:n]`.")
     dtype: str = described(
         "auto",
-        "The model's dtype: `auto` (bfloat16 on a CPU with AMX-BF16, float32 on other "
-        "CPUs, float16 on CUDA), `float32`, `float16`, `bfloat16`. On AMX bfloat16 kept task "
+        "The model's dtype: `auto` (bfloat16 on a CPU with AMX-BF16, and on one with "
+        "AVX512-BF16 for a known model whose rule passed there: SmolLM2 (docs/benchmarks/"
+        'bfloat16.md, "auto on AVX512-BF16, run"); float32 on other CPUs; float16 on CUDA), '
+        "`float32`, `float16`, `bfloat16`. On AMX bfloat16 kept task "
         "accuracy and stayed inside full prefill's reorder floor while serving more; with the "
         "prefill's row tiles its exact reuse is bit for bit full prefill's in either dtype "
         '(docs/benchmarks/bfloat16.md, "Row tiles"), and bfloat16\'s answers differ from '

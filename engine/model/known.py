@@ -83,6 +83,9 @@ class KnownModel:
     # the rounded decode weights the fidelity yardstick passed for this model, which `auto`
     # takes when no format holds its weights exactly (docs/benchmarks/decode.md, item 3)
     rounded_decode_weights: str | None = None
+    # whether `dtype=auto` takes bfloat16 for this model on a CPU with AVX512-BF16 and no AMX:
+    # its rule passed there (docs/benchmarks/bfloat16.md, "auto on AVX512-BF16, run")
+    bfloat16_on_avx512_bf16: bool = False
 
 
 def _data_part(stem: str, version: str, n: int) -> Package:
@@ -100,6 +103,7 @@ SMOLLM2 = KnownModel(
     num_layers=30,
     num_parameters=134_515_008,
     default=True,
+    bfloat16_on_avx512_bf16=True,
 )
 QWEN_CODER = KnownModel(
     name="qwen2.5-coder-0.5b",

@@ -26,7 +26,7 @@ from engine.errors import KvMosaicError
 from engine.model import prefill_attention
 from engine.model.attention import prepare_device
 from engine.model.families import check_architecture, check_model_type
-from engine.model.known import checkpoint_of, configured_known_model
+from engine.model.known import KnownModel, checkpoint_of, configured_known_model
 from engine.model.known import embedded_checkpoint as embedded_checkpoint
 from engine.model.linear import linear_kernel_of, use_linear_kernel
 from engine.model.row_tiles import row_tile_for
@@ -107,42 +107,57 @@ def native_bfloat16(cpuinfo: Path = CPUINFO) -> str | None:
     return "AVX512-BF16" if "avx512_bf16" in flags else None
 
 
-def resolve_dtype(name: str, device: str, amx: bool | None = None) -> torch.dtype:
-    """ "auto" is float16 on CUDA, bfloat16 on a CPU with AMX-BF16 and float32 on other CPUs;
-    `amx` overrides the CPU check (tests).
+def resolve_dtype(
+    name: str,
+    device: str,
+    amx: bool | None = None,
+    known: KnownModel | None = None,
+    avx512_bf16: bool | None = None,
+) -> torch.dtype:
+    """ "auto" is float16 on CUDA; bfloat16 on a CPU with AMX-BF16, and on one with AVX512-BF16
+    for a known model whose rule passed there (`KnownModel.bfloat16_on_avx512_bf16`); float32
+    on other CPUs. `amx` and `avx512_bf16` override the CPU's flags (tests).
 
     bfloat16 where AMX makes its products native: it kept task accuracy and stayed inside full
     prefill's own reorder floor on the answerable report cases, and serves more requests per
-    second (docs/benchmarks/bfloat16.md, "auto"). AVX512-BF16 without AMX also has native
-    bfloat16 dot products, but its rule, run on an AMD EPYC (Zen 4), kept float32: bfloat16
-    prefill fell short of the speed the rule asks, attention being no faster in bfloat16
-    (docs/benchmarks/bfloat16.md, "auto on AVX512-BF16"); elsewhere bfloat16 is emulated.
+    second (docs/benchmarks/bfloat16.md, "auto"). AVX512-BF16 without AMX has native bfloat16
+    dot products too; there the rule is run per model (docs/benchmarks/bfloat16.md, "auto on
+    AVX512-BF16, run"), and a model it has not passed for stays float32. Elsewhere bfloat16 is
+    emulated.
     """
     if name == "auto":
         if device.startswith("cuda"):
             return torch.float16
         amx = cpu_has_amx_bf16() if amx is None else amx
-        return torch.bfloat16 if amx else torch.float32
+        avx512_bf16 = cpu_has_avx512_bf16() if avx512_bf16 is None else avx512_bf16
+        passed = known is not None and known.bfloat16_on_avx512_bf16
+        return torch.bfloat16 if amx or (avx512_bf16 and passed) else torch.float32
     table = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
     if name not in table:
         raise ValueError(f"unknown dtype {name!r}; use one of auto, {', '.join(table)}")
     return table[name]
 
 
-def auto_dtype_reason(device: str, cpuinfo: Path = CPUINFO) -> str:
-    """Why `auto` picks its dtype on `device`, in words for a log line (the CPU's flags read from
-    `cpuinfo`)."""
+def auto_dtype_reason(device: str, cpuinfo: Path = CPUINFO, known: KnownModel | None = None) -> str:
+    """Why `auto` picks its dtype on `device` for the `known` model (None: a checkpoint by
+    path), in words for a log line (the CPU's flags read from `cpuinfo`)."""
     if device.startswith("cuda"):
         return "float16 on CUDA"
     native = native_bfloat16(cpuinfo)
     if native == "AMX-BF16":
         return "bfloat16: this CPU has AMX-BF16 (docs/benchmarks/bfloat16.md, auto)"
-    if native == "AVX512-BF16":
+    if native == "AVX512-BF16" and known is not None and known.bfloat16_on_avx512_bf16:
         return (
-            "float32: this CPU has native bfloat16 dot products (AVX512-BF16) but no AMX, where "
-            "bfloat16 prefill fell short of the speed-up auto's rule asks "
-            "(docs/benchmarks/bfloat16.md, auto on AVX512-BF16); KVMOSAIC_DTYPE=bfloat16 takes "
-            "it (faster, with other roundings)"
+            f"bfloat16: this CPU has native bfloat16 dot products (AVX512-BF16) and "
+            f"{known.name} passed auto's rule there (docs/benchmarks/bfloat16.md, auto on "
+            "AVX512-BF16, run); KVMOSAIC_DTYPE=float32 keeps float32"
+        )
+    if native == "AVX512-BF16":
+        model = known.name if known is not None else "a checkpoint by path"
+        return (
+            "float32: this CPU has native bfloat16 dot products (AVX512-BF16) but no AMX, and "
+            f"auto's rule for it has not passed for {model} (docs/benchmarks/bfloat16.md, auto "
+            "on AVX512-BF16, run); KVMOSAIC_DTYPE=bfloat16 takes it (faster, other roundings)"
         )
     return "float32: this CPU emulates bfloat16 products (no AVX512-BF16, no AMX)"
 
@@ -166,9 +181,10 @@ def load_model(
             f"model path {source} is not a directory with a Hugging Face checkpoint"
         )
     _check_checkpoint_config(source)
-    torch_dtype = resolve_dtype(dtype, device)
+    known = configured_known_model(model_name, model_path)
+    torch_dtype = resolve_dtype(dtype, device, known=known)
     if dtype == "auto":
-        log.info("dtype auto: %s", auto_dtype_reason(device))
+        log.info("dtype auto: %s", auto_dtype_reason(device, known=known))
     started = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, local_files_only=True)
     # PreTrainedModel.to is wrapped with functools.wraps, which typeshed types as unbound
@@ -177,7 +193,6 @@ def load_model(
     prepare_device(torch.device(device))
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     log.info("loaded model from %s in %.2fs", source, time.perf_counter() - started)
-    known = configured_known_model(model_name, model_path)
     return dataclasses.replace(
         wrap_model(model, tokenizer, linear_kernel), known_name=known.name if known else None
     )

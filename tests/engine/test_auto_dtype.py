@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from engine.model.known import QWEN_CODER
 from engine.model.loader import (
     auto_dtype_reason,
     cpu_has_avx512_bf16,
@@ -27,12 +30,22 @@ def test_native_bfloat16_is_amx_then_avx512_bf16_else_emulated(tmp_path):
     assert not cpu_has_avx512_bf16.__wrapped__(cpuinfo(tmp_path, "avx512bw"))
 
 
-def test_auto_stays_float32_on_avx512_bf16_as_its_rule_decided(tmp_path):
-    """docs/benchmarks/bfloat16.md, "auto on AVX512-BF16": run on an AMD EPYC (Zen 4), the rule
-    kept float32 (bfloat16 prefill short of the speed-up it asks)."""
-    assert resolve_dtype("auto", "cpu", amx=False) == torch.float32
-    reason = auto_dtype_reason("cpu", cpuinfo(tmp_path, "avx512_bf16"))
-    assert reason.startswith("float32") and "AVX512-BF16" in reason and "bfloat16" in reason
+def test_on_avx512_bf16_auto_is_bfloat16_only_for_a_model_whose_rule_passed(tmp_path):
+    """docs/benchmarks/bfloat16.md, "auto on AVX512-BF16, run": decided per known model."""
+    passed = dataclasses.replace(QWEN_CODER, bfloat16_on_avx512_bf16=True)
+    not_run = dataclasses.replace(QWEN_CODER, bfloat16_on_avx512_bf16=False)
+    native = {"amx": False, "avx512_bf16": True}
+    assert resolve_dtype("auto", "cpu", known=passed, **native) == torch.bfloat16
+    assert resolve_dtype("auto", "cpu", known=not_run, **native) == torch.float32
+    assert resolve_dtype("auto", "cpu", known=None, **native) == torch.float32  # by path
+    emulated = {"amx": False, "avx512_bf16": False}
+    assert resolve_dtype("auto", "cpu", known=passed, **emulated) == torch.float32
+    assert resolve_dtype("float32", "cpu", known=passed, **native) == torch.float32
+    flags = cpuinfo(tmp_path, "avx512_bf16")
+    assert auto_dtype_reason("cpu", flags, passed).startswith("bfloat16")
+    for known in (not_run, None):
+        reason = auto_dtype_reason("cpu", flags, known)
+        assert reason.startswith("float32") and "AVX512-BF16" in reason and "bfloat16" in reason
 
 
 def test_the_reason_names_what_auto_chose(tmp_path):
