@@ -38,6 +38,7 @@ from engine.model.known import rounded_decode_weights
 from engine.model.layers import DecoderStack
 from engine.model.linear import linear_kernel_of
 from engine.model.loader import LoadedModel, cpu_has_amx_bf16, load_model
+from engine.model.prefill_attention import kernel_for
 from engine.model.runner import LayerRunner
 from engine.model.selfcheck import rope_shift_selfcheck, tokenization_selfcheck
 from engine.model.work import counted_as, is_background_thread
@@ -166,6 +167,7 @@ class Engine:
         return (
             f"{str(self.loaded.dtype).removeprefix('torch.')} on {self.loaded.device}, "
             f"linear kernel {linear_kernel_of(self.loaded.model)}, "
+            f"prefill attention {kernel_for(self.loaded.dtype, self.loaded.device)}, "
             f"decode attention {self.stack.decode_attention}, "
             f"{self.config.num_threads or DEFAULT_THREADS} threads"
         )

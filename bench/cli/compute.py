@@ -91,6 +91,7 @@ def run_prefill_command(args) -> int:
     from engine.model.layers import DecoderStack
     from engine.model.linear import linear_kernel_of
     from engine.model.loader import load_model
+    from engine.model.prefill_attention import kernel_for
     from engine.serving.threads import use_threads
 
     if args.threads:
@@ -105,7 +106,11 @@ def run_prefill_command(args) -> int:
         print(llama_bench_status(gguf))
         for dtype in (d.strip() for d in args.dtypes.split(",") if d.strip()):
             loaded = load_model(data_dir, None, "cpu", dtype, args.linear_kernel, name)
-            print(f"{name} {dtype}: linear kernel {linear_kernel_of(loaded.model)}")
+            attention = kernel_for(loaded.dtype, loaded.device)
+            print(
+                f"{name} {dtype}: linear kernel {linear_kernel_of(loaded.model)}, "
+                f"prefill attention {attention}"
+            )
             stack = DecoderStack(loaded)
             rows += measure_model(name, dtype, stack, lengths, args.repeats, gguf)
     print(format_table(rows))

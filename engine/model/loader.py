@@ -293,8 +293,9 @@ def model_fingerprint(
     if tile is not None:
         h.update(f"row tiles {tile}, whole attention tiles".encode())
     # and a bfloat16 tail's attention on AVX512-BF16's kernel (engine/model/prefill_attention.py)
-    if dtype == torch.bfloat16 and tile is not None and prefill_attention.kernel_name() != "flash":
-        h.update(f"prefill attention {prefill_attention.kernel_name()}".encode())
+    attention = prefill_attention.kernel_for(dtype, next(model.parameters()).device)
+    if attention == "avx512-bf16":
+        h.update(f"prefill attention {attention}".encode())
     return h.hexdigest()[:16]
 
 

@@ -50,9 +50,13 @@ def available(q: torch.Tensor, k: torch.Tensor) -> bool:
     )
 
 
-def kernel_name() -> str:
-    """For the fingerprint and logs: which kernel a bfloat16 CPU prefill's attention runs."""
-    return "avx512-bf16" if _cpu_allows() else "flash"
+def kernel_for(dtype: torch.dtype, device: torch.device) -> str:
+    """Which kernel a prefill tail's attention runs for a model of `dtype` on `device`: this
+    module's C kernel (`avx512-bf16`), PyTorch's CPU flash kernel by tiles (`flash`), or SDPA
+    (`sdpa`, CUDA). For the fingerprint and the start-up line."""
+    if device.type != "cpu":
+        return "sdpa"
+    return "avx512-bf16" if dtype == torch.bfloat16 and _cpu_allows() else "flash"
 
 
 def tail_attention(

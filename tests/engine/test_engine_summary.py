@@ -8,6 +8,7 @@ import engine.engine as engine_module
 def test_the_summary_names_dtype_device_kernels_and_threads(tiny_engine):
     summary = tiny_engine.summary
     assert summary.startswith("float32 on cpu, linear kernel ")
+    assert "prefill attention flash" in summary  # a float32 model keeps the flash kernel
     assert f"decode attention {tiny_engine.stack.decode_attention}" in summary and summary.endswith(
         " threads"
     )

@@ -36,7 +36,9 @@ def test_it_runs_wherever_the_cpu_has_avx512_bf16_without_amx():
     """Not skipped silently: a CPU that can run it builds it (-march=native) and takes it."""
     if library.get() is None or not cpu_has_avx512_bf16() or cpu_has_amx_bf16():
         pytest.skip("not such a CPU, or no C compiler")
-    assert prefill_attention.kernel_name() == "avx512-bf16"
+    cpu = torch.device("cpu")
+    assert prefill_attention.kernel_for(torch.bfloat16, cpu) == "avx512-bf16"
+    assert prefill_attention.kernel_for(torch.float32, cpu) == "flash"
 
 
 def test_the_setting_keeps_flash_and_refuses_other_values(monkeypatch):
