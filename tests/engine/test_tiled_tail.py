@@ -3,7 +3,9 @@
 On some CPUs (AMD EPYC, Zen 4) the flash kernel's bits depend on how many query rows a call
 has (docs/benchmarks/bfloat16.md); the tiles pad every call to whole tiles so that they do not.
 Compared with `torch.equal` in the two known models' head shapes, through the engine's own
-`causal_attention` (a tail of more than one row takes the tiles on the CPU).
+`causal_attention` (a tail of more than one row takes the tiles on the CPU; a bfloat16 tail on
+a CPU with AVX512-BF16 and no AMX takes engine/cpu/prefill_attention.c instead, held to the
+same here).
 """
 
 from __future__ import annotations
