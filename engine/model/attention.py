@@ -12,7 +12,9 @@ every layer until the next selection.
 On the CPU a block of scattered rows splits its keys in two: the keys before the block's
 first row are visible to every row and run without a mask (the masked kernel is ~20% slower
 per key); only the keys from the first row on are masked. The two partial results are merged
-by their log-sum-exp, which the CPU flash kernel returns.
+by their log-sum-exp, which the CPU flash kernel returns. A bfloat16 prefill tail on a CPU with
+AVX512-BF16 and no AMX runs the C kernel of `prefill_attention.py` instead (the flash kernel is
+no faster in bfloat16 than in float32 there).
 
 On a GPU a masked block folds its grouped-query heads into rows (no `enable_gqa`), so that
 the memory-efficient kernel takes it, and `prepare_device` turns cuDNN's attention off: it
