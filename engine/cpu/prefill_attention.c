@@ -37,25 +37,6 @@
 
 int kvm_cpu_prefill_attention_supported(void) { return 1; }
 
-/* exp(x) for x <= 0 in 16 lanes (Cephes' polynomial, as decode_attention.c); x below -87 is
- * taken as -87. */
-static inline __m512 exp_ps(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500E-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    __m512i scale = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(scale));
-}
-
 /* K of one key head as [blocks of 16 keys][PAIRS][16 keys][2 dims]; keys past n are zero. */
 static void pack_keys(const uint16_t *k, int64_t row_stride, int n, int padded, uint16_t *packed) {
     for (int b = 0; b < padded / 16; b++)
@@ -116,11 +97,11 @@ static inline void row_probabilities(row_state *row, __m512 *s, int first_key, i
     }
     float block_max = _mm512_reduce_max_ps(top_lanes);
     float top = block_max > row->max ? block_max : row->max;
-    __m512 alpha = exp_ps(_mm512_set1_ps(row->max - top)); /* row->max = -inf at first: 0 weight */
+    __m512 alpha = exp_nonpositive(_mm512_set1_ps(row->max - top)); /* row->max = -inf at first: 0 weight */
     __m512 sums = _mm512_setzero_ps();
     for (int i = 0; i < VECTORS; i += 2) {
-        __m512 p0 = _mm512_maskz_mov_ps(mask[i], exp_ps(_mm512_sub_ps(s[i], _mm512_set1_ps(top))));
-        __m512 p1 = _mm512_maskz_mov_ps(mask[i + 1], exp_ps(_mm512_sub_ps(s[i + 1], _mm512_set1_ps(top))));
+        __m512 p0 = _mm512_maskz_mov_ps(mask[i], exp_nonpositive(_mm512_sub_ps(s[i], _mm512_set1_ps(top))));
+        __m512 p1 = _mm512_maskz_mov_ps(mask[i + 1], exp_nonpositive(_mm512_sub_ps(s[i + 1], _mm512_set1_ps(top))));
         __m512i bits = (__m512i)_mm512_cvtne2ps_pbh(p1, p0); /* lanes 0-15: p0's keys, 16-31: p1's */
         _mm512_storeu_si512(pairs + 8 * i, bits);
         /* the sum of what multiplies V: the rounded probabilities, widened back exactly */

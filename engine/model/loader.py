@@ -289,11 +289,12 @@ def model_fingerprint(
         h.update(linear_kernel_of(model).encode())
     # so do products computed in other row tiles (engine/model/row_tiles.py) and attention
     # tiles of fewer query rows than a whole tile (before `_tiled_tail` padded them)
-    tile = row_tile_for(next(model.parameters()).device)
+    device = next(model.parameters()).device
+    tile = row_tile_for(device)
     if tile is not None:
         h.update(f"row tiles {tile}, whole attention tiles".encode())
     # and a bfloat16 tail's attention on AVX512-BF16's kernel (engine/model/prefill_attention.py)
-    attention = prefill_attention.kernel_for(dtype, next(model.parameters()).device)
+    attention = prefill_attention.kernel_for(dtype, device)
     if attention == "avx512-bf16":
         h.update(f"prefill attention {attention}".encode())
     return h.hexdigest()[:16]
