@@ -30,6 +30,11 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--tail", type=int, default=8, help="soft tokens after a chunk (8)")
     parser.add_argument("--lr", type=float, default=1e-3, help="AdamW's rate (0.001)")
     parser.add_argument(
+        "--schedule",
+        default="constant",
+        help="the rate along the budget: constant, or cosine down to 0 at its end (constant)",
+    )
+    parser.add_argument(
         "--budget-s", type=float, default=1800.0, help="training time, seconds (1800)"
     )
     parser.add_argument("--max-new-tokens", type=int, default=16, help="teacher answer length")

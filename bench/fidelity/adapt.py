@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from bench.fidelity.cases import TUNING_SEEDS, generate_cases
 from engine.adapt.packets import Packets, prefix_rows
-from engine.adapt.train import Distiller, Example, TrainReport, train
+from engine.adapt.train import SCHEDULES, Distiller, Example, TrainReport, train
 from engine.engine import Engine
 from engine.errors import InvalidRequest
 
@@ -39,6 +39,7 @@ class AdaptOptions:
     head: int = 8
     tail: int = 8
     lr: float = 1e-3
+    schedule: str = "constant"  # the rate along the budget (engine/adapt/train.py SCHEDULES)
     budget_s: float = 1800.0
     max_new_tokens: int = 16
     init: Path | None = None  # go on training these packets
@@ -46,7 +47,7 @@ class AdaptOptions:
     @classmethod
     def of_args(cls, args: Any, out: Path) -> AdaptOptions:
         """The options a command line parsed (`seed`, `n`, `chunks`, `head`, `tail`, `lr`,
-        `budget_s`, `max_new_tokens`, `init`), writing to `out`."""
+        `schedule`, `budget_s`, `max_new_tokens`, `init`), writing to `out`."""
         return cls(
             out=out,
             seed=args.seed,
@@ -55,6 +56,7 @@ class AdaptOptions:
             head=args.head,
             tail=args.tail,
             lr=args.lr,
+            schedule=args.schedule,
             budget_s=args.budget_s,
             max_new_tokens=args.max_new_tokens,
             init=args.init,
@@ -70,6 +72,8 @@ class AdaptOptions:
             raise InvalidRequest(f"--chunks must lie in 1..{PASSAGES_PER_CASE}")
         if self.budget_s <= 0:
             raise InvalidRequest("--budget-s must be positive")
+        if self.schedule not in SCHEDULES:
+            raise InvalidRequest(f"--schedule must be one of {', '.join(SCHEDULES)}")
 
 
 @dataclass
@@ -152,6 +156,7 @@ def adapt(engine: Engine, options: AdaptOptions, progress: bool = True) -> Adapt
             "held_back": held_n,
             "chunks": options.chunks,
             "lr": options.lr,
+            "schedule": options.schedule,
             "init": str(options.init) if options.init else None,
             "steps": report.steps,
             "best_step": report.best_step,
@@ -167,6 +172,7 @@ def adapt(engine: Engine, options: AdaptOptions, progress: bool = True) -> Adapt
         options.lr,
         progress=progress,
         on_best=lambda best, report: best.save(options.out, meta_of(report)),
+        schedule=options.schedule,
     )
     meta = meta_of(report)
     packets.save(options.out, meta)

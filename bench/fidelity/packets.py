@@ -24,6 +24,7 @@ import torch
 from bench.fidelity.adapt import AdaptOptions, adapt
 from bench.fidelity.cases import generate_cases
 from bench.fidelity.reading import judge
+from engine.adapt.train import SCHEDULES
 from engine.config import EngineConfig
 from engine.engine import Engine
 
@@ -42,6 +43,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--head", type=int, default=8)
     parser.add_argument("--tail", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default="constant",
+        help="the rate along the budget: constant, or cosine down to 0 at its end (constant)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--dtype", default="auto", help="the model's dtype (auto: the engine's)")

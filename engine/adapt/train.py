@@ -5,7 +5,8 @@ A step prefills the prompt in full (no gradient) and assembles it by reuse with 
 around every chunk (engine/adapt/packets.py); the loss is KL(full ‖ reuse) of the next-token
 distributions along full's answer, its first token included. Only the packets learn. A held-back
 split's mean KL is measured before training (reuse without packets, and with the starting
-packets) and every `eval_every` steps; the best packets on it are kept. A time budget ends it.
+packets) and every `eval_every` steps; the best packets on it are kept. A time budget ends it;
+the rate is constant or decays along the budget (`SCHEDULES`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,18 @@ from engine.adapt.packets import KVRows, Packets, logits_after, reused_cache
 from engine.model.linear import linear_kernel_of
 
 TEACHER_TOP = 64  # teacher log-probs kept per answer position (the rest of the mass is dropped)
+# How the rate moves along the time budget: "constant", or "cosine" from the given rate at the
+# start to 0 when the budget ends (a budget is time, not steps: the decay follows the clock).
+SCHEDULES = ("constant", "cosine")
+
+
+def rate_at(lr: float, schedule: str, spent: float) -> float:
+    """The rate after `spent` of the budget (0..1, clipped) under `schedule`."""
+    if schedule == "constant":
+        return lr
+    if schedule == "cosine":
+        return lr * 0.5 * (1.0 + math.cos(math.pi * min(max(spent, 0.0), 1.0)))
+    raise ValueError(f"unknown schedule {schedule!r}: one of {', '.join(SCHEDULES)}")
 
 
 @dataclass(frozen=True)
@@ -144,13 +157,16 @@ def train(
     progress: bool = True,
     clock: Callable[[], float] = time.monotonic,
     on_best: Callable[[Packets, TrainReport], None] | None = None,
+    schedule: str = "constant",
 ) -> tuple[Packets, TrainReport]:
     """Train `packets` on `examples` (in turn, again and again) until `budget_s` has passed
-    or the user interrupts (Ctrl-C ends training, not the run); returns the best packets on
-    `held` and the report. `on_best` sees every new best as it is found (to save it: a crash
-    loses no more than the steps since). Nothing else changes."""
+    or the user interrupts (Ctrl-C ends training, not the run), at rate `lr` moved along the
+    budget by `schedule`; returns the best packets on `held` and the report. `on_best` sees
+    every new best as it is found (to save it: a crash loses no more than the steps since).
+    Nothing else changes."""
     if not examples or not held:
         raise ValueError("training needs examples and a held-back split")
+    rate_at(lr, schedule, 0.0)  # an unknown schedule fails before the held-back KL is spent
     report = TrainReport(held_kl_plain=distiller.held_kl(held, None))
     report.held_kl_start = report.held_kl_best = distiller.held_kl(held, packets)
     report.curve.append((0, report.held_kl_start))
@@ -162,7 +178,9 @@ def train(
     began = clock()
     bar = tqdm(desc="adapt", unit="step", file=sys.stderr, disable=not progress)
     try:
-        while clock() - began < budget_s:
+        while (elapsed := clock() - began) < budget_s:
+            for group in optimizer.param_groups:
+                group["lr"] = rate_at(lr, schedule, elapsed / budget_s)
             example = examples[report.steps % len(examples)]
             loss = distiller.kl(example, learning)
             optimizer.zero_grad()

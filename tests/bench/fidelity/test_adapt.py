@@ -38,6 +38,7 @@ def test_adapt_writes_the_best_packets_with_what_made_them(adapted):
         ({"n": 4}, "at least 8"),
         ({"chunks": 7}, "chunks"),
         ({"budget_s": 0}, "positive"),
+        ({"schedule": "linear"}, "constant, cosine"),
     ],
 )
 def test_options_that_cannot_train_are_refused(tmp_path, change, message):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.adapt.packets import Packets, prefix_rows, reused_cache, shifted_keys
-from engine.adapt.train import Distiller, train
+from engine.adapt.train import Distiller, rate_at, train
 from engine.errors import InvalidRequest
 from engine.model.ops import rope_shift_twin_
 from engine.planners import Mode
@@ -140,3 +140,43 @@ def test_an_interrupted_training_returns_the_best_so_far(torch_engine):
     assert report.interrupted and report.steps == 3
     assert seen and seen[-1] == report.held_kl_best < report.held_kl_start
     assert distiller.held_kl([example], best) == pytest.approx(report.held_kl_best, rel=1e-4)
+
+
+def test_the_cosine_rate_falls_from_the_rate_to_zero_along_the_budget():
+    assert rate_at(0.01, "constant", 0.9) == 0.01
+    rates = [rate_at(0.01, "cosine", spent / 10) for spent in range(11)]
+    assert rates[0] == pytest.approx(0.01) and rates[5] == pytest.approx(0.005)
+    assert rates[10] == pytest.approx(0.0, abs=1e-12)
+    assert all(a > b for a, b in zip(rates, rates[1:]))
+    assert rate_at(0.01, "cosine", 1.5) == rates[10]  # a step past the budget's end: clipped
+    with pytest.raises(ValueError, match="unknown schedule"):
+        rate_at(0.01, "step", 0.5)
+
+
+def test_a_cosine_schedule_sets_the_optimizers_rate_by_the_clock(torch_engine, monkeypatch):
+    distiller = distiller_of(torch_engine)
+    chunks = [c.token_ids for c in chunk_inputs(torch_engine, cached=False)]
+    example = distiller.full_example(chunks[:2], torch_engine.prompts.question_ids(QUESTION), 2)
+    seen: list[float] = []
+    step = torch.optim.AdamW.step
+
+    def recording(self, *args, **kwargs):
+        seen.append(self.param_groups[0]["lr"])
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", recording)
+    ticks = itertools.count()  # one tick per clock read, one read per step: 0, 1, 2, 3
+    train(
+        distiller,
+        [example],
+        [example],
+        Packets.initial(distiller.model, [13, 13], 2, 2),
+        4.0,
+        lr=0.002,
+        eval_every=100,
+        progress=False,
+        clock=lambda: float(next(ticks)),
+        schedule="cosine",
+    )
+    expected = [rate_at(0.002, "cosine", t / 4) for t in (1, 2, 3)]
+    assert seen == pytest.approx(expected)
