@@ -30,6 +30,12 @@ def add_invariance_parser(kinds) -> None:
     )
     p.add_argument("--repeats", type=int, default=5, help="timed calls per op (median)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument(
+        "--thread-counts",
+        default="1",
+        help="other CPU thread counts whose rows are compared with --threads' (comma-separated; "
+        "default 1, the variant builder's)",
+    )
     p.set_defaults(handler=run_invariance_command)
 
 
@@ -54,7 +60,11 @@ def run_invariance_command(args) -> int:
         print(line)
     print(f"shapes of {checkpoint.name}: {shapes}; {args.rows} rows, random weights")
     only = tuple(o.strip() for o in args.ops.split(",") if o.strip()) if args.ops else None
-    results = run_invariance(shapes, args.rows, blocks, dtypes, args.repeats, only=only)
+    counts = [int(t) for t in args.thread_counts.split(",") if t.strip()]
+    print(f"rows on {torch.get_num_threads()} threads against {counts} threads")
+    results = run_invariance(
+        shapes, args.rows, blocks, dtypes, args.repeats, only=only, threads=counts
+    )
     print(format_table(results, args.rows, blocks))
     return 0
 

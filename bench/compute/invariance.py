@@ -31,6 +31,7 @@ from engine.model.attention import QueryLayout, causal_attention
 from engine.model.layers import _rope
 from engine.model.linear import OneDnnLinear, onednn_agrees
 from engine.model.row_tiles import ROW_TILE, by_row_tiles
+from engine.serving.threads import in_own_thread
 
 BLOCKS = (1, 7, 16, 64, 128, 512, 1024)
 DTYPES = (torch.float32, torch.bfloat16)
@@ -51,7 +52,8 @@ class RowOp:
 @dataclass
 class Invariance:
     """One op on one kernel in one dtype: per block size, rows whose bits differ from all
-    rows at once and the largest difference; the median time of all rows at once."""
+    rows at once and the largest difference; per other thread count, rows whose bits differ
+    from all rows at once on this thread's count; the median time of all rows at once."""
 
     name: str
     kernel: str
@@ -59,26 +61,49 @@ class Invariance:
     differing: dict[int, int] = field(default_factory=dict)
     max_diff: dict[int, float] = field(default_factory=dict)
     ms: float = float("nan")
+    by_threads: dict[int, int] = field(default_factory=dict)  # thread count -> rows differing
 
     @property
     def invariant(self) -> bool:
-        return not any(self.differing.values())
+        return not any(self.differing.values()) and not any(self.by_threads.values())
 
 
 def measure(
-    op: RowOp, dtype: torch.dtype, total: int, blocks: Sequence[int], repeats: int
+    op: RowOp,
+    dtype: torch.dtype,
+    total: int,
+    blocks: Sequence[int],
+    repeats: int,
+    threads: Sequence[int] = (),
 ) -> Invariance:
-    """`Invariance` of `op` over `total` rows at each block size (those under `total`)."""
+    """`Invariance` of `op` over `total` rows at each block size (those under `total`) and at
+    each thread count of `threads` other than this thread's."""
     with torch.inference_mode():
         whole = op.rows(0, total)
         found = Invariance(op.name, op.kernel, dtype)
         for size in (b for b in blocks if b < total):
             parts = torch.cat([op.rows(s, min(s + size, total)) for s in range(0, total, size)])
-            same = (parts == whole).reshape(total, -1).all(dim=1)
-            found.differing[size] = int((~same).sum())
+            found.differing[size] = _rows_differing(parts, whole)
             found.max_diff[size] = float((parts.float() - whole.float()).abs().max())
+        for count in (t for t in threads if t != torch.get_num_threads()):
+            found.by_threads[count] = _rows_differing(_on_threads(op, total, count), whole)
         found.ms = median_ms(lambda: op.rows(0, total), repeats)
     return found
+
+
+def _rows_differing(rows: torch.Tensor, reference: torch.Tensor) -> int:
+    same = (rows == reference).reshape(reference.shape[0], -1).all(dim=1)
+    return int((~same).sum())
+
+
+def _on_threads(op: RowOp, total: int, count: int) -> torch.Tensor:
+    """All `total` rows of `op`, computed on a new thread that uses `count` CPU threads."""
+
+    def rows() -> torch.Tensor:
+        with torch.inference_mode():  # thread-local: the new thread enters its own
+            return op.rows(0, total)
+
+    return in_own_thread(rows, threads=count)
 
 
 def median_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -246,15 +271,16 @@ def run_invariance(
     repeats: int = 5,
     say: Callable[[str], None] = print,
     only: Sequence[str] | None = None,
+    threads: Sequence[int] = (),
 ) -> list[Invariance]:
-    """Every op (or those whose name contains one of `only`) in every dtype; `say` gets a line
-    per op as it finishes."""
+    """Every op (or those whose name contains one of `only`) in every dtype, at each block
+    size and thread count; `say` gets a line per op as it finishes."""
     found = []
     for dtype in dtypes:
         for op in row_ops(shapes, dtype, total):
             if only is not None and not any(part in op.name for part in only):
                 continue
-            result = measure(op, dtype, total, blocks, repeats)
+            result = measure(op, dtype, total, blocks, repeats, threads)
             say(f"  {op.name} [{op.kernel}] {_dtype_name(dtype)}: {_verdict(result)}")
             found.append(result)
     return found
@@ -262,13 +288,17 @@ def run_invariance(
 
 def format_table(results: Sequence[Invariance], total: int, blocks: Sequence[int]) -> str:
     """Markdown: per op, kernel and dtype, the rows (of `total`) whose bits differ from all rows
-    at once at each block size, the largest difference, and the time against float32's."""
+    at once at each block size and at each other thread count, the largest difference over the
+    blocks, and the time against float32's."""
     sizes = [b for b in blocks if b < total]
+    counts = sorted({t for r in results for t in r.by_threads})
     float32 = {(r.name, r.kernel): r.ms for r in results if r.dtype == torch.float32}
-    head = ["op", "kernel", "dtype", *[f"b={b}" for b in sizes], "max abs diff", "ms", "vs fp32"]
+    head = ["op", "kernel", "dtype", *[f"b={b}" for b in sizes], *[f"{t} thr" for t in counts]]
+    head += ["max abs diff", "ms", "vs fp32"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
-        cells = ["=" if r.differing[b] == 0 else f"{r.differing[b]} rows" for b in sizes]
+        cells = [_cell(r.differing[b]) for b in sizes]
+        cells += [_cell(r.by_threads[t]) if t in r.by_threads else "" for t in counts]
         worst = max(r.max_diff.values(), default=0.0)
         ratio = float32.get((r.name, r.kernel), float("nan")) / r.ms
         lines.append(
@@ -279,11 +309,19 @@ def format_table(results: Sequence[Invariance], total: int, blocks: Sequence[int
     return "\n".join(lines)
 
 
+def _cell(rows: int) -> str:
+    return "=" if rows == 0 else f"{rows} rows"
+
+
 def _verdict(result: Invariance) -> str:
     if result.invariant:
-        return f"row-invariant at every block, {result.ms:.2f} ms"
-    bad = [b for b, n in result.differing.items() if n]
-    return f"bits depend on the block (b = {', '.join(map(str, bad))}), {result.ms:.2f} ms"
+        return f"row-invariant at every block and thread count, {result.ms:.2f} ms"
+    found = []
+    if bad := [b for b, n in result.differing.items() if n]:
+        found.append(f"the block (b = {', '.join(map(str, bad))})")
+    if bad := [t for t, n in result.by_threads.items() if n]:
+        found.append(f"the thread count ({', '.join(map(str, bad))})")
+    return f"bits depend on {' and '.join(found)}, {result.ms:.2f} ms"
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

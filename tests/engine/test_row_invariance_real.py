@@ -21,6 +21,7 @@ from engine import EngineConfig
 from engine.engine import Engine
 from engine.model.known import QWEN_CODER, is_installed
 from engine.planners import Mode
+from engine.serving.threads import in_own_thread
 from tests.engine.helpers import QUESTION, chunk_inputs
 from tests.engine.test_qwen_real import DATA_DIR
 
@@ -65,3 +66,19 @@ def test_a_reused_prefix_and_ingested_kv_are_full_prefill_bit_for_bit(engine):
     prefix = engine.prefill([chunks[0], *exact, *chunks[3:]], QUESTION, mode=Mode.named("prefix"))
     assert torch.equal(prefix.cache.rows(0, total), full.cache.rows(0, total))
     assert torch.equal(prefix.logits, full.logits)
+
+
+def test_kv_computed_on_one_thread_is_full_prefill_on_two_bit_for_bit(engine):
+    """The variant builder computes exact variants on one CPU thread, full prefill runs on the
+    compute thread's count: a row's bits must not depend on how many threads computed it."""
+    chunks = chunk_inputs(engine)
+
+    def full(threads: int):
+        return in_own_thread(
+            lambda: engine.prefill(chunks, QUESTION, mode=Mode.named("full")), threads=threads
+        )
+
+    one, two = full(1), full(2)
+    total = two.layout.total_len
+    assert torch.equal(one.cache.rows(0, total), two.cache.rows(0, total))
+    assert torch.equal(one.logits, two.logits)

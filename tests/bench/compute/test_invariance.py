@@ -35,3 +35,24 @@ def test_the_table_marks_equal_blocks_and_counts_differing_rows():
     table = format_table([same, half], 16, (4, 8, 32))
     assert "| op | k | float32 | = | 3 rows |" in table and "0.50×" in table
     assert "b=32" not in table  # blocks as large as all rows are left out
+
+
+def test_rows_are_compared_across_thread_counts_on_a_thread_of_their_own():
+    from engine.serving.threads import in_own_thread
+
+    def on_two_threads() -> list[Invariance]:
+        return run_invariance(
+            SHAPES, 40, (8,), (torch.float32,), repeats=1, say=print, only=["RMS"], threads=(1, 2)
+        )
+
+    (result,) = in_own_thread(on_two_threads, threads=2)
+    assert list(result.by_threads) == [1]  # its own count (2) is not compared with itself
+    assert result.by_threads[1] == 0 and result.invariant
+
+
+def test_a_thread_count_that_changes_bits_is_counted_and_printed():
+    same = Invariance("op", "k", torch.float32, {4: 0}, {4: 0.0}, 2.0, by_threads={1: 0})
+    moved = Invariance("op", "j", torch.float32, {4: 0}, {4: 0.0}, 2.0, by_threads={1: 5})
+    assert same.invariant and not moved.invariant
+    table = format_table([same, moved], 16, (4,))
+    assert "| 1 thr |" in table and "| op | j | float32 | = | 5 rows |" in table
