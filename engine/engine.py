@@ -51,6 +51,7 @@ from engine.serving.guard import Guarded, default_ratio
 from engine.serving.guarded import GuardedRequest
 from engine.serving.profile import ReuseProfile, load_profile
 from engine.serving.scheduler import DecodeScheduler
+from engine.model.thread_bits import thread_fingerprint, threads_change_bits
 from engine.serving.threads import DEFAULT_THREADS, in_own_thread
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,13 @@ class Engine:
         if self.packets is not None:
             loaded = dataclasses.replace(
                 loaded, fingerprint=packets_fingerprint(loaded.fingerprint, self.packets)
+            )
+        # a prefill whose bits depend on the thread count: the count joins the fingerprint, and
+        # exact variants are built on it (engine/model/thread_bits.py)
+        self.threads_change_bits = threads_change_bits(loaded.model, self.threads)
+        if self.threads_change_bits:
+            loaded = dataclasses.replace(
+                loaded, fingerprint=thread_fingerprint(loaded.fingerprint, self.threads)
             )
         self.loaded = loaded
         spec = loaded.spec
@@ -162,14 +170,32 @@ class Engine:
         return self.loaded.fingerprint
 
     @property
+    def threads(self) -> int:
+        """The compute thread's CPU thread count."""
+        return self.config.num_threads or DEFAULT_THREADS
+
+    @property
+    def build_threads(self) -> int:
+        """The CPU threads whose prefill gives this engine's bits: 1, or its own count where
+        the bits depend on the count (engine/model/thread_bits.py)."""
+        return self.threads if self.threads_change_bits else 1
+
+    @property
     def summary(self) -> str:
         """What computes: dtype, device, kernels and threads, for the start-up line."""
+        bits = (
+            ""
+            if self.threads == 1
+            else " (bits depend on the count: it is in the fingerprint)"
+            if self.threads_change_bits
+            else " (bits as on one thread)"
+        )
         return (
             f"{str(self.loaded.dtype).removeprefix('torch.')} on {self.loaded.device}, "
             f"linear kernel {linear_kernel_of(self.loaded.model)}, "
             f"prefill attention {kernel_for(self.loaded.dtype, self.loaded.device)}, "
             f"decode attention {self.stack.decode_attention}, "
-            f"{self.config.num_threads or DEFAULT_THREADS} threads"
+            f"{self.threads} threads{bits}"
         )
 
     @property

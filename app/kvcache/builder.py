@@ -9,7 +9,10 @@ waits (`wait_idle`: it sleeps until the last request finishes rather than pollin
 polling thread takes the interpreter lock from the compute thread many times a second); a
 request that finds the queue full leaves no build (counted as skipped). The thread also runs
 at a lower CPU priority (nice + 10, inherited by the threads torch starts from it), so a
-request arriving during a build gets the CPU first.
+request arriving during a build gets the CPU first. A build runs on one CPU thread, unless the
+engine's prefill gives other bits on one thread than on its own count
+(engine/model/thread_bits.py): then each build runs on a passing thread with that count, whose
+OpenMP pool ends with the build, so that a built variant is still full prefill's bit for bit.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from engine.decoding import Decoded
 from engine.kv import ChunkId
 from engine.model.work import mark_background_thread
 from engine.result import PrefillResult
-from engine.serving.threads import single_threaded
+from engine.serving.threads import in_own_thread, single_threaded
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +44,15 @@ class VariantBuilder:
         variants: ChunkVariants,
         max_pending: int = 2,
         wait_idle: Callable[[float], bool] | None = None,
+        build_threads: int = 1,
     ):
         """`wait_idle(timeout)`: block until no request runs or waits, at most `timeout`
         seconds, True if so (`WorkQueue.wait_idle`); set by whoever runs requests (`Services`);
-        None: always idle (tests, benchmarks)."""
+        None: always idle (tests, benchmarks). `build_threads`: the CPU threads a build runs
+        on (`Engine.build_threads`)."""
         self.variants = variants
         self.wait_idle = wait_idle
+        self.build_threads = build_threads
         self._jobs: queue.Queue[Job | None] = queue.Queue(
             maxsize=max_pending
         )  # None: stop the thread
@@ -92,7 +98,7 @@ class VariantBuilder:
                 if job is None:
                     return
                 self._wait_for_idle()
-                self.built += self.variants.build(*job)
+                self.built += self._build(job)
             except CatalogUnwritable:  # logged by the catalog once, when it became unwritable
                 self.failed += 1
             except Exception:  # a failed build loses variants, never the server
@@ -100,6 +106,16 @@ class VariantBuilder:
                 log.exception("building Cache-Craft variants failed")
             finally:
                 self._jobs.task_done()
+
+    def _build(self, job: Job) -> int:
+        if self.build_threads == 1:
+            return self.variants.build(*job)
+
+        def on_passing_thread() -> int:
+            mark_background_thread()
+            return self.variants.build(*job)
+
+        return in_own_thread(on_passing_thread, threads=self.build_threads)
 
     def _wait_for_idle(self) -> None:
         while (

@@ -93,7 +93,7 @@ class ServiceChunkCache:
         self.unpersisted = Unpersisted(
             self.store, self.persistent_tier
         )  # base KV in memory only, for now
-        self.builder = VariantBuilder(cache.variants)
+        self.builder = VariantBuilder(cache.variants, build_threads=self.engine.build_threads)
 
     # -- the request path ----------------------------------------------------------------------
 

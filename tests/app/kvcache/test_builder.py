@@ -54,3 +54,24 @@ def test_close_finishes_queued_jobs_without_waiting_for_idle():
     builder.submit("a", [], "decoded")
     builder.close()
     assert [c[0] for c in cache.calls] == ["a"]
+
+
+def test_a_build_runs_on_one_thread_or_on_a_passing_thread_with_the_engines_count():
+    import torch
+
+    from engine.model.work import is_background_thread
+
+    class CountingVariants(FakeVariants):
+        def build(self, result, contexts, decoded) -> int:
+            self.calls.append((threading.current_thread().name, torch.get_num_threads()))
+            assert is_background_thread()  # its work is counted as the builder's
+            return 1
+
+    for threads in (1, 2):
+        cache = CountingVariants()
+        builder = VariantBuilder(cache, build_threads=threads)
+        builder.submit("a", [], "decoded")
+        builder.close()
+        ((name, count),) = cache.calls
+        assert count == threads
+        assert (name == "variant-builder") == (threads == 1)
