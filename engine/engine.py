@@ -41,6 +41,7 @@ from engine.model.loader import LoadedModel, cpu_has_amx_bf16, load_model
 from engine.model.prefill_attention import kernel_for
 from engine.model.runner import LayerRunner
 from engine.model.selfcheck import rope_shift_selfcheck, tokenization_selfcheck
+from engine.model.thread_bits import thread_fingerprint, threads_change_bits
 from engine.model.work import counted_as, is_background_thread
 from engine.plan import CachedSpan, ChunkInput, Plan, PlanRequest
 from engine.planners import Mode, reference_mode
@@ -51,7 +52,6 @@ from engine.serving.guard import Guarded, default_ratio
 from engine.serving.guarded import GuardedRequest
 from engine.serving.profile import ReuseProfile, load_profile
 from engine.serving.scheduler import DecodeScheduler
-from engine.model.thread_bits import thread_fingerprint, threads_change_bits
 from engine.serving.threads import DEFAULT_THREADS, in_own_thread
 
 log = logging.getLogger(__name__)

@@ -38,9 +38,7 @@ def test_the_count_makes_another_fingerprint():
     assert thread_fingerprint("abc", 2) == thread_fingerprint("abc", 2)
 
 
-def test_an_engine_whose_bits_follow_the_count_names_it_and_builds_on_it(
-    smol_tokenizer, tmp_path
-):
+def test_an_engine_whose_bits_follow_the_count_names_it_and_builds_on_it(smol_tokenizer, tmp_path):
     from engine import EngineConfig
     from engine.engine import Engine
     from engine.model.loader import wrap_model
@@ -52,7 +50,9 @@ def test_an_engine_whose_bits_follow_the_count_names_it_and_builds_on_it(
 
     plain, plain_print = engine_of(build_tiny_model(len(smol_tokenizer)))
     assert not plain.threads_change_bits and plain.build_threads == 1
-    assert plain.fingerprint == plain_print and plain.summary.endswith("2 threads (bits as on one thread)")
+    assert plain.fingerprint == plain_print and plain.summary.endswith(
+        "2 threads (bits as on one thread)"
+    )
     counted, counted_print = engine_of(counted_model(len(smol_tokenizer)))
     assert counted.threads_change_bits and counted.build_threads == 2
     assert counted.fingerprint == thread_fingerprint(counted_print, 2)
