@@ -41,7 +41,6 @@ from engine.model.loader import LoadedModel, cpu_has_amx_bf16, load_model
 from engine.model.prefill_attention import kernel_for
 from engine.model.runner import LayerRunner
 from engine.model.selfcheck import rope_shift_selfcheck, tokenization_selfcheck
-from engine.model.thread_bits import thread_fingerprint, threads_change_bits
 from engine.model.work import counted_as, is_background_thread
 from engine.plan import CachedSpan, ChunkInput, Plan, PlanRequest
 from engine.planners import Mode, reference_mode
@@ -52,6 +51,7 @@ from engine.serving.guard import Guarded, default_ratio
 from engine.serving.guarded import GuardedRequest
 from engine.serving.profile import ReuseProfile, load_profile
 from engine.serving.scheduler import DecodeScheduler
+from engine.serving.thread_bits import thread_fingerprint, threads_change_bits
 from engine.serving.threads import DEFAULT_THREADS, in_own_thread
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class Engine:
                 loaded, fingerprint=packets_fingerprint(loaded.fingerprint, self.packets)
             )
         # a prefill whose bits depend on the thread count: the count joins the fingerprint, and
-        # exact variants are built on it (engine/model/thread_bits.py)
+        # exact variants are built on it (engine/serving/thread_bits.py)
         self.threads_change_bits = threads_change_bits(loaded.model, self.threads)
         if self.threads_change_bits:
             loaded = dataclasses.replace(
@@ -177,7 +177,7 @@ class Engine:
     @property
     def build_threads(self) -> int:
         """The CPU threads whose prefill gives this engine's bits: 1, or its own count where
-        the bits depend on the count (engine/model/thread_bits.py)."""
+        the bits depend on the count (engine/serving/thread_bits.py)."""
         return self.threads if self.threads_change_bits else 1
 
     @property

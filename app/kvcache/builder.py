@@ -11,7 +11,7 @@ request that finds the queue full leaves no build (counted as skipped). The thre
 at a lower CPU priority (nice + 10, inherited by the threads torch starts from it), so a
 request arriving during a build gets the CPU first. A build runs on one CPU thread, unless the
 engine's prefill gives other bits on one thread than on its own count
-(engine/model/thread_bits.py): then each build runs on a passing thread with that count, whose
+(engine/serving/thread_bits.py): then each build runs on a passing thread with that count, whose
 OpenMP pool ends with the build, so that a built variant is still full prefill's bit for bit.
 """
 

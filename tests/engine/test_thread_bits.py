@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.model.thread_bits import thread_fingerprint, threads_change_bits
+from engine.serving.thread_bits import thread_fingerprint, threads_change_bits
 from tests.conftest import build_tiny_model
 
 
