@@ -72,13 +72,13 @@ def request_label(request: Request) -> str:
 
 
 def note_abandoned(metrics: Metrics, ended: Future[Answer], request: str) -> None:
-    """Count an abandoned job once it has stopped, and log it with its stage and `request`
-    (`request_label`)."""
+    """Log an abandoned job once it has stopped, with its stage and `request`
+    (`request_label`), then count it: whoever sees the count can find the line."""
     stage = abandoned_stage(ended)
-    metrics.abandoned.labels(stage).inc()
     log.warning(
         "request %s abandoned by its client: stage=%s (%s)", request, stage, STAGE_WORDS[stage]
     )
+    metrics.abandoned.labels(stage).inc()
 
 
 async def wait_for_disconnect(request: Request) -> None:
