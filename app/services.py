@@ -39,7 +39,7 @@ from app.replica import (
 )
 from app.settings import Settings
 from engine.engine import Engine
-from engine.serving.threads import DEFAULT_THREADS, in_own_thread, single_threaded, use_threads
+from engine.serving.threads import in_own_thread, single_threaded, use_threads
 from retrieval import Chunker, Retriever
 from retrieval.embedder import Embedder
 
@@ -141,7 +141,7 @@ class Services:
             settings.retry_after_s,
             single_threaded
             if engine.computes_on_scheduler
-            else partial(use_threads, engine.config.num_threads or DEFAULT_THREADS),
+            else partial(use_threads, engine.threads),
         )
         rag = RagService(engine, retriever, catalog, chunk_cache, settings)
         services = cls(settings, engine, catalog, chunk_cache, retriever, ingestor, rag, queue)

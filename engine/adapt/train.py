@@ -166,7 +166,8 @@ def train(
     Nothing else changes."""
     if not examples or not held:
         raise ValueError("training needs examples and a held-back split")
-    rate_at(lr, schedule, 0.0)  # an unknown schedule fails before the held-back KL is spent
+    if schedule not in SCHEDULES:  # before the held-back KL is spent
+        raise ValueError(f"unknown schedule {schedule!r}: one of {', '.join(SCHEDULES)}")
     report = TrainReport(held_kl_plain=distiller.held_kl(held, None))
     report.held_kl_start = report.held_kl_best = distiller.held_kl(held, packets)
     report.curve.append((0, report.held_kl_start))
