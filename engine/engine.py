@@ -195,7 +195,7 @@ class Engine:
             f"linear kernel {linear_kernel_of(self.loaded.model)}, "
             f"prefill attention {kernel_for(self.loaded.dtype, self.loaded.device)}, "
             f"decode attention {self.stack.decode_attention}, "
-            f"{self.threads} threads{bits}"
+            f"{self.threads} thread{'' if self.threads == 1 else 's'}{bits}"
         )
 
     @property

@@ -10,7 +10,7 @@ def test_the_summary_names_dtype_device_kernels_and_threads(tiny_engine):
     assert summary.startswith("float32 on cpu, linear kernel ")
     assert "prefill attention flash" in summary  # a float32 model keeps the flash kernel
     assert f"decode attention {tiny_engine.stack.decode_attention}, " in summary
-    assert f", {tiny_engine.threads} threads" in summary
+    assert f", {tiny_engine.threads} thread" in summary
 
 
 def test_the_bfloat16_hint_appears_on_a_float32_cpu_engine_with_amx_only(tiny_engine, monkeypatch):

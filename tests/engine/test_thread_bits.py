@@ -43,9 +43,9 @@ def test_an_engine_whose_bits_follow_the_count_names_it_and_builds_on_it(smol_to
     from engine.engine import Engine
     from engine.model.loader import wrap_model
 
-    def engine_of(model) -> Engine:
+    def engine_of(model, threads: int = 2) -> Engine:
         loaded = wrap_model(model, smol_tokenizer, linear_kernel="torch")
-        config = EngineConfig(data_dir=tmp_path, num_threads=2, linear_kernel="torch")
+        config = EngineConfig(data_dir=tmp_path, num_threads=threads, linear_kernel="torch")
         return Engine(config, loaded), loaded.fingerprint
 
     plain, plain_print = engine_of(build_tiny_model(len(smol_tokenizer)))
@@ -57,5 +57,9 @@ def test_an_engine_whose_bits_follow_the_count_names_it_and_builds_on_it(smol_to
     assert counted.threads_change_bits and counted.build_threads == 2
     assert counted.fingerprint == thread_fingerprint(counted_print, 2)
     assert "2 threads (bits depend on the count: it is in the fingerprint)" in counted.summary
+    one, one_print = engine_of(counted_model(len(smol_tokenizer)), threads=1)
+    assert not one.threads_change_bits and one.fingerprint == one_print
+    assert one.summary.endswith(", 1 thread")  # one thread: nothing to compare, nothing to say
     plain.close()
     counted.close()
+    one.close()
