@@ -242,10 +242,10 @@ class EngineConfig:
         ge=1,
         doc="torch CPU threads of the thread that computes (unset: torch's default, "
         "`OMP_NUM_THREADS`, else the cores); helper threads run single-threaded "
-        "(engine/serving/threads.py). Some products split a row's sum by thread, so KV "
-        "computed with another count is not bit-equal though its fingerprint is the same: "
-        "replicas that share a store should run the same count (docs/benchmarks/bfloat16.md, "
-        '"Row tiles").',
+        "(engine/serving/threads.py). Where a product's bits depend on the count (a probe at "
+        "load, engine/serving/thread_bits.py), the count joins the model fingerprint, so "
+        "replicas with other counts that share a store do not reuse each other's KV as exact "
+        '(docs/benchmarks/bfloat16.md, "Thread count").',
     )
     system_prompt: str = described(DEFAULT_SYSTEM_PROMPT, "The system prefix of every prompt.")
     instruction: str = described(DEFAULT_INSTRUCTION, "The instruction before the passages.")

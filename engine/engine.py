@@ -23,6 +23,7 @@ from engine.config import EngineConfig, Fidelity
 from engine.decoding import Decoding
 from engine.errors import InvalidRequest, PromptTooLong
 from engine.kv import ChunkId, ChunkKV, KVCache
+from engine.model.cpu import cpu_has_amx_bf16
 from engine.model.decode import (
     SamplingParams,
     StepCheck,
@@ -37,7 +38,7 @@ from engine.model.encoder import DEFAULT_BATCH_TOKENS, ChunkEncoder
 from engine.model.known import rounded_decode_weights
 from engine.model.layers import DecoderStack
 from engine.model.linear import linear_kernel_of
-from engine.model.loader import LoadedModel, cpu_has_amx_bf16, load_model
+from engine.model.loader import LoadedModel, load_model
 from engine.model.prefill_attention import kernel_for
 from engine.model.runner import LayerRunner
 from engine.model.selfcheck import rope_shift_selfcheck, tokenization_selfcheck

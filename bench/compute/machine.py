@@ -13,7 +13,7 @@ import platform
 
 import torch
 
-from engine.model.loader import CPUINFO, cpu_has_amx_bf16, cpu_has_avx512_bf16, native_bfloat16
+from engine.model.cpu import CPUINFO, cpu_has_amx_bf16, cpu_has_avx512_bf16, native_bfloat16
 
 
 def cpu_model() -> str:

@@ -22,8 +22,9 @@ import dataclasses
 
 import torch
 
+from engine.model.cpu import cpu_has_amx_bf16
 from engine.model.linear import fit_linear_kernel
-from engine.model.loader import LoadedModel, cpu_has_amx_bf16
+from engine.model.loader import LoadedModel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

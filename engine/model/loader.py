@@ -10,7 +10,6 @@ engine/model/families.py refuses the others at load) by path: a Hugging Face fol
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import logging
@@ -25,6 +24,13 @@ import torch
 from engine.errors import KvMosaicError
 from engine.model import prefill_attention
 from engine.model.attention import prepare_device
+from engine.model.cpu import (
+    CPUINFO,
+    arithmetic_of,
+    cpu_has_amx_bf16,
+    cpu_has_avx512_bf16,
+    native_bfloat16,
+)
 from engine.model.families import check_architecture, check_model_type
 from engine.model.known import KnownModel, checkpoint_of, configured_known_model
 from engine.model.known import embedded_checkpoint as embedded_checkpoint
@@ -70,41 +76,6 @@ class LoadedModel:
     @property
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
-
-
-CPUINFO = Path("/proc/cpuinfo")
-
-
-def _cpu_flags(cpuinfo: Path) -> frozenset[str]:
-    """The flags the first `flags` line of `cpuinfo` lists (empty where the file is absent)."""
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return frozenset()
-    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    return frozenset(line.partition(":")[2].split())
-
-
-@functools.cache
-def cpu_has_amx_bf16(cpuinfo: Path = CPUINFO) -> bool:
-    """True when the CPU flags list `amx_bf16` (Linux; False where /proc/cpuinfo is absent)."""
-    return "amx_bf16" in _cpu_flags(cpuinfo)
-
-
-@functools.cache
-def cpu_has_avx512_bf16(cpuinfo: Path = CPUINFO) -> bool:
-    """True when the CPU flags list `avx512_bf16` (native bfloat16 dot products in AVX-512,
-    e.g. AMD Zen 4, Intel Cooper Lake and later; False where /proc/cpuinfo is absent)."""
-    return "avx512_bf16" in _cpu_flags(cpuinfo)
-
-
-def native_bfloat16(cpuinfo: Path = CPUINFO) -> str | None:
-    """Which instructions give this CPU native bfloat16 products: "AMX-BF16", "AVX512-BF16", or
-    None where bfloat16 is emulated (converted to float32 and back)."""
-    flags = _cpu_flags(cpuinfo)
-    if "amx_bf16" in flags:
-        return "AMX-BF16"
-    return "AVX512-BF16" if "avx512_bf16" in flags else None
 
 
 def resolve_dtype(
@@ -263,8 +234,9 @@ def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -
 def model_fingerprint(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype
 ) -> str:
-    """sha256 over config, tokenizer, dtype, a weights digest, the linear kernel and the row
-    tiles of a prefill's products and attention; 16 hex digits.
+    """sha256 over config, tokenizer, dtype, a weights digest, the linear kernel, the machine's
+    arithmetic (`arithmetic_of`) and the row tiles of a prefill's products and attention; 16
+    hex digits.
 
     The weights digest hashes every parameter's name and shape and an evenly strided sample
     of up to 4096 of its values: any real change of checkpoint changes it, and it takes
@@ -290,6 +262,8 @@ def model_fingerprint(
     # so do products computed in other row tiles (engine/model/row_tiles.py) and attention
     # tiles of fewer query rows than a whole tile (before `_tiled_tail` padded them)
     device = next(model.parameters()).device
+    # and so do other kernels: another torch, CPU vendor or instruction set (engine/model/cpu.py)
+    h.update(arithmetic_of(str(device)).encode())
     tile = row_tile_for(device)
     if tile is not None:
         h.update(f"row tiles {tile}, whole attention tiles".encode())

@@ -6,13 +6,9 @@ import dataclasses
 
 import torch
 
+from engine.model.cpu import cpu_has_avx512_bf16, native_bfloat16
 from engine.model.known import QWEN_CODER
-from engine.model.loader import (
-    auto_dtype_reason,
-    cpu_has_avx512_bf16,
-    native_bfloat16,
-    resolve_dtype,
-)
+from engine.model.loader import auto_dtype_reason, resolve_dtype
 
 
 def cpuinfo(tmp_path, flags: str):

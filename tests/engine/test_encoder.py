@@ -91,8 +91,8 @@ def test_bfloat16_encoding_is_close_to_the_engines_and_served_in_its_dtype(tiny_
 
 def test_auto_encode_dtype_is_bfloat16_only_for_float32_on_an_amx_cpu(tiny_loaded, tmp_path):
     from engine import EngineConfig
+    from engine.model.cpu import cpu_has_amx_bf16
     from engine.model.encode_dtype import resolve_encode_dtype
-    from engine.model.loader import cpu_has_amx_bf16
 
     assert resolve_encode_dtype("auto", tiny_loaded, amx=True) == torch.bfloat16
     assert resolve_encode_dtype("auto", tiny_loaded, amx=False) == torch.float32

@@ -14,7 +14,7 @@ from engine.cpu import library
 from engine.errors import KvMosaicError
 from engine.model import prefill_attention
 from engine.model.attention import QueryLayout, _tiled_tail, causal_attention
-from engine.model.loader import cpu_has_amx_bf16, cpu_has_avx512_bf16
+from engine.model.cpu import cpu_has_amx_bf16, cpu_has_avx512_bf16
 
 HEADS = [(14, 2), (9, 3)]  # Qwen2.5-Coder-0.5B's and SmolLM2-135M's (query, key) heads
 SCALE = 0.125
