@@ -125,6 +125,7 @@ QWEN_CODER = KnownModel(
     num_layers=24,
     num_parameters=630_167_424,
     rounded_decode_weights="int8",
+    bfloat16_on_avx512_bf16=True,
 )
 
 

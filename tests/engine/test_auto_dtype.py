@@ -48,3 +48,14 @@ def test_the_reason_names_what_auto_chose(tmp_path):
     assert auto_dtype_reason("cpu", cpuinfo(tmp_path, "amx_bf16")).startswith("bfloat16")
     assert auto_dtype_reason("cpu", cpuinfo(tmp_path, "avx2")).startswith("float32")
     assert auto_dtype_reason("cuda:0").startswith("float16")
+
+
+def test_auto_takes_bfloat16_on_avx512_bf16_for_the_models_whose_rule_passed():
+    """bfloat16.md, "auto on AVX512-BF16, run": SmolLM2 and Qwen2.5-Coder-0.5B passed; the
+    1.5B was not run, so it stays float32 there."""
+    from engine.model.known import QWEN_CODER_15B, SMOLLM2
+
+    native = {"amx": False, "avx512_bf16": True}
+    for passed in (SMOLLM2, QWEN_CODER):
+        assert resolve_dtype("auto", "cpu", known=passed, **native) == torch.bfloat16
+    assert resolve_dtype("auto", "cpu", known=QWEN_CODER_15B, **native) == torch.float32
