@@ -13,12 +13,7 @@ CPUINFO = Path("/proc/cpuinfo")
 
 def _cpu_flags(cpuinfo: Path) -> frozenset[str]:
     """The flags the first `flags` line of `cpuinfo` lists (empty where the file is absent)."""
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return frozenset()
-    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    return frozenset(line.partition(":")[2].split())
+    return frozenset(_cpu_field(cpuinfo, "flags").split())
 
 
 @functools.cache
@@ -57,7 +52,9 @@ def _cpu_field(cpuinfo: Path, name: str) -> str:
 def arithmetic_of(device: str, cpuinfo: Path = CPUINFO) -> str:
     """Which kernels compute a product here: torch's version and, on the CPU, the vendor, the
     instruction set torch dispatches to and the native bfloat16 instructions; on CUDA, the
-    GPU's compute capability. Two machines that name the same compute the same bits.
+    GPU's compute capability. Machines that differ in these compute other bits; ones that
+    agree are taken to compute the same (microarchitectures of one instruction set are not
+    told apart).
 
     Why in the fingerprint: MKL, oneDNN and torch's own kernels pick their code by these, and
     another code path gives a product other last bits, so KV from a replica on another CPU
