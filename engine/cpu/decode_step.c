@@ -21,7 +21,8 @@
  * A row's result depends only on its own input and cache, never on its companions or on the
  * thread count: every dot product runs over its inputs in one fixed order (16 lanes per chunk,
  * four chains of chunks, chains and lanes summed by one fixed tree), whichever rows share the
- * pass and whichever thread computes it. Needs AVX-512F (the products use its intrinsics); elsewhere
+ * pass and whichever thread computes it. Written in vec16.h's 16-lane vectors: one AVX-512 register,
+ * or two AVX2 ones (with FMA and F16C) computing the same bits; on a build with neither,
  * kvm_cpu_decode_step returns KVM_CPU_ERR_UNSUPPORTED and the caller keeps the twin.
  */
 #include <math.h>
@@ -31,10 +32,6 @@
 #include <string.h>
 
 #include "kernels.h"
-
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
 
 enum { KVM_W_FLOAT32 = 0, KVM_W_BFLOAT16 = 1, KVM_W_INT8 = 2, KVM_W_INT4 = 3 };
 enum { EPI_STORE = 0, EPI_ADD = 1 };
@@ -69,59 +66,45 @@ typedef struct {
     kvm_matrix lm_head;
 } kvm_model;
 
-#ifdef __AVX512F__
-
-/* The 16 lanes' sum, always by the same tree (halves, then quarters, ...). */
-static inline float hsum(__m512 v) {
-    __m256 lo = _mm512_castps512_ps256(v);
-    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-    __m256 a = _mm256_add_ps(lo, hi);
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    b = _mm_add_ss(b, _mm_movehdup_ps(b));
-    return _mm_cvtss_f32(b);
-}
+#if KVM_VEC16
 
 /* The two 16-weight chunks of block b (inputs [32 b, 32 b + 32)) of row `row`, widened to
  * float32; for int8 / int4, scale * code (+ minimum). */
 static inline __attribute__((always_inline)) void load_block(const kvm_matrix *w, const int format, const int has_min,
-                                                             long row, long b, __m512 *lo, __m512 *hi) {
+                                                             long row, long b, vf16 *lo, vf16 *hi) {
     const long cols = w->cols;
     if (format == KVM_W_FLOAT32) {
         const float *p = (const float *)w->data + row * cols + b * QBLOCK;
-        *lo = _mm512_loadu_ps(p);
-        *hi = _mm512_loadu_ps(p + 16);
+        *lo = vf_load(p);
+        *hi = vf_load(p + 16);
         return;
     }
     if (format == KVM_W_BFLOAT16) {
         const uint16_t *p = (const uint16_t *)w->data + row * cols + b * QBLOCK;
-        __m512i a = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-        __m512i c = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 16)));
-        *lo = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));
-        *hi = _mm512_castsi512_ps(_mm512_slli_epi32(c, 16));
+        *lo = vf_load_bf16(p);
+        *hi = vf_load_bf16(p + 16);
         return;
     }
     const long block = row * (cols / QBLOCK) + b;
-    __m512 codes_lo, codes_hi;
+    vf16 codes_lo, codes_hi;
     if (format == KVM_W_INT8) {
         const int8_t *p = (const int8_t *)w->data + row * cols + b * QBLOCK;
-        codes_lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
-        codes_hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16))));
+        codes_lo = vf_load_i8(p);
+        codes_hi = vf_load_i8(p + 16);
     } else {
-        __m512i wide = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((const uint8_t *)w->data + block * 16)));
-        codes_lo = _mm512_cvtepi32_ps(_mm512_and_si512(wide, _mm512_set1_epi32(15)));
-        codes_hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(wide, 4));
+        vf_load_nibbles((const uint8_t *)w->data + block * 16, &codes_lo, &codes_hi);
     }
-    __m512 scale = _mm512_cvtph_ps(_mm256_set1_epi16((short)w->scales[block]));
-    *lo = _mm512_mul_ps(scale, codes_lo);
-    *hi = _mm512_mul_ps(scale, codes_hi);
+    vf16 scale = vf_set1_half(w->scales[block]);
+    *lo = vf_mul(scale, codes_lo);
+    *hi = vf_mul(scale, codes_hi);
     if (!has_min) return;
     /* scale * code rounded, then + minimum rounded: never one fused multiply-add, so a GGUF block's
      * weights come out as GGUF's float32 dequantization gives them */
-    __asm__("" : "+v"(*lo), "+v"(*hi));
-    __m512 minimum = _mm512_cvtph_ps(_mm256_set1_epi16((short)w->mins[block]));
-    *lo = _mm512_add_ps(*lo, minimum);
-    *hi = _mm512_add_ps(*hi, minimum);
+    VF_KEEP(*lo);
+    VF_KEEP(*hi);
+    vf16 minimum = vf_set1_half(w->mins[block]);
+    *lo = vf_add(*lo, minimum);
+    *hi = vf_add(*hi, minimum);
 }
 
 #ifndef CHAINS
@@ -148,9 +131,9 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const kvm_matri
 }
 
 /* The sum of a dot product's chains, by one fixed tree. */
-static inline __m512 chains_sum(const __m512 *chain) {
-    return CHAINS == 4 ? _mm512_add_ps(_mm512_add_ps(chain[0], chain[1]), _mm512_add_ps(chain[2], chain[3]))
-                       : _mm512_add_ps(chain[0], chain[1]);
+static inline vf16 chains_sum(const vf16 *chain) {
+    return CHAINS == 4 ? vf_add(vf_add(chain[0], chain[1]), vf_add(chain[2], chain[3]))
+                       : vf_add(chain[0], chain[1]);
 }
 
 /* out[m * out_stride + r] = dot(x row m, weight row `row` + r) for m < MB, r < R. Every dot
@@ -158,21 +141,21 @@ static inline __m512 chains_sum(const __m512 *chain) {
  * chain c % CHAINS, in order, then the chains and the lanes summed by fixed trees. A few weight
  * rows at a time, so each thread reads its rows as sequential streams. Inlined with constant
  * format, MB and R, so the loops unroll and the accumulators stay in registers
- * (MB * R * CHAINS <= 16). */
+ * (MB * R * CHAINS <= KVM_VEC16_ACCUMULATORS). */
 static inline __attribute__((always_inline)) void dots_row(const kvm_matrix *w, const int format, const int has_min,
                                                            const float *x, long x_stride, long row, const int MB,
                                                            const int R, float *out, long out_stride) {
-    __m512 acc[4][2][CHAINS];
+    vf16 acc[4][2][CHAINS];
 #pragma GCC unroll 4
     for (int m = 0; m < MB; m++)
 #pragma GCC unroll 2
         for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-            for (int j = 0; j < CHAINS; j++) acc[m][r][j] = _mm512_setzero_ps();
+            for (int j = 0; j < CHAINS; j++) acc[m][r][j] = vf_zero();
     const long blocks = w->cols / QBLOCK;
     long b = 0;
     for (; b + STEP_BLOCKS <= blocks; b += STEP_BLOCKS) { /* chunks 2b .. 2b + CHAINS - 1 */
-        __m512 wv[2][CHAINS];
+        vf16 wv[2][CHAINS];
 #pragma GCC unroll 2
         for (int r = 0; r < R; r++) {
             if (PREFETCH && (format == KVM_W_INT8 || format == KVM_W_INT4)) prefetch_ahead(w, format, row + r, b);
@@ -180,7 +163,8 @@ static inline __attribute__((always_inline)) void dots_row(const kvm_matrix *w, 
             for (int k = 0; k < STEP_BLOCKS; k++) {
                 load_block(w, format, has_min, row + r, b + k, &wv[r][2 * k], &wv[r][2 * k + 1]);
                 /* kept in registers, not reloaded for every input row */
-                __asm__("" : "+v"(wv[r][2 * k]), "+v"(wv[r][2 * k + 1]));
+                VF_KEEP(wv[r][2 * k]);
+                VF_KEEP(wv[r][2 * k + 1]);
             }
         }
 #pragma GCC unroll 4
@@ -188,39 +172,39 @@ static inline __attribute__((always_inline)) void dots_row(const kvm_matrix *w, 
             const float *xm = x + m * x_stride + b * QBLOCK;
 #pragma GCC unroll 4
             for (int j = 0; j < CHAINS; j++) {
-                __m512 xv = _mm512_loadu_ps(xm + 16 * j);
+                vf16 xv = vf_load(xm + 16 * j);
 #pragma GCC unroll 2
-                for (int r = 0; r < R; r++) acc[m][r][j] = _mm512_fmadd_ps(xv, wv[r][j], acc[m][r][j]);
+                for (int r = 0; r < R; r++) acc[m][r][j] = vf_fmadd(xv, wv[r][j], acc[m][r][j]);
             }
         }
     }
     for (int k = 0; b + k < blocks; k++) { /* the last blocks: chunks into chains 2k, 2k + 1 */
 #pragma GCC unroll 2
         for (int r = 0; r < R; r++) {
-            __m512 lo, hi;
+            vf16 lo, hi;
             load_block(w, format, has_min, row + r, b + k, &lo, &hi);
 #pragma GCC unroll 4
             for (int m = 0; m < MB; m++) {
                 const float *xm = x + m * x_stride + (b + k) * QBLOCK;
-                acc[m][r][2 * k] = _mm512_fmadd_ps(_mm512_loadu_ps(xm), lo, acc[m][r][2 * k]);
-                acc[m][r][2 * k + 1] = _mm512_fmadd_ps(_mm512_loadu_ps(xm + 16), hi, acc[m][r][2 * k + 1]);
+                acc[m][r][2 * k] = vf_fmadd(vf_load(xm), lo, acc[m][r][2 * k]);
+                acc[m][r][2 * k + 1] = vf_fmadd(vf_load(xm + 16), hi, acc[m][r][2 * k + 1]);
             }
         }
     }
 #pragma GCC unroll 4
     for (int m = 0; m < MB; m++)
 #pragma GCC unroll 2
-        for (int r = 0; r < R; r++) out[m * out_stride + r] = hsum(chains_sum(acc[m][r]));
+        for (int r = 0; r < R; r++) out[m * out_stride + r] = vf_hsum(chains_sum(acc[m][r]));
 }
 
 #ifndef PASS_INPUT_BYTES
 #define PASS_INPUT_BYTES 24576
 #endif
-/* Input rows per pass over the weights: up to 4 (with R weight rows, MB * R * CHAINS <= 16
- * accumulators), fewer where their inputs would not stay in the L1 cache beside the weights
- * streaming through it. */
+/* Input rows per pass over the weights: up to 4 (with R weight rows, MB * R * CHAINS accumulators
+ * within the registers' KVM_VEC16_ACCUMULATORS), fewer where their inputs would not stay in the L1
+ * cache beside the weights streaming through it. How many share a pass never changes a result. */
 static inline int rows_per_pass(long cols) {
-    long fit = PASS_INPUT_BYTES / (4 * cols), most = 16 / (CHAINS * ROWS_AT_ONCE);
+    long fit = PASS_INPUT_BYTES / (4 * cols), most = KVM_VEC16_ACCUMULATORS / (CHAINS * ROWS_AT_ONCE);
     most = most > 4 ? 4 : most;
     return fit < 1 ? 1 : fit > most ? (int)most : (int)fit;
 }
@@ -267,12 +251,11 @@ static void dots(const kvm_matrix *w, const float *x, long x_stride, int n, long
 }
 
 /* SiLU(g) * u in 16 lanes: g * sigmoid(g), the exponential taken of -|g| so it never overflows. */
-static inline __m512 silu_times(__m512 g, __m512 u) {
-    __m512 t = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
-    __m512 one_plus = _mm512_add_ps(_mm512_set1_ps(1.0f), t);
-    __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
-    __m512 sigmoid = _mm512_div_ps(_mm512_mask_blend_ps(negative, _mm512_set1_ps(1.0f), t), one_plus);
-    return _mm512_mul_ps(_mm512_mul_ps(g, sigmoid), u);
+static inline vf16 silu_times(vf16 g, vf16 u) {
+    vf16 t = exp_nonpositive(vf_sub(vf_zero(), vf_abs(g)));
+    vf16 one_plus = vf_add(vf_set1(1.0f), t);
+    vf16 sigmoid = vf_div(vf_where_negative(g, t, vf_set1(1.0f)), one_plus);
+    return vf_mul(vf_mul(g, sigmoid), u);
 }
 
 /* RMSNorm of n rows of `size` (a multiple of 16): out = weight * (x * 1 / sqrt(mean(x^2) + eps)),
@@ -282,15 +265,14 @@ static void rms_norm(const float *x, long x_stride, int n, int size, const float
     for (int m = 0; m < n; m++) {
         const float *xm = x + m * x_stride;
         float *om = out + m * out_stride;
-        __m512 squares = _mm512_setzero_ps();
+        vf16 squares = vf_zero();
         for (int c = 0; c < size; c += 16) {
-            __m512 v = _mm512_loadu_ps(xm + c);
-            squares = _mm512_fmadd_ps(v, v, squares);
+            vf16 v = vf_load(xm + c);
+            squares = vf_fmadd(v, v, squares);
         }
-        __m512 inverse = _mm512_set1_ps(1.0f / sqrtf(hsum(squares) / (float)size + eps));
+        vf16 inverse = vf_set1(1.0f / sqrtf(vf_hsum(squares) / (float)size + eps));
         for (int c = 0; c < size; c += 16)
-            _mm512_storeu_ps(om + c, _mm512_mul_ps(_mm512_loadu_ps(weight + c),
-                                                   _mm512_mul_ps(_mm512_loadu_ps(xm + c), inverse)));
+            vf_store(om + c, vf_mul(vf_load(weight + c), vf_mul(vf_load(xm + c), inverse)));
     }
 }
 
@@ -349,10 +331,13 @@ static void gate_up_pass(const kvm_matrix *gate, const kvm_matrix *up, const flo
                 if (gate->bias) gm[r] += gate->bias[row0 + r];
                 if (up->bias) um[r] += up->bias[row0 + r];
             }
-            for (long r = 0; r < row1 - row0; r += 16) {
-                __mmask16 lanes = row1 - row0 - r >= 16 ? 0xFFFF : (__mmask16)((1u << (row1 - row0 - r)) - 1);
-                __m512 out = silu_times(_mm512_maskz_loadu_ps(lanes, gm + r), _mm512_maskz_loadu_ps(lanes, um + r));
-                _mm512_mask_storeu_ps(act + m * rows + row0 + r, lanes, out);
+            long r = 0;
+            for (; r + 16 <= row1 - row0; r += 16)
+                vf_store(act + m * rows + row0 + r, silu_times(vf_load(gm + r), vf_load(um + r)));
+            if (r < row1 - row0) {
+                int lanes = (int)(row1 - row0 - r);
+                vf_store_first(act + m * rows + row0 + r,
+                               silu_times(vf_load_first(gm + r, lanes), vf_load_first(um + r, lanes)), lanes);
             }
         }
     }
@@ -490,16 +475,10 @@ static int model_fits(const kvm_model *md) {
     return md->final_norm != NULL && matrix_fits(&md->lm_head, md->vocab, H);
 }
 
-#endif /* __AVX512F__ */
+#endif /* KVM_VEC16 */
 
-/* 1 where kvm_cpu_decode_step runs (built with AVX-512F), else 0. */
-int kvm_cpu_decode_step_supported(void) {
-#ifdef __AVX512F__
-    return 1;
-#else
-    return 0;
-#endif
-}
+/* 1 where kvm_cpu_decode_step runs (built with AVX-512F, or AVX2 with FMA and F16C), else 0. */
+int kvm_cpu_decode_step_supported(void) { return KVM_VEC16; }
 
 /* One decode step of n rows.
  *
@@ -510,12 +489,12 @@ int kvm_cpu_decode_step_supported(void) {
  *    (< capacity); it attends to keys [0, positions[r]].
  * logits: float32 [n, vocab]. phase_seconds: NULL, or [PHASES] seconds that thread 0 adds to.
  * Returns KVM_CPU_OK, KVM_CPU_ERR_SHAPE (nothing written), KVM_CPU_ERR_MEMORY, or
- * KVM_CPU_ERR_UNSUPPORTED (built without AVX-512F).
+ * KVM_CPU_ERR_UNSUPPORTED (built without KVM_VEC16's instructions).
  */
 int kvm_cpu_decode_step(const kvm_model *model, int n, float *hidden, const float *cos, const float *sin,
                         const int64_t *caches, const int64_t *capacities, const int64_t *positions,
                         float *logits, int num_threads, double *phase_seconds) {
-#ifndef __AVX512F__
+#if !KVM_VEC16
     (void)model; (void)n; (void)hidden; (void)cos; (void)sin; (void)caches; (void)capacities;
     (void)positions; (void)logits; (void)num_threads; (void)phase_seconds;
     return KVM_CPU_ERR_UNSUPPORTED;

@@ -115,7 +115,7 @@ def native_step_unfit(stack: DecoderStack) -> str | None:
         return "the decode attention is torch's"
     lib = library.get()
     if lib is None or not lib.decode_step_supported:
-        return "the kernel library was built without AVX-512F"
+        return "the kernel library was built without AVX-512F or AVX2 (with FMA and F16C)"
     spec = stack.spec
     config = getattr(stack.model, "config", None)
     activation = str(getattr(config, "hidden_act", "silu"))

@@ -3,6 +3,7 @@ model fingerprint follows it (KV from a replica on another CPU is not reused as 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import engine.model.loader as loader
@@ -35,3 +36,17 @@ def test_another_machines_arithmetic_is_another_fingerprint(smol_tokenizer, monk
     assert loader.model_fingerprint(model, smol_tokenizer, torch.float32) == here
     monkeypatch.setattr(loader, "arithmetic_of", lambda device: "torch 0, OtherVendor, AVX2")
     assert loader.model_fingerprint(model, smol_tokenizer, torch.float32) != here
+
+
+def test_the_native_decode_step_builds_wherever_the_cpu_has_its_vectors():
+    """AVX-512F, or AVX2 with FMA and F16C (vec16.h): on such a CPU the step must not fall back
+    to the PyTorch twin, which is several times slower per token."""
+    from engine.cpu import library
+    from engine.model.cpu import CPUINFO, _cpu_flags
+
+    lib = library.get()
+    if lib is None:
+        pytest.skip("no C compiler")
+    flags = _cpu_flags(CPUINFO)
+    vectors = "avx512f" in flags or {"avx2", "fma", "f16c"} <= flags
+    assert lib.decode_step_supported == vectors

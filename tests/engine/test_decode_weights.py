@@ -116,7 +116,7 @@ def gguf_model(tokenizer):
     return loaded
 
 
-@pytest.mark.skipif(not _supported(), reason="needs a C compiler and AVX-512F")
+@pytest.mark.skipif(not _supported(), reason="needs a C compiler and AVX-512F or AVX2")
 def test_every_mode_decodes_gguf_weights_like_the_model_and_bfloat16_near_it(smol_tokenizer):
     loaded = gguf_model(smol_tokenizer)
     lengths, tokens = [5, 200, 31], [3, 40, 7]
@@ -138,7 +138,7 @@ def test_every_mode_decodes_gguf_weights_like_the_model_and_bfloat16_near_it(smo
     torch.testing.assert_close(logits["bfloat16"], logits["model"], rtol=0.05, atol=0.05 * scale)
 
 
-@pytest.mark.skipif(not _supported(), reason="needs a C compiler and AVX-512F")
+@pytest.mark.skipif(not _supported(), reason="needs a C compiler and AVX-512F or AVX2")
 def test_auto_takes_the_fewest_exact_bytes_and_keeps_the_models_weights_otherwise(smol_tokenizer):
     caches = random_caches(tiny_family(smol_tokenizer, "llama").spec, [9, 64], seed=5)
     for loaded, expected in (
@@ -162,7 +162,7 @@ def test_auto_falls_back_to_the_twin_where_the_native_step_cannot_run(smol_token
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _supported(), reason="needs a C compiler and AVX-512F")
+@pytest.mark.skipif(not _supported(), reason="needs a C compiler and AVX-512F or AVX2")
 def test_the_embedded_smollm2_decodes_bitwise_alike_in_int4_and_int8(smol_engine):
     """SmolLM2 ships as GGUF Q4_1 layers and a Q8_0 embedding: every block is recovered, so the
     4-bit and 8-bit decodes are the float32 model's to the bit at a fraction of its bytes."""
@@ -182,7 +182,7 @@ def test_the_embedded_smollm2_decodes_bitwise_alike_in_int4_and_int8(smol_engine
     assert sizes["int4"] < sizes["int8"] < sizes["model"] / 3
 
 
-@pytest.mark.skipif(not _supported(), reason="needs a C compiler and AVX-512F")
+@pytest.mark.skipif(not _supported(), reason="needs a C compiler and AVX-512F or AVX2")
 def test_auto_takes_the_measured_rounded_weights_when_none_is_exact(smol_tokenizer):
     loaded = tiny_family(smol_tokenizer, "llama")  # random weights fit no block grid
     caches = random_caches(loaded.spec, [9, 64], seed=5)

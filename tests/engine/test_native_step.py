@@ -24,7 +24,7 @@ def _supported() -> bool:
     return lib is not None and lib.decode_step_supported
 
 
-pytestmark = pytest.mark.skipif(not _supported(), reason="needs a C compiler and AVX-512F")
+pytestmark = pytest.mark.skipif(not _supported(), reason="needs a C compiler and AVX-512F or AVX2")
 
 
 def tiny_family(tokenizer, family: str, seed: int = 0):
