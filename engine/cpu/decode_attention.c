@@ -26,6 +26,14 @@
 
 #include "kernels.h"
 
+#ifndef __AVX512F__
+/* Without AVX-512 each 16-lane vector is two registers, and GCC's redundancy eliminations (PRE,
+ * GCSE) over the unrolled specializations take most of the build's time, which the engine's
+ * first start on a machine waits for (docs/benchmarks/decode.md); they remove loads and moves,
+ * never change a rounding. */
+#pragma GCC optimize("no-tree-pre", "no-gcse")
+#endif
+
 #ifndef BLOCK
 #define BLOCK 1024        /* keys per work item */
 #endif
