@@ -213,7 +213,7 @@ class EngineConfig:
         "engine/model/decode_attention.py): `native`, C kernels compiled with `cc` on first use "
         "(engine/cpu/, cached under ~/.cache/kvmosaic/kernels): the whole step in one call "
         "(every layer's products, norms, RoPE and attention, then lm_head) where the CPU has "
-        "AVX-512, or AVX2 with FMA and F16C (the same bits), and the model's layers are the "
+        "AVX-512, or AVX2 with FMA and F16C, and the model's layers are the "
         "Llama layout it runs, else the attention alone, "
         "every row of a step in one call per layer, each request's keys split in blocks over "
         "the cores; `torch`, the model's modules and PyTorch's SDPA per request; `auto` = "

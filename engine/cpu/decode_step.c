@@ -22,7 +22,7 @@
  * thread count: every dot product runs over its inputs in one fixed order (16 lanes per chunk,
  * four chains of chunks, chains and lanes summed by one fixed tree), whichever rows share the
  * pass and whichever thread computes it. Written in vec16.h's 16-lane vectors: one AVX-512 register,
- * or two AVX2 ones (with FMA and F16C) computing the same bits; on a build with neither,
+ * or two AVX2 ones (with FMA and F16C) in the same order of operations; on a build with neither,
  * kvm_cpu_decode_step returns KVM_CPU_ERR_UNSUPPORTED and the caller keeps the twin.
  */
 #include <math.h>

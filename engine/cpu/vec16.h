@@ -1,10 +1,11 @@
-/* Sixteen float32 lanes for the decode step (decode_step.c) and the AVX-512 exponential it shares
- * with the prefill attention: one __m512 where the build has AVX-512F, two __m256 where it has
+/* Sixteen float32 lanes for the decode step (decode_step.c), and the exponential it shares with the
+ * prefill attention (AVX-512 only there): one __m512 where the build has AVX-512F, two __m256 where it has
  * AVX2 with FMA and F16C (KVM_VEC16 is 1 in either case, else 0).
  *
  * Every operation is lane-wise and the same instruction on each half, and the one horizontal
  * operation (vf_hsum) sums by the same tree in both builds (the two halves first, then quarters,
- * ...), so a kernel written in vf16 computes the same bits on an AVX2 CPU as on an AVX-512 one.
+ * ...), so a kernel written in vf16 runs the same operations in the same order on an AVX2 CPU as
+ * on an AVX-512 one (their bits not yet compared across two such CPUs).
  */
 #ifndef KVM_CPU_VEC16_H
 #define KVM_CPU_VEC16_H
