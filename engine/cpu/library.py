@@ -7,7 +7,7 @@ cached in `<kernel cache>/cpu-<key>/libkvmosaic_cpu.so` (the CUDA kernels' cache
 flags and this CPU's model and feature flags: another machine sharing the cache (a network
 home, a container image) builds its own. It is written under a temporary name and renamed into
 place, so processes building at the same time never see a half-written library. A build takes
-about a second with gcc.
+tens of seconds with gcc (docs/benchmarks/decode.md), once per machine and source.
 
 It links OpenMP by soname (`libgomp.so.1`); torch has already loaded its own copy under that
 name, so the kernels run on the same runtime and thread pools as torch's operations.
