@@ -290,10 +290,16 @@ class Ingestor:
         ids: Sequence[Sequence[int]],
         on_progress: OnProgress | None,
     ) -> Counter[str]:
-        """Base KV of every chunk into the store, packed; how many chunks each tier took."""
+        """Base KV of every chunk into the store, packed; how many chunks each tier took. With
+        learned packets, each chunk's base between them too (what a request asking for packets
+        reads, `app.rag.with_packets`; not counted in the tiers, reported in the progress)."""
         stored = self.chunk_cache.put_bases(
             [(chunk.id, token_ids) for chunk, token_ids in zip(chunks, ids)], on_progress
         )
+        if self.engine.packets is not None:
+            self.chunk_cache.put_bases(
+                [(c.id, self.engine.packeted(t)) for c, t in zip(chunks, ids)], on_progress
+            )
         return Counter(tier or "none" for tier in stored)
 
     def _undo(self, document_id: int) -> None:

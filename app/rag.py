@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from app.catalog import Catalog
 from app.kvcache.chunk_cache import ServiceChunkCache
@@ -28,7 +28,7 @@ from engine.decoding import Decoded
 from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.model.decode import SamplingParams
-from engine.planners import Mode
+from engine.planners import Mode, base_reader_names
 from engine.result import PrefillResult
 from retrieval import Retriever
 from retrieval.text import text_problem
@@ -48,6 +48,7 @@ class Query:
     sampling: SamplingParams
     fidelity: Fidelity  # the fidelity guard's level (engine/serving/guard.py)
     order: ChunkOrder  # the chunk order rule (KVMOSAIC_CHUNK_ORDER, app/kvcache/order.py)
+    packets: bool = False  # chunks read between the engine's learned packets (`with_packets`)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class Answer:
     stages: dict[str, float] = field(default_factory=dict)
     order: OrderedChunks | None = None
     served: ServedTokens = field(default_factory=ServedTokens)
+    packets: bool = False  # its chunks were read between learned packets
 
 
 class StageClock:
@@ -117,6 +119,8 @@ class RagService:
             retrieved = retrieve_chunks(
                 self.retriever, self.catalog, self.engine, query.question, query.top_k
             )
+        if query.packets:  # the chunks the prompt reads: each between the packets
+            retrieved = [replace(r, token_ids=self.engine.packeted(r.token_ids)) for r in retrieved]
         # a client gone while it waited or retrieved: no prefill
         raise_if_abandoned(cancel, "prefill")
         # order: the prompt's chunk order; plan: each chunk's variant; load: pin its KV
@@ -149,6 +153,7 @@ class RagService:
             clock.finish(),
             ordered,
             self.chunk_cache.served(loaded, result),
+            query.packets,
         )
         if self.observe is not None:
             self.observe(answer)
@@ -192,8 +197,10 @@ class RagService:
         seed: int | None = None,
         fidelity: str | None = None,
         order: str | None = None,
+        packets: bool = False,
     ) -> Query:
-        """Validate a question against the settings; raises InvalidRequest with a clear message."""
+        """Validate a question against the settings; raises InvalidRequest with a clear message.
+        `packets`: read the chunks between the engine's learned packets (`with_packets`)."""
         s = self.settings
         question = question.strip()
         if not question:
@@ -211,7 +218,7 @@ class RagService:
         sampling = SamplingParams(
             max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed
         )
-        return Query(
+        query = Query(
             question,
             top_k or s.default_top_k,
             Mode.named(mode) if mode else s.default_mode,
@@ -220,3 +227,27 @@ class RagService:
             Fidelity.named(fidelity) if fidelity else s.fidelity,
             ChunkOrder.named(order) if order else s.chunk_order,
         )
+        return with_packets(query, self.engine) if packets else query
+
+
+def with_packets(query: Query, engine: Engine) -> Query:
+    """`query` reading its chunks between the engine's learned packets; InvalidRequest where
+    that cannot keep a promise. The packets change the prompt the model reads, so no repair
+    or exact prefill of it is full prefill's: `fast` only. And a mode that stores or plans with
+    context variants would mix packeted and plain KV in one catalog path: base readers only."""
+    if engine.packets is None:
+        raise InvalidRequest(
+            "packets: this server has no learned packets (KVMOSAIC_PACKETS, `kvmosaic adapt`)"
+        )
+    if query.fidelity is not Fidelity.FAST:
+        raise InvalidRequest(
+            f"packets are served at fidelity 'fast' only (this request: {query.fidelity.value!r}); "
+            "no packets have passed the fidelity yardstick, so 'balanced' and 'exact' cannot "
+            "promise full prefill's answer with them"
+        )
+    if not query.mode.reads_bases_only:
+        raise InvalidRequest(
+            f"packets need a mode that reads base variants only "
+            f"({', '.join(base_reader_names())}), not {query.mode}"
+        )
+    return replace(query, packets=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from app.kvcache.chunk_cache import COMPUTED_NOW
@@ -13,6 +14,8 @@ from engine.serving.guard import GuardReport
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+PACKET_PIECE = "<packet>"  # the explain view's text of a learned packet's soft token
 
 
 def ask_response(answer: Answer, tokenizer: PreTrainedTokenizerBase | None = None) -> AskResponse:
@@ -35,6 +38,7 @@ def ask_response(answer: Answer, tokenizer: PreTrainedTokenizerBase | None = Non
         timings=timings(answer),
         usage=usage(answer),
         order=order_out(answer),
+        packets=answer.packets,
     )
 
 
@@ -99,9 +103,17 @@ def chunk_out(
         cfo=report.cfo,
     )
     if tokenizer is not None:
-        out.token_texts = tokenizer.batch_decode([[t] for t in retrieved.token_ids])
+        out.token_texts = token_pieces(tokenizer, retrieved.token_ids)
         out.recomputed_offsets = list(report.recomputed_offsets)
     return out
+
+
+def token_pieces(tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int]) -> list[str]:
+    """Each token's text; a learned packet's soft token (an id past the tokenizer's) as
+    `PACKET_PIECE`, so that the pieces stay aligned with the chunk's rows."""
+    vocabulary = len(tokenizer)
+    pieces = iter(tokenizer.batch_decode([[t] for t in token_ids if t < vocabulary]))
+    return [PACKET_PIECE if t >= vocabulary else next(pieces) for t in token_ids]
 
 
 def timings(answer: Answer) -> Timings:

@@ -149,6 +149,7 @@ class Settings(BaseSettings):
     decode_attention: DecodeAttention = engine_setting("decode_attention")
     decode_weights: DecodeWeights = engine_setting("decode_weights")
     num_threads: int | None = engine_setting("num_threads")
+    packets: str | None = engine_setting("packets")
     embedder_path: str | None = Field(
         default=None,
         description=(

@@ -192,8 +192,10 @@ class EngineConfig:
         "Learned chunk packets (engine/adapt/packets.py, trained by `kvmosaic adapt`): a "
         "packets file, `auto` (the `packets.safetensors` beside the model's converted "
         "checkpoint, if there is one) or unset (none). With packets the engine can encode and "
-        "read a chunk between them (`Engine.packeted`), and their digest joins the model "
-        "fingerprint; nothing serves them by default, as none has passed the fidelity yardstick "
+        "read a chunk between them (`Engine.packeted`), ingest also stores each chunk's base "
+        "between them, and their digest joins the model fingerprint. Only a request that asks "
+        "(`packets: true`, at fidelity `fast`, in a mode that reads base variants only) is "
+        "served with them: none has passed the fidelity yardstick "
         "(docs/benchmarks/second-front.md).",
     )
     linear_kernel: str = described(

@@ -22,7 +22,8 @@ from pydantic import BaseModel
 from app.schemas.documents import DocumentIn
 from app.settings import Settings
 from app.store.config import KNOWN_POLICIES
-from engine.planners import planner_names
+from engine.config import Fidelity
+from engine.planners import base_reader_names, planner_names
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 # A JSON object of the document, as FastAPI's `get_openapi` returns it.
@@ -40,6 +41,12 @@ def _tier_names(app: FastAPI, settings: Settings) -> list[str]:
     )
 
 
+def _has_packets(app: FastAPI, settings: Settings) -> bool:
+    """Whether the engine has learned packets once the services run, else whether it is set."""
+    services = getattr(app.state, "services", None)
+    return services.engine.packets is not None if services is not None else bool(settings.packets)
+
+
 def install_openapi(app: FastAPI, settings: Settings) -> None:
     """Make `app.openapi()` (and `/openapi.json`) include the hand-read body schemas and `settings`'
     limits."""
@@ -55,6 +62,7 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
                 schemas.update(schema.pop("$defs", {}))
                 schemas[model.__name__] = schema
             add_limits(schemas, settings, _tier_names(app, settings))
+            add_packet_rule(schemas, settings, _has_packets(app, settings))
             add_upload_limits(document, settings)
             exact_integer_bounds(document)
             app.openapi_schema = document
@@ -106,6 +114,25 @@ def add_limits(schemas: JsonObject, settings: Settings, tiers: list[str]) -> Non
         description=f"UTF-8 text or markdown, at most {settings.max_upload_bytes} bytes "
         "(413 beyond)",
     )
+
+
+def add_packet_rule(schemas: JsonObject, settings: Settings, has_packets: bool) -> None:
+    """`packets: true` only where the server has packets, and then with fidelity `fast` and a
+    mode that reads base variants only (`app.rag.with_packets`): named, where the server's
+    defaults are not those."""
+    for name in ("AskRequest", "ChatRequest"):
+        schema = schemas[name]
+        if not has_packets:
+            schema["properties"]["packets"]["enum"] = [False]
+            continue
+        readers = base_reader_names()
+        required = [] if settings.default_mode.name in readers else ["mode"]
+        required += [] if settings.fidelity is Fidelity.FAST else ["fidelity"]
+        schema["if"] = {"properties": {"packets": {"const": True}}, "required": ["packets"]}
+        schema["then"] = {
+            "properties": {"mode": {"enum": readers}, "fidelity": {"const": "fast"}},
+            "required": required,
+        }
 
 
 def add_upload_limits(document: JsonObject, settings: Settings) -> None:

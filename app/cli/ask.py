@@ -24,6 +24,13 @@ def add_parser(subparsers) -> None:
         default=None,
         help="fidelity guard: fast, balanced or exact (default: KVMOSAIC_FIDELITY)",
     )
+    parser.add_argument(
+        "--packets",
+        action="store_true",
+        default=None,
+        help="read each chunk between the server's learned packets (KVMOSAIC_PACKETS; "
+        "fidelity fast, a mode that reads base variants only)",
+    )
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument(
@@ -42,6 +49,7 @@ def run(args) -> int:
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,
         "fidelity": args.fidelity,
+        "packets": args.packets,
     }
     body = {k: v for k, v in body.items() if v is not None}
     report = ask_server(args.server, body) if args.server else ask_here(args, body)

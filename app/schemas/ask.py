@@ -15,6 +15,11 @@ FIDELITY_DOC = (
     "again in full; exact: full prefill (default: the server's)"
 )
 
+PACKETS_DOC = (
+    "read each chunk between the server's learned packets (KVMOSAIC_PACKETS): fidelity 'fast' "
+    "and a mode that reads base variants only (GET /modes: packet_modes)"
+)
+
 
 class AskRequest(BaseModel):
     """Defaults (top_k, mode, max_tokens, ratio) come from the server settings when omitted."""
@@ -26,6 +31,7 @@ class AskRequest(BaseModel):
     mode: str | None = Field(default=None, description="recompute mode (see GET /modes)")
     ratio: Ratio | None = Field(default=None, description="cacheblend recompute ratio")
     fidelity: Fidelity | None = Field(default=None, description=FIDELITY_DOC)
+    packets: StrictBool = Field(default=False, description=PACKETS_DOC)
     max_tokens: TokenBudget | None = Field(
         default=None, description="answer token budget; its limit is a setting"
     )
@@ -188,6 +194,9 @@ class AskResponse(BaseModel):
     timings: Timings
     usage: Usage
     order: OrderOut | None = None
+    packets: bool = Field(
+        default=False, description="the chunks were read between the server's learned packets"
+    )
 
 
 class ModesResponse(BaseModel):
@@ -197,3 +206,7 @@ class ModesResponse(BaseModel):
     max_tokens: int = Field(description="default answer token budget")
     fidelities: list[str] = Field(description="fidelity guard levels a request may name")
     fidelity: str = Field(description="default fidelity level")
+    packets: str | None = Field(
+        description="the digest of the learned packets a request may ask for (null: none)"
+    )
+    packet_modes: list[str] = Field(description="the modes a request with packets may name")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from engine.planners.registry import (
     PLANNERS,
     Mode,
+    base_reader_names,
     create_planner,
     exact_reuse_mode,
     exact_reuse_planner,
@@ -22,6 +23,7 @@ from engine.planners.registry import (
 __all__ = [
     "PLANNERS",
     "Mode",
+    "base_reader_names",
     "create_planner",
     "exact_reuse_mode",
     "exact_reuse_planner",

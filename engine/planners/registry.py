@@ -26,6 +26,11 @@ def planner_names() -> list[str]:
     return list(PLANNERS)
 
 
+def base_reader_names() -> list[str]:
+    """The modes that read base variants only (`Mode.reads_bases_only`), in registry order."""
+    return [name for name, cls in PLANNERS.items() if Mode(cls).reads_bases_only]
+
+
 def planner_class(name: str) -> type[BasePlanner]:
     """The registered planner of mode `name` (its class attributes are the mode's policy)."""
     if name not in PLANNERS:
@@ -73,6 +78,16 @@ class Mode:
     @property
     def blends(self) -> bool:
         return self.planner.blends()
+
+    @property
+    def reads_bases_only(self) -> bool:
+        """It reuses the cache, plans with base variants only and leaves none behind: a
+        request may read its chunks between learned packets (`Query.packets`)."""
+        return (
+            self.reuses_cache
+            and self.variant_use is VariantUse.BASE
+            and self.leaves is VariantYield.NONE
+        )
 
     def create_planner(self, config: EngineConfig) -> BasePlanner:
         return self.planner(config)

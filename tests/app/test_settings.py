@@ -115,9 +115,7 @@ def test_bad_values_are_refused(monkeypatch, name, value):
 # -- one home per default: the engine settings derive from EngineConfig --------------------------
 
 # EngineConfig fields no KVMOSAIC_* variable sets (check_multipliers sets check_ratio_multipliers).
-# engine fields with no KVMOSAIC_ variable (`packets`: the server asks for no packeted chunk
-# yet, so a setting would only change its caches' fingerprint; the benchmarks set it)
-NOT_SETTINGS = {"system_prompt", "instruction", "selfcheck", "check_ratio_multipliers", "packets"}
+NOT_SETTINGS = {"system_prompt", "instruction", "selfcheck", "check_ratio_multipliers"}
 
 
 @pytest.fixture()

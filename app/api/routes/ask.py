@@ -15,7 +15,7 @@ from app.api.streaming import SSE_HEADERS, AnswerStream, Done, Piece, sse
 from app.report import ask_response
 from app.schemas.ask import AskRequest, AskResponse, ModesResponse
 from engine.config import FIDELITIES
-from engine.planners import planner_names
+from engine.planners import base_reader_names, planner_names
 
 router = APIRouter(tags=["ask"])
 
@@ -37,6 +37,8 @@ def modes(services: ServicesDep) -> ModesResponse:
         max_tokens=s.default_max_tokens,
         fidelities=list(FIDELITIES),
         fidelity=s.fidelity.value,
+        packets=None if services.engine.packets is None else services.engine.packets.digest(),
+        packet_modes=base_reader_names(),
     )
 
 
@@ -57,6 +59,7 @@ async def ask(
         top_p=body.top_p,
         seed=body.seed,
         fidelity=body.fidelity,
+        packets=body.packets,
     )
     tokenizer = services.engine.loaded.tokenizer if body.explain else None
     if not body.stream:

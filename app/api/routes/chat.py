@@ -76,6 +76,7 @@ async def chat_completions(
         top_p=body.top_p or 1.0,
         seed=body.seed,
         fidelity=body.fidelity,
+        packets=body.packets,
     )
     head: Head = {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
