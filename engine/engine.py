@@ -101,7 +101,9 @@ class Engine:
                 )
             ),
             config.decode_weights,
-            rounded_decode_weights(config.model, config.model_path),
+            rounded_decode_weights(
+                config.model, config.model_path, str(loaded.dtype).removeprefix("torch.")
+            ),
         )
         if self.packets is not None:
             self.stack.install_soft_rows(self.packets.rows)

@@ -80,9 +80,11 @@ class KnownModel:
     num_layers: int  # its <architecture>.block_count
     num_parameters: int  # elements of all its tensors: the converted float32 size is 4x
     default: bool = False
-    # the rounded decode weights the fidelity yardstick passed for this model, which `auto`
-    # takes when no format holds its weights exactly (docs/benchmarks/decode.md, item 3)
+    # the rounded decode weights the fidelity yardstick passed for this model, and the model
+    # dtypes it passed in: `auto` takes them there unless a narrower format is exact
+    # (docs/benchmarks/decode.md, item 3, and "Rounded int8 under bfloat16")
     rounded_decode_weights: str | None = None
+    rounded_decode_dtypes: tuple[str, ...] = ()
     # whether `dtype=auto` takes bfloat16 for this model on a CPU with AVX512-BF16 and no AMX:
     # its rule passed there (docs/benchmarks/bfloat16.md, "auto on AVX512-BF16, run")
     bfloat16_on_avx512_bf16: bool = False
@@ -125,6 +127,7 @@ QWEN_CODER = KnownModel(
     num_layers=24,
     num_parameters=630_167_424,
     rounded_decode_weights="int8",
+    rounded_decode_dtypes=("float32", "bfloat16"),
     bfloat16_on_avx512_bf16=True,
 )
 
@@ -190,11 +193,14 @@ def configured_known_model(model: str | None, model_path: str | None) -> KnownMo
     return known_model(model) if model else next(m for m in KNOWN_MODELS.values() if m.default)
 
 
-def rounded_decode_weights(model: str | None, model_path: str | None) -> str | None:
-    """The rounded decode weights measured for the configured model; None for a checkpoint
-    given by path, whose weights nobody measured."""
+def rounded_decode_weights(model: str | None, model_path: str | None, dtype: str) -> str | None:
+    """The rounded decode weights measured for the configured model in model dtype `dtype`
+    ("float32", "bfloat16"); None where nobody measured them (a dtype not judged, a checkpoint
+    given by path)."""
     chosen = configured_known_model(model, model_path)
-    return chosen.rounded_decode_weights if chosen is not None else None
+    if chosen is None or dtype not in chosen.rounded_decode_dtypes:
+        return None
+    return chosen.rounded_decode_weights
 
 
 def models_dir(data_dir: Path) -> Path:

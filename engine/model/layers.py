@@ -108,7 +108,7 @@ class DecoderStack:
         # None; `decode.native_step` builds it on the first step, on the thread that decodes
         self.native_unfit = native_step_unfit(self)
         self.decode_weights = decode_weights
-        # what `auto` may take when no format is exact (known.rounded_decode_weights)
+        # what `auto` takes unless a narrower format is exact (known.rounded_decode_weights)
         self.rounded_decode_weights = rounded_decode_weights
         formats_for(decode_weights, self.model_dtype)  # an unknown name is refused here
         if needs_native_step(decode_weights) and self.native_unfit is not None:

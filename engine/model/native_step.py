@@ -285,9 +285,10 @@ def build_native_step(
 ) -> NativeDecodeStep | None:
     """The stack's native step, after a probe: the kernel on the model's own weights against the
     twin (`twin(caches, tokens)`) on one batched step over random caches; None (logged) if they
-    disagree beyond the dtype's rounding. `auto` takes the first of `AUTO_CANDIDATES` whose
-    every block is exact (the decode is then `model`'s bit for bit), else the rounded weights
-    measured for the model (`stack.rounded_decode_weights`), else `model`."""
+    disagree beyond the dtype's rounding. `auto` takes the first of `AUTO_CANDIDATES` narrower
+    than the rounded weights measured for the model in its dtype (`stack.rounded_decode_weights`)
+    whose every block is exact (the decode is then `model`'s bit for bit), else those rounded
+    weights, else `model`."""
     own = NativeDecodeStep(stack, "model")
     reason = _probe(stack, own, twin)
     if reason is not None:
@@ -295,7 +296,8 @@ def build_native_step(
         return None
     if weights == "auto":
         rounded = stack.rounded_decode_weights
-        step = _exact_narrowest(stack) or (NativeDecodeStep(stack, rounded) if rounded else own)
+        exact = _exact_narrowest(stack, narrower_than=rounded)
+        step = exact or (NativeDecodeStep(stack, rounded) if rounded else own)
     else:
         step = own if weights == "model" else NativeDecodeStep(stack, weights)
     log.info(
@@ -308,11 +310,17 @@ def build_native_step(
     return step
 
 
-def _exact_narrowest(stack: DecoderStack) -> NativeDecodeStep | None:
-    """The first candidate format that holds every weight exactly, or None. One matrix is
-    tried first, so a model whose weights fit no block grid costs one matrix's quantization."""
+def _exact_narrowest(
+    stack: DecoderStack, narrower_than: str | None = None
+) -> NativeDecodeStep | None:
+    """The first candidate format (before `narrower_than` among them, if given) that holds every
+    weight exactly, or None. One matrix is tried first, so a model whose weights fit no block
+    grid costs one matrix's quantization."""
     sample = cast(Any, stack.layers[0]).self_attn.q_proj.weight
-    for weights in AUTO_CANDIDATES:
+    candidates = AUTO_CANDIDATES
+    if narrower_than in candidates:
+        candidates = candidates[: candidates.index(narrower_than)]
+    for weights in candidates:
         layer_format, _ = formats_for(weights, stack.model_dtype)
         if pack(sample, layer_format).exact < 1.0:
             continue

@@ -194,9 +194,27 @@ def test_auto_takes_the_measured_rounded_weights_when_none_is_exact(smol_tokeniz
     assert torch.equal(auto, in_own_thread(lambda: decode_batch(int8, caches, [3, 4])))
 
 
-def test_only_measured_models_have_rounded_decode_weights():
+@pytest.mark.skipif(not _supported(), reason="needs a C compiler and AVX-512F or AVX2")
+def test_auto_takes_measured_rounded_weights_narrower_than_the_exact_format(smol_tokenizer):
+    loaded = tiny_family(smol_tokenizer, "llama")
+    with torch.no_grad():  # every weight a bfloat16 value: `bfloat16` holds them exactly
+        for parameter in loaded.model.parameters():
+            parameter.copy_(parameter.bfloat16().float())
+    caches = random_caches(loaded.spec, [9, 64], seed=6)
+    chosen = {}
+    for rounded in (None, "int8"):
+        stack = DecoderStack(loaded, "native", "auto", rounded_decode_weights=rounded)
+        in_own_thread(lambda stack=stack: decode_batch(stack, [clone(c) for c in caches], [3, 4]))
+        assert stack.native is not None
+        chosen[rounded] = stack.native.weights
+    assert chosen == {None: "bfloat16", "int8": "int8"}
+
+
+def test_only_measured_models_and_dtypes_have_rounded_decode_weights():
     from engine.model.known import rounded_decode_weights
 
-    assert rounded_decode_weights("qwen2.5-coder-0.5b", None) == "int8"
-    assert rounded_decode_weights(None, None) is None  # the embedded SmolLM2: exact int4
-    assert rounded_decode_weights(None, "/models/some.gguf") is None  # nobody measured it
+    for dtype in ("float32", "bfloat16"):  # both judged on the report cases (decode.md)
+        assert rounded_decode_weights("qwen2.5-coder-0.5b", None, dtype) == "int8"
+    assert rounded_decode_weights("qwen2.5-coder-0.5b", None, "float16") is None  # not judged
+    assert rounded_decode_weights(None, None, "float32") is None  # SmolLM2: exact int4
+    assert rounded_decode_weights(None, "/models/some.gguf", "float32") is None  # nobody measured

@@ -112,7 +112,8 @@ def test_greedy_decode_equals_transformers_generate_and_answers(qwen):
 
 
 def test_auto_decodes_with_the_measured_int8_and_still_answers(qwen):
-    rounded = rounded_decode_weights(QWEN_CODER.name, None)
+    dtype = str(qwen.loaded.dtype).removeprefix("torch.")
+    rounded = rounded_decode_weights(QWEN_CODER.name, None, dtype)
     stack = DecoderStack(qwen.loaded, qwen.stack.decode_attention, "auto", rounded)
     if stack.native_unfit is not None:
         pytest.skip(f"the native decode step cannot run here: {stack.native_unfit}")
