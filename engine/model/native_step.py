@@ -317,7 +317,7 @@ def _exact_narrowest(
     weight exactly, or None. One matrix is tried first, so a model whose weights fit no block
     grid costs one matrix's quantization."""
     sample = cast(Any, stack.layers[0]).self_attn.q_proj.weight
-    candidates = AUTO_CANDIDATES
+    candidates: tuple[str, ...] = AUTO_CANDIDATES
     if narrower_than in candidates:
         candidates = candidates[: candidates.index(narrower_than)]
     for weights in candidates:
