@@ -29,21 +29,12 @@ def packets_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def services(tiny_loaded, embedder, tmp_path_factory, packets_file):
+    """The module's server, with packets (conftest's `client` drives it)."""
     services = start_services(
         tiny_loaded, embedder, tmp_path_factory.mktemp("packets-data"), packets=str(packets_file)
     )
     yield services
     services.close()
-
-
-@pytest.fixture(scope="module")
-def client(services):
-    from fastapi.testclient import TestClient
-
-    from app.main import create_app
-
-    with TestClient(create_app(services=services), client=LOCAL_CLIENT) as client:
-        yield client
 
 
 def ask(client, **fields):
