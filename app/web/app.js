@@ -49,6 +49,8 @@ function askBody(question, mode, stream) {
     question, mode, stream, explain: true,
     top_k: Number($("top-k").value) || undefined,
     max_tokens: Number($("max-tokens").value) || undefined,
+    // learned packets are served at fidelity fast only (the server says why otherwise)
+    ...($("packets").checked ? { packets: true, fidelity: "fast" } : {}),
   };
 }
 
@@ -119,6 +121,7 @@ function renderReport(report) {
                  ["recomputed", `${report.usage.recomputed_tokens} / ${report.usage.context_tokens} tokens`]];
   if (report.guard) facts.push(["fidelity", guardText(report.guard)]);
   if (report.order) facts.push(["order", orderText(report.order)]);
+  if (report.packets) facts.push(["packets", "each chunk read between the learned packets"]);
   $("timings").replaceChildren(...facts.map(([k, v]) => el("div", {}, el("dt", {}, k), el("dd", {}, v))));
   $("chunks").replaceChildren(...report.chunks.map(renderChunk));
   $("chunks-card").hidden = report.chunks.length === 0;
@@ -323,6 +326,8 @@ async function start() {
   $("mode").replaceChildren(...modes.map((m) => el("option", m === info.default ? { selected: "" } : {}, m)));
   $("top-k").value = info.top_k;
   $("max-tokens").value = info.max_tokens;
+  $("packets-option").hidden = !info.packets;  // the server has learned packets
+  $("packets-option").title = `modes: ${info.packet_modes.join(", ")}`;
   $("compare-modes").replaceChildren(...modes.map((m) => el("label", {},
     el("input", Object.assign({ type: "checkbox", value: m }, COMPARE_MODES.includes(m) ? { checked: "" } : {})), m)));
   document.body.dataset.ready = "1";

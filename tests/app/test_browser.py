@@ -78,6 +78,7 @@ def test_ask_streams_an_answer_and_shows_chunks(page):
         "#timings"
     )  # the guard's line (the test server runs `fast`)
     assert page.inner_text("#answer-mode").startswith("cacheblend")
+    assert page.is_hidden("#packets-option")  # this server has no learned packets
 
 
 def test_a_bad_question_shows_the_error(page):
