@@ -68,6 +68,10 @@ class Engine:
     ):
         """`profile` None: the loaded model's reuse profile in force (engine/serving/profile.py)."""
         self.config = config
+        # the model as given, before the fingerprint names packets or threads: what another
+        # engine on the same model is built from (built from `self.loaded`, it would name
+        # them twice and refuse this engine's KV)
+        self.model_loaded = loaded
         # learned packets (config.packets): their digest joins the fingerprint of every cache
         self.packets = packets_for(config, loaded)
         if self.packets is not None:

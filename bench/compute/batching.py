@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     # Built on a passing thread, as Engine.load is: this thread keeps no OpenMP pool that would
     # slow the batching engine's compute thread (engine/serving/threads.py).
     engine_off = in_own_thread(
-        lambda: Engine(replace(engine_on.config, batching=False), engine_on.loaded)
+        lambda: Engine(replace(engine_on.config, batching=False), engine_on.model_loaded)
     )
     prompts = (
         dataset_prompts(

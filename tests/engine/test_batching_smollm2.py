@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 def engines(smol_engine):
     """The session's SmolLM2 engine (batching on, the default) and one decoding alone."""
     assert smol_engine.scheduler is not None
-    alone = Engine(replace(smol_engine.config, batching=False), smol_engine.loaded)
+    alone = Engine(replace(smol_engine.config, batching=False), smol_engine.model_loaded)
     return smol_engine, alone
 
 

@@ -123,7 +123,7 @@ def watched_engine(tiny_engine, grounding: bool) -> Engine:
         epic_tokens=4,
         guard_grounding=grounding,
     )
-    return Engine(config, tiny_engine.loaded)
+    return Engine(config, tiny_engine.model_loaded)
 
 
 # the tiny model's seeded sample names a capitalised word that no passage holds
@@ -174,7 +174,7 @@ def test_a_margin_repair_starts_at_a_span_still_held(tiny_engine):
     config = dataclasses.replace(
         watched_engine(tiny_engine, grounding=True).config, guard_answer_margin=1e9
     )
-    engine = Engine(config, tiny_engine.loaded)  # the margin fires at the first watched step
+    engine = Engine(config, tiny_engine.model_loaded)  # the margin fires at the first watched step
     streamed_items = streamed(engine, chunk_inputs(tiny_engine))
     repair = streamed_items[0]  # the sample's first word was held back: nothing went out
     assert isinstance(repair, Repair) and repair.at == 0 and repair.reason == "margin"

@@ -35,7 +35,7 @@ def engine_with(tiny_engine, tmp_path, profile: ReuseProfile | None = None, **ov
     """An engine over the tiny model (no profile of its own) in its own data dir; batching off
     so that no busy skip interferes."""
     config = EngineConfig(data_dir=tmp_path, epic_tokens=4, batching=False, **overrides)
-    return Engine(config, tiny_engine.loaded, profile=profile)
+    return Engine(config, tiny_engine.model_loaded, profile=profile)
 
 
 @pytest.mark.parametrize("mode", BLENDS)

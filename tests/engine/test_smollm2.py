@@ -25,7 +25,7 @@ def test_fingerprint_is_stable_across_loads(smol_engine, test_data_dir):
     from engine.model.loader import load_model
 
     again = load_model(test_data_dir, None, "cpu", "float32")
-    assert again.fingerprint == smol_engine.fingerprint
+    assert again.fingerprint == smol_engine.model_loaded.fingerprint
 
 
 def test_full_equals_hugging_face_forward(smol_engine):

@@ -15,7 +15,7 @@ from tests.conftest import MUSIQUE_SLICE
 
 
 def test_measure_compares_batching_on_and_off(tiny_engine):
-    off = Engine(replace(tiny_engine.config, batching=False), tiny_engine.loaded)
+    off = Engine(replace(tiny_engine.config, batching=False), tiny_engine.model_loaded)
     prompts = builtin_prompts(tiny_engine, 3)
     figures = measure(
         tiny_engine, off, prompts, concurrency=3, max_tokens=5, mode=Mode.named("naive"), rounds=1
