@@ -75,6 +75,13 @@ class Metrics:
         self.answers = Counter(
             "kvmosaic_answers", "Answered questions by mode", ["mode"], registry=r
         )
+        self.packet_answers = Counter(
+            "kvmosaic_packet_answers",
+            "Answered questions whose chunks were read between learned packets "
+            "(`packets: true`), by mode; also counted in kvmosaic_answers",
+            ["mode"],
+            registry=r,
+        )
         self.guard = Counter(
             "kvmosaic_guard_outcomes",
             "Answers by fidelity level and what the guard did "
@@ -106,8 +113,11 @@ class Metrics:
         stages: dict[str, float],
         generated: int,
         guard: GuardReport | None = None,
+        packets: bool = False,
     ) -> None:
         self.answers.labels(mode).inc()
+        if packets:
+            self.packet_answers.labels(mode).inc()
         if guard is not None:
             self.guard.labels(guard.fidelity.value, guard.outcome).inc()
         self.ttft.labels(mode).observe(ttft_s)

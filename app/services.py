@@ -180,6 +180,7 @@ class Services:
             answer.stages,
             len(answer.decoded.token_ids),
             answer.decoded.guard,
+            answer.packets,
         )
         if self.trimmer is not None:
             self.trimmer.note_work()

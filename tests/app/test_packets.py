@@ -76,6 +76,19 @@ def test_a_request_with_packets_reads_the_packeted_bases_ingest_stored(client):
     assert packeted["usage"]["context_tokens"] == plain["usage"]["context_tokens"] + 2 * 5
 
 
+def test_metrics_count_the_answers_read_between_packets(client):
+    def counted(text: str, name: str) -> float:
+        line = next((x for x in text.splitlines() if x.startswith(name)), None)
+        return 0.0 if line is None else float(line.rsplit(" ", 1)[1])
+
+    name = 'kvmosaic_packet_answers_total{mode="naive"}'
+    before = counted(client.get("/metrics").text, name)
+    ask(client, mode="naive")
+    assert counted(client.get("/metrics").text, name) == before
+    ask(client, mode="naive", packets=True)
+    assert counted(client.get("/metrics").text, name) == before + 1
+
+
 def test_packeted_bases_computed_on_use_answer_as_the_stored_ones(client):
     stored = ask(client, mode="naive", packets=True)
     cleared = client.delete("/admin/cache", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
