@@ -5,12 +5,14 @@
 #   scripts/bench_reports.sh            # both reports (workload about 25 min, fidelity about 25 min on 2 cores)
 #   scripts/bench_reports.sh workload   # docs/benchmarks/workload/ (README.md, results.json, plots)
 #   scripts/bench_reports.sh fidelity   # docs/benchmarks/fidelity.md (+ fidelity.json)
+#   scripts/bench_reports.sh frontier   # docs/benchmarks/frontier-NAME.md (+ .json): #57's frontier
+#                                       # table (about 70 min for SmolLM2 in float32 on 2 cores)
 #
 # KVMOSAIC_MODEL=NAME (`kvmosaic models`) runs them on that model instead of the embedded SmolLM2,
 # into pages named after it (docs/benchmarks/fidelity-NAME.md, docs/benchmarks/workload-NAME/);
 # FIDELITY_MODES overrides the fidelity rows (default: full and the default mode), FIDELITY_PAGE
 # the fidelity page's name (default fidelity[-NAME]: docs/benchmarks/PAGE.md and PAGE.json),
-# FIDELITY_N how many of the 200 report cases run (default all; a multiple of 50, the shard size).
+# FIDELITY_N how many of the 200 report cases run (default all; a multiple of FIDELITY_SHARD, 50).
 #
 # Run it on an idle machine: every figure is timed. Commit the reports it writes.
 set -euo pipefail
@@ -30,10 +32,24 @@ FIDELITY_REPORT=docs/benchmarks/$FIDELITY_PAGE.md
 # into one table (`bench fidelity-merge`: the same figures as one run over all the cases).
 FIDELITY_N=${FIDELITY_N:-200}
 FIDELITY_CASES=(.venv/bin/python -m bench.fidelity.cases --seed 1000 --n 200 --out /tmp/kvmosaic-cases-1000.json)
-FIDELITY_SHARD=50
+FIDELITY_SHARD=${FIDELITY_SHARD:-50}  # cases per shard (a smoke run may take fewer)
 FIDELITY_SHARD_CMD=(.venv/bin/kvmosaic bench fidelity "${MODEL_ARGS[@]}" --dataset /tmp/kvmosaic-cases-1000.json
                     --orders 2 --max-new-tokens 16 --modes "${FIDELITY_MODES:-full,cachecraft}" --threads 1)
 FIDELITY_MERGE=(.venv/bin/kvmosaic bench fidelity-merge --json docs/benchmarks/$FIDELITY_PAGE.json)
+# The frontier table (#57): full, plain reuse, the paper's CacheBlend, the model's query-centric
+# focus (FRONTIER_FOCUS: the probe chosen on tuning seeds, docs/benchmarks/reuse-anatomy.md; a
+# model without one must be given it), neighbour-conditioned bases alone and under focus, and,
+# with learned packets (FRONTIER_PACKETS: a file of `kvmosaic adapt`; SmolLM2's committed ones by
+# default), packets alone and under the blend. Every row cold, at fidelity `fast`.
+FRONTIER_NAME=${MODEL:-smollm2-135m}
+case $FRONTIER_NAME in
+  smollm2-135m) FOCUS_DEFAULT="focus_probe_layer=18;focus_rows=0.15"
+                PACKETS_DEFAULT=docs/benchmarks/packets/smollm2-135m-32x32.safetensors ;;
+  qwen2.5-coder-0.5b) FOCUS_DEFAULT="focus_probe_layer=9;focus_chunks=1"; PACKETS_DEFAULT="" ;;
+  *) FOCUS_DEFAULT=""; PACKETS_DEFAULT="" ;;
+esac
+FRONTIER_FOCUS=${FRONTIER_FOCUS:-$FOCUS_DEFAULT}
+FRONTIER_PACKETS=${FRONTIER_PACKETS-$PACKETS_DEFAULT}
 # -----------------------------------------------------------------------------------------------
 
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -74,6 +90,45 @@ a 95% bootstrap interval over cases, and `vs full` the paired difference on the 
 orders. The guard's thresholds were chosen on tuning seeds, never on these (docs/benchmarks/guard.md).
 
 LEGEND
+}
+
+frontier_rows() {
+  local rows="full,naive@fast,cacheblend@fast,cacheblend@fast[$FRONTIER_FOCUS]"
+  rows+=",naive@fast[neighbours=2],cacheblend@fast[$FRONTIER_FOCUS;neighbours=2]"
+  [[ -n $FRONTIER_PACKETS ]] && rows+=",naive@fast[packets=1],cacheblend@fast[packets=1]"
+  echo "$rows"
+}
+
+frontier() {
+  if [[ -z $FRONTIER_FOCUS ]]; then
+    echo "bench_reports: no focus probe known for $FRONTIER_NAME; set FRONTIER_FOCUS, e.g." \
+         "'focus_probe_layer=9;focus_chunks=1', chosen on tuning seeds" >&2
+    exit 2
+  fi
+  local page=docs/benchmarks/frontier-$FRONTIER_NAME rows
+  rows=$(frontier_rows)
+  FIDELITY_SHARD_CMD=(.venv/bin/kvmosaic bench fidelity "${MODEL_ARGS[@]}"
+                      ${FRONTIER_PACKETS:+--packets "$FRONTIER_PACKETS"}
+                      --dataset /tmp/kvmosaic-cases-1000.json --orders 2 --max-new-tokens 16
+                      --modes "$rows" --threads 1)
+  local pairs=(--pair "naive@fast[neighbours=2],naive@fast"
+               --pair "cacheblend@fast[$FRONTIER_FOCUS;neighbours=2],cacheblend@fast[$FRONTIER_FOCUS]")
+  [[ -n $FRONTIER_PACKETS ]] && pairs+=(--pair "naive@fast[packets=1],naive@fast"
+                                        --pair "cacheblend@fast[packets=1],cacheblend@fast")
+  local merge=(.venv/bin/kvmosaic bench fidelity-merge --frontier --json "$page.json" "${pairs[@]}")
+  local command="${FIDELITY_CASES[*]} && ${FIDELITY_SHARD_CMD[*]} --start S --n $FIDELITY_SHARD --json shard-S.json (S = 0, $FIDELITY_SHARD, ... < $FIDELITY_N; one shard per core at a time, taskset) && ${merge[*]} shard-*.json"
+  echo "bench_reports: $command" >&2
+  "${FIDELITY_CASES[@]}" >&2
+  local dir out
+  dir=$(mktemp -d)
+  fidelity_shards "$dir"
+  out=$("${merge[@]}" "$dir"/shard-*.json)
+  # the merge's report in a code block, its frontier table (from `| row |` on) as markdown
+  { header "Frontier table (#57)" "$command"; fidelity_legend
+    printf '```\n%s\n```\n\n' "$(sed '/^| row |/,$d' <<< "$out")"
+    sed -n '/^| row |/,$p' <<< "$out"; } > "$page.md"
+  rm -rf "$dir"
+  echo "bench_reports: wrote $page.md" >&2
 }
 
 workload() {
@@ -120,6 +175,7 @@ bash scripts/setup.sh
 case "${1:-all}" in
   workload) workload ;;
   fidelity) fidelity ;;
+  frontier) frontier ;;
   all) workload; fidelity ;;
-  *) echo "usage: $0 [workload|fidelity|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [workload|fidelity|frontier|all]" >&2; exit 2 ;;
 esac

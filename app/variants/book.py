@@ -121,6 +121,10 @@ class VariantBook:
             entry.savings = self.policy.updated_savings(entry.savings, entry.uses, saved)
             entry.uses += 1
 
+    def stored_bytes(self) -> int:
+        """Bytes of every variant the book holds, in memory (the engine's dtype)."""
+        return sum(e.kv.num_bytes for entries in self._variants.values() for e in entries)
+
     def num_variants(self, chunk_id: ChunkId) -> int:
         return len(self._variants.get(chunk_id, ()))
 

@@ -103,6 +103,12 @@ def add_fidelity_merge_parser(kinds) -> None:
         metavar="ROW,AGAINST",
         help="also print ROW's accuracy minus AGAINST's, paired case by case (repeatable)",
     )
+    merge.add_argument(
+        "--frontier",
+        action="store_true",
+        help="also print the rows as the frontier table's markdown (accuracy, TTFT, recompute, "
+        "ingest and stored KV per chunk token)",
+    )
     merge.set_defaults(handler=run_fidelity_merge)
 
 
@@ -121,6 +127,11 @@ def run_fidelity_merge(args) -> int:
         row, _, against = pair.rpartition(",")
         delta = paired_rows(summaries, row, against)
         print(f"{row} - {against}: {delta.mean:+.3f} [{delta.low:+.3f}, {delta.high:+.3f}]")
+    if args.frontier:
+        from bench.fidelity.frontier import frontier_table
+
+        print()
+        print(frontier_table(summaries))
     return status
 
 

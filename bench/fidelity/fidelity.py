@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tqdm import tqdm
@@ -53,6 +53,13 @@ from bench.fidelity.metrics import (
 )
 from bench.fidelity.neighbours import KEYS as NEIGHBOUR_KEYS
 from bench.fidelity.neighbours import Conditioning, Neighbourhood
+from bench.fidelity.storage import (
+    RowStorage,
+    format_ingest,
+    format_kib,
+    row_storage,
+    summarize_storage,
+)
 from engine.config import EngineConfig, Fidelity
 from engine.decoding import read_out
 from engine.engine import Engine
@@ -153,6 +160,10 @@ class ModeSample:
     case: int = 0  # the record's index in the dataset
     order: int = 0  # 0: the dataset's chunk order; 1..: seeded shuffles (`chunk_orders`)
     identical: bool = False  # the greedy answer is the reference's, word for word
+    # what the row's cached KV cost on this record (bench/fidelity/storage.py; 0: not counted)
+    chunk_tokens: int = 0
+    ingest_tokens: int = 0
+    stored_bytes: int = 0
     score: Score = field(default_factory=lambda: Score(float("nan"), float("nan"), float("nan")))
 
 
@@ -181,6 +192,9 @@ class ModeSummary:
         default_factory=lambda: Interval(float("nan"), float("nan"), float("nan"))
     )
     accuracy_vs_full: Interval = field(default_factory=lambda: Interval(0.0, 0.0, 0.0))
+    # per chunk token: tokens computed at ingest, bytes of KV kept (bench/fidelity/storage.py)
+    ingest_per_token: float = float("nan")
+    stored_bytes_per_token: float = float("nan")
     samples: list[ModeSample] = field(default_factory=list)
 
 
@@ -304,8 +318,12 @@ def _run_orders(
         chunk_orders([c.chunk_id for c in base], options.orders, options.seed + index)
     ):
         inputs = {
-            label: (_through_codec(book.inputs(ids, mode_of(label)), label, codecs), cost)
-            for label, (book, cost) in books.items()
+            label: RowInputs(
+                _through_codec(row.book.inputs(ids, mode_of(label)), label, codecs),
+                row.warmup_cost,
+                row.storage,
+            )
+            for label, row in books.items()
         }
         rows, reference = _run_record(engine, record, inputs, modes, options)
         out += [
@@ -449,6 +467,23 @@ def _typed(text: str, current: object) -> object:
     return text
 
 
+class RowBook(NamedTuple):
+    """A row's variant book on one record, its warm-up's cost in full prefills of the record,
+    and what the KV it starts from cost (bench/fidelity/storage.py)."""
+
+    book: VariantBook
+    warmup_cost: float
+    storage: RowStorage
+
+
+class RowInputs(NamedTuple):
+    """A row's chunk inputs in one chunk order, with its book's costs (`RowBook`)."""
+
+    chunks: list[ChunkInput]
+    warmup_cost: float
+    storage: RowStorage
+
+
 def mode_books(
     engine: Engine,
     question: str,
@@ -457,30 +492,31 @@ def mode_books(
     labels: Sequence[str],
     index: int,
     neighbourhood: Neighbourhood | None = None,
-) -> dict[str, tuple[VariantBook, float]]:
+) -> dict[str, RowBook]:
     """Per row label: the variant book its mode draws from (cold: base variants only, or the
     row's neighbour-conditioned bases from `neighbourhood`, which only the untimed warm-up
-    leaves out; warm: after the warm-up) and the warm-up's cost in full prefills of the
-    record."""
-    out: dict[str, tuple[VariantBook, float]] = {}
+    leaves out; warm: after the warm-up), the warm-up's cost in full prefills of the record
+    and what the row's KV cost to make and keep."""
+    out: dict[str, RowBook] = {}
     conditioned: dict[Conditioning, list[ChunkInput]] = {}  # rows that share one compute it once
     packeted: list[ChunkInput] = []
     for label in labels:
         orders = options.warmup_orders if WARM in label else 0
         conditioning = Conditioning.of(label, settings_of(label))
-        bases = base
+        bases, leads = base, None
         if conditioning is not None and neighbourhood is not None:  # None: the untimed warm-up
             if conditioning not in conditioned:
                 conditioned[conditioning] = neighbourhood.conditioned(engine, base, conditioning)
-            bases = conditioned[conditioning]
+            bases, leads = conditioned[conditioning], neighbourhood.lead_tokens[conditioning]
         if reads_packets(label):
             if conditioning is not None:
                 raise InvalidRequest(f"row {label!r}: packets or neighbours, not both")
             packeted = packeted or packeted_bases(engine, base)
             bases = packeted
-        out[label] = warmed_book(
-            engine, question, bases, orders, options.seed + index, mode_of(label)
-        )
+        mode = mode_of(label)
+        book, cost = warmed_book(engine, question, bases, orders, options.seed + index, mode)
+        storage = row_storage(mode.reuses_cache, base, bases, book, leads)
+        out[label] = RowBook(book, cost, storage)
     return out
 
 
@@ -560,9 +596,9 @@ def _warm_up(
 ) -> None:
     base = provider(engine, record, options.chunks, -1)
     warm = dataclasses.replace(options, warmup_orders=min(1, options.warmup_orders))
-    for label, (book, _) in mode_books(engine, record["question"], base, warm, labels, -1).items():
+    for label, row in mode_books(engine, record["question"], base, warm, labels, -1).items():
         engine.prefill(
-            book.inputs([c.chunk_id for c in base], mode_of(label)),
+            row.book.inputs([c.chunk_id for c in base], mode_of(label)),
             record["question"],
             mode=mode_of(label),
             ratio=options.ratio,
@@ -587,7 +623,7 @@ class Reference:
 def _run_record(
     engine: Engine,
     record: Record,
-    inputs: dict[str, tuple[list[ChunkInput], float]],
+    inputs: dict[str, RowInputs],
     modes: Sequence[str],
     options: FidelityOptions,
 ) -> tuple[dict[str, ModeSample], Reference]:
@@ -599,7 +635,7 @@ def _run_record(
     out = {}
     untouched: KVCache | None = None  # full's cache before its decode, for decode-only rows
     for label in modes:
-        chunks, warmup_cost = inputs[label]
+        chunks, warmup_cost, storage = inputs[label]
         weights = checked_weights(label, settings_of(label).get(decode_rows.KEY))
         if reference is not None and untouched is not None and decodes_only(label):
             result = dataclasses.replace(reference.result, cache=untouched.copy())
@@ -650,6 +686,9 @@ def _run_record(
             work_share=work_all / max(reference.work, 1.0),
             identical=answer == reference.answer,
             score=score_answer(answer, record.get("answers", [])),
+            chunk_tokens=storage.chunk_tokens,
+            ingest_tokens=storage.ingest_tokens,
+            stored_bytes=storage.stored_bytes,
         )
     if reference is None:
         raise InvalidRequest("no rows to run")
@@ -682,6 +721,9 @@ def _summarize(mode: str, samples: list[ModeSample], reference: list[ModeSample]
     (full's samples; the floor is paired with full's samples of the same orders)."""
     mean = statistics.fmean
     accuracy, versus = _accuracy(samples, reference, first_order=mode == FLOOR)
+    storage = summarize_storage(
+        RowStorage(s.chunk_tokens, s.ingest_tokens, s.stored_bytes) for s in samples
+    )
     return ModeSummary(
         mode=mode,
         records=len({s.case for s in samples}),
@@ -703,6 +745,8 @@ def _summarize(mode: str, samples: list[ModeSample], reference: list[ModeSample]
         exact_match=_mean_known(s.score.exact for s in samples),
         accuracy=accuracy,
         accuracy_vs_full=versus,
+        ingest_per_token=storage.ingest_per_token,
+        stored_bytes_per_token=storage.stored_bytes_per_token,
         samples=samples,
     )
 
@@ -737,7 +781,7 @@ def _speed_table(summaries: list[ModeSummary]) -> str:
     header = (
         f"{'mode':<{w}} {'n':>3} {'TTFT s':>8} {'vs full':>8} {'floor':>8} {'recomp':>7} "
         f"{'warm-up':>8} "
-        f"{'guard':>6} {'repair':>6} {'work':>6}"
+        f"{'guard':>6} {'repair':>6} {'work':>6} {'ingest':>7} {'KiB/tok':>8}"
     )
     lines = [header, "-" * len(header)]
     for s in summaries:
@@ -746,7 +790,8 @@ def _speed_table(summaries: list[ModeSummary]) -> str:
         lines.append(
             f"{s.mode:<{w}} {s.records:>3} {s.median_ttft_s:>8.3f} {s.median_ttft_ratio:>7.2f}x "
             f"{s.median_compute_ratio:>7.2f}x {s.recompute_share:>7.3f} {s.warmup_cost:>7.2f}x "
-            f"{s.escalated:>6.2f} {s.repaired:>6.2f} {s.work_share:>6.2f}"
+            f"{s.escalated:>6.2f} {s.repaired:>6.2f} {s.work_share:>6.2f} "
+            f"{format_ingest(s.ingest_per_token):>7} {format_kib(s.stored_bytes_per_token):>8}"
         )
     return "\n".join(lines)
 

@@ -76,6 +76,8 @@ class Neighbourhood:
         # per conditioning: chunk tokens, tokens computed, neighbours from the chunk's own
         # record, neighbours drawn
         self.costs: dict[Conditioning, list[int]] = {}
+        # per conditioning and chunk: the neighbours' tokens computed before it
+        self.lead_tokens: dict[Conditioning, dict[ChunkId, int]] = {}
 
     @classmethod
     def of_records(
@@ -119,6 +121,7 @@ class Neighbourhood:
         kv = engine.encode_after(
             chunk.token_ids, lead_ids, tuple(p.chunk_id for p in reversed(near))
         )
+        self.lead_tokens.setdefault(conditioning, {})[chunk.chunk_id] = len(lead_ids)
         cost = self.costs.setdefault(conditioning, [0, 0, 0, 0])
         cost[0] += len(chunk.token_ids)
         cost[1] += len(chunk.token_ids) + len(lead_ids)

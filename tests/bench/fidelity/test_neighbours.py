@@ -51,6 +51,9 @@ def test_a_conditioned_row_draws_bases_computed_after_its_neighbours(tiny_engine
     assert all(
         c.kv.base_position == tiny_engine.prompts.prefix_len + 4 for c in conditioned
     )  # every passage here is longer than the 4 lead tokens
+    tokens = sum(len(c.token_ids) for c in base)
+    assert books[labels[1]].storage.ingest_tokens == tokens + 16  # 4 openings of 4 tokens
+    assert books[labels[1]].storage.stored_bytes == books["naive"].storage.stored_bytes
     assert near.report() == [
         "neighbours=1;lead_tokens=4: ingest computed "
         f"{(sum(len(c.token_ids) for c in base) + 16) / sum(len(c.token_ids) for c in base):.2f}"
