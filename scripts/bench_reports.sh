@@ -115,19 +115,11 @@ frontier() {
                --pair "cacheblend@fast[$FRONTIER_FOCUS;neighbours=2],cacheblend@fast[$FRONTIER_FOCUS]")
   [[ -n $FRONTIER_PACKETS ]] && pairs+=(--pair "naive@fast[packets=1],naive@fast"
                                         --pair "cacheblend@fast[packets=1],cacheblend@fast")
-  local merge=(.venv/bin/kvmosaic bench fidelity-merge --frontier --json "$page.json" "${pairs[@]}")
-  local command="${FIDELITY_CASES[*]} && ${FIDELITY_SHARD_CMD[*]} --start S --n $FIDELITY_SHARD --json shard-S.json (S = 0, $FIDELITY_SHARD, ... < $FIDELITY_N; one shard per core at a time, taskset) && ${merge[*]} shard-*.json"
-  echo "bench_reports: $command" >&2
-  "${FIDELITY_CASES[@]}" >&2
-  local dir out
-  dir=$(mktemp -d)
-  fidelity_shards "$dir"
-  out=$("${merge[@]}" "$dir"/shard-*.json)
+  sharded_run .venv/bin/kvmosaic bench fidelity-merge --frontier --json "$page.json" "${pairs[@]}"
   # the merge's report in a code block, its frontier table (from `| row |` on) as markdown
-  { header "Frontier table (#57)" "$command"; fidelity_legend
-    printf '```\n%s\n```\n\n' "$(sed '/^| row |/,$d' <<< "$out")"
-    sed -n '/^| row |/,$p' <<< "$out"; } > "$page.md"
-  rm -rf "$dir"
+  { header "Frontier table (#57)" "$SHARDED_COMMAND"; fidelity_legend
+    printf '```\n%s\n```\n\n' "$(sed '/^| row |/,$d' <<< "$SHARDED_OUT")"
+    sed -n '/^| row |/,$p' <<< "$SHARDED_OUT"; } > "$page.md"
   echo "bench_reports: wrote $page.md" >&2
 }
 
@@ -157,17 +149,24 @@ fidelity_shards() {
   for pid in "${pids[@]}"; do wait "$pid"; done  # a failed shard fails the report
 }
 
-fidelity() {
-  local command="${FIDELITY_CASES[*]} && ${FIDELITY_SHARD_CMD[*]} --start S --n $FIDELITY_SHARD --json shard-S.json (S = 0, $FIDELITY_SHARD, ... < $FIDELITY_N; one shard per core at a time, taskset) && ${FIDELITY_MERGE[*]} shard-*.json"
-  echo "bench_reports: $command" >&2
+# sharded_run MERGE...: the report's cases, every shard of FIDELITY_SHARD_CMD, then the merge
+# command MERGE over the shards; sets SHARDED_COMMAND (the whole, as a page states it) and
+# SHARDED_OUT (what the merge printed)
+sharded_run() {
+  SHARDED_COMMAND="${FIDELITY_CASES[*]} && ${FIDELITY_SHARD_CMD[*]} --start S --n $FIDELITY_SHARD --json shard-S.json (S = 0, $FIDELITY_SHARD, ... < $FIDELITY_N; one shard per core at a time, taskset) && $* shard-*.json"
+  echo "bench_reports: $SHARDED_COMMAND" >&2
   "${FIDELITY_CASES[@]}" >&2
-  local dir out
+  local dir
   dir=$(mktemp -d)
   fidelity_shards "$dir"
-  out=$("${FIDELITY_MERGE[@]}" "$dir"/shard-*.json)
-  { header "Fidelity benchmark" "$command"; fidelity_legend
-    printf '```\n%s\n```\n' "$out"; } > "$FIDELITY_REPORT"
+  SHARDED_OUT=$("$@" "$dir"/shard-*.json)
   rm -rf "$dir"
+}
+
+fidelity() {
+  sharded_run "${FIDELITY_MERGE[@]}"
+  { header "Fidelity benchmark" "$SHARDED_COMMAND"; fidelity_legend
+    printf '```\n%s\n```\n' "$SHARDED_OUT"; } > "$FIDELITY_REPORT"
   echo "bench_reports: wrote $FIDELITY_REPORT" >&2
 }
 

@@ -6,23 +6,19 @@ import math
 import random
 
 import pytest
-import torch
 
 from bench.fidelity.fidelity import (
     FLOOR,
     REFERENCE,
-    FidelityOptions,
-    base_variant_chunks,
     format_table,
     mode_books,
     summarize_rows,
 )
 from bench.fidelity.frontier import frontier_table
 from bench.fidelity.storage import RowStorage, row_storage, summarize_storage
-from engine.adapt.packets import Packets
 from engine.plan import ChunkInput
 from tests.bench.fidelity.test_merge import _samples
-from tests.engine.helpers import PASSAGES, engine_with_packets
+from tests.bench.fidelity.test_packet_rows import packets_case
 
 
 class _Book:
@@ -59,12 +55,7 @@ def test_figures_are_totals_per_chunk_token_and_unknown_without_tokens():
 
 
 def test_mode_books_charge_plain_and_packeted_rows(smol_tokenizer, tmp_path):
-    path = tmp_path / "packets.safetensors"
-    Packets(torch.randn(2, 64), torch.randn(3, 64)).save(path, {})
-    engine = engine_with_packets(smol_tokenizer, tmp_path, str(path))
-    record = {"question": "Who?", "ctxs": [{"title": t, "text": x} for t, x in PASSAGES]}
-    base = base_variant_chunks(engine, record, 3, 0)
-    options = FidelityOptions(dataset=tmp_path / "unused.json", chunks=3)
+    engine, base, options = packets_case(smol_tokenizer, tmp_path)
     books = mode_books(engine, "Who?", base, options, ("full", "naive", "naive[packets=1]"), 0)
     tokens = sum(len(c.token_ids) for c in base)
     full, plain, packeted = (books[k].storage for k in ("full", "naive", "naive[packets=1]"))
