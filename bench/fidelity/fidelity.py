@@ -318,11 +318,7 @@ def _run_orders(
         chunk_orders([c.chunk_id for c in base], options.orders, options.seed + index)
     ):
         inputs = {
-            label: RowInputs(
-                _through_codec(row.book.inputs(ids, mode_of(label)), label, codecs),
-                row.warmup_cost,
-                row.storage,
-            )
+            label: (_through_codec(row.book.inputs(ids, mode_of(label)), label, codecs), row)
             for label, row in books.items()
         }
         rows, reference = _run_record(engine, record, inputs, modes, options)
@@ -476,14 +472,6 @@ class RowBook(NamedTuple):
     storage: RowStorage
 
 
-class RowInputs(NamedTuple):
-    """A row's chunk inputs in one chunk order, with its book's costs (`RowBook`)."""
-
-    chunks: list[ChunkInput]
-    warmup_cost: float
-    storage: RowStorage
-
-
 def mode_books(
     engine: Engine,
     question: str,
@@ -515,7 +503,7 @@ def mode_books(
             bases = packeted
         mode = mode_of(label)
         book, cost = warmed_book(engine, question, bases, orders, options.seed + index, mode)
-        storage = row_storage(mode.reuses_cache, base, bases, book, leads)
+        storage = row_storage(mode.reuses_cache, base, bases, book.stored_bytes(), leads)
         out[label] = RowBook(book, cost, storage)
     return out
 
@@ -623,7 +611,7 @@ class Reference:
 def _run_record(
     engine: Engine,
     record: Record,
-    inputs: dict[str, RowInputs],
+    inputs: dict[str, tuple[list[ChunkInput], RowBook]],
     modes: Sequence[str],
     options: FidelityOptions,
 ) -> tuple[dict[str, ModeSample], Reference]:
@@ -635,7 +623,8 @@ def _run_record(
     out = {}
     untouched: KVCache | None = None  # full's cache before its decode, for decode-only rows
     for label in modes:
-        chunks, warmup_cost, storage = inputs[label]
+        chunks, row = inputs[label]
+        storage = row.storage
         weights = checked_weights(label, settings_of(label).get(decode_rows.KEY))
         if reference is not None and untouched is not None and decodes_only(label):
             result = dataclasses.replace(reference.result, cache=untouched.copy())
@@ -676,7 +665,7 @@ def _run_record(
             rouge_l=rouge_l(answer, reference.answer),
             f1=best_f1(answer, record.get("answers", [])),
             answer=answer,
-            warmup_cost=warmup_cost,
+            warmup_cost=row.warmup_cost,
             answer_top1=forced.top1_share,
             answer_kl=forced.mean_kl,
             escalated=result.guard.escalated,

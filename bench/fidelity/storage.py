@@ -15,16 +15,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from engine.kv import ChunkId
 from engine.plan import ChunkInput
-
-
-class HoldsVariants(Protocol):
-    """A variant book, as far as its stored bytes go (`app.variants.book.VariantBook`)."""
-
-    def stored_bytes(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -40,18 +33,19 @@ def row_storage(
     reads_cache: bool,
     plain: Sequence[ChunkInput],
     bases: Sequence[ChunkInput],
-    book: HoldsVariants,
+    stored_bytes: int,
     lead_tokens: Mapping[ChunkId, int] | None = None,
 ) -> RowStorage:
-    """The cost of the row whose book `book` holds `bases` (and what a warm-up left) for the
-    record's `plain` chunks; `lead_tokens`: per chunk, the neighbours' tokens computed before
-    it (conditioned bases). A row that does not read the cache: chunk tokens only."""
+    """The cost of the row that starts from `bases` for the record's `plain` chunks, its book
+    holding `stored_bytes` (`VariantBook.stored_bytes`: the bases and what a warm-up left);
+    `lead_tokens`: per chunk, the neighbours' tokens computed before it (conditioned bases).
+    A row that does not read the cache: chunk tokens only."""
     chunk_tokens = sum(len(c.token_ids) for c in plain)
     if not reads_cache:
         return RowStorage(chunk_tokens)
     leads = lead_tokens or {}
     computed = sum(len(c.token_ids) + leads.get(c.chunk_id, 0) for c in bases)
-    return RowStorage(chunk_tokens, computed, book.stored_bytes())
+    return RowStorage(chunk_tokens, computed, stored_bytes)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 
@@ -21,29 +20,21 @@ from tests.bench.fidelity.test_merge import _samples
 from tests.bench.fidelity.test_packet_rows import packets_case
 
 
-class _Book:
-    def __init__(self, stored: int):
-        self.stored = stored
-
-    def stored_bytes(self) -> int:
-        return self.stored
-
-
 def _chunks(*lengths: int) -> list[ChunkInput]:
     return [ChunkInput(i, tuple(range(n))) for i, n in enumerate(lengths)]
 
 
 def test_a_row_that_reads_no_cache_computes_and_keeps_nothing():
     plain = _chunks(10, 30)
-    assert row_storage(False, plain, plain, _Book(999)) == RowStorage(40, 0, 0)
+    assert row_storage(False, plain, plain, 999) == RowStorage(40, 0, 0)
 
 
 def test_ingest_counts_the_bases_own_tokens_and_their_leads():
     plain = _chunks(10, 30)
     packeted = _chunks(14, 34)  # two soft tokens before and after each
-    assert row_storage(True, plain, plain, _Book(5)) == RowStorage(40, 40, 5)
-    assert row_storage(True, plain, packeted, _Book(7)) == RowStorage(40, 48, 7)
-    assert row_storage(True, plain, plain, _Book(5), {0: 6, 1: 6}) == RowStorage(40, 52, 5)
+    assert row_storage(True, plain, plain, 5) == RowStorage(40, 40, 5)
+    assert row_storage(True, plain, packeted, 7) == RowStorage(40, 48, 7)
+    assert row_storage(True, plain, plain, 5, {0: 6, 1: 6}) == RowStorage(40, 52, 5)
 
 
 def test_figures_are_totals_per_chunk_token_and_unknown_without_tokens():
@@ -96,9 +87,7 @@ def test_the_report_and_the_frontier_table_carry_the_costs():
 
 
 def test_a_report_written_before_the_costs_were_counted_shows_dashes():
-    summaries = summarize_rows(
-        _samples(range(3), seed=random.randrange(100)), (REFERENCE, "cachecraft")
-    )
+    summaries = summarize_rows(_samples(range(3), seed=5), (REFERENCE, "cachecraft"))
     craft = next(s for s in summaries if s.mode == "cachecraft")
     assert math.isnan(craft.ingest_per_token)
     assert frontier_table(summaries).splitlines()[-1].endswith("| — | — |")
