@@ -230,14 +230,16 @@ class EngineConfig:
         "The weights a decode step reads (engine/model/decode_weights.py; the native step "
         "only, refused at load without it except `auto`): `auto`, for a model known by name, the "
         "rounded format the fidelity yardstick passed for it in the engine's dtype "
-        "(engine/model/known.py: `int8` for qwen2.5-coder-0.5b in float32 and bfloat16) unless "
+        "(engine/model/known.py: `int8` for qwen2.5-coder-0.5b in float32 and bfloat16, `int4` "
+        "for smollm2-135m in bfloat16) unless "
         "a narrower format keeps the decode bit for bit `model`'s; else the fewest bytes that "
         "do (`int4`, `int8` or `bfloat16` where every block is recovered exactly); else "
         "`model`; `model`, the model's own tensors in place; "
         "`bfloat16`, a copy; `int8` or `int4`, blocks of 32 weights with a float16 scale (and "
         "minimum where needed: GGUF's Q8_0 and Q4_1 layouts; under `int4` lm_head stays `int8`). "
         "Weights dequantized from such GGUF blocks (the embedded SmolLM2: Q4_1 layers, a Q8_0 "
-        "embedding) are recovered code for code, so its decode stays `model`'s bit for bit; "
+        "embedding) are recovered code for code, so its float32 decode stays `model`'s bit for "
+        "bit; "
         "other weights are rounded. Prefill, cached KV and the fingerprint keep the model's own "
         "weights (docs/benchmarks/decode.md).",
     )

@@ -105,6 +105,10 @@ SMOLLM2 = KnownModel(
     num_layers=30,
     num_parameters=134_515_008,
     default=True,
+    # in float32 `int4` holds every weight exactly; in bfloat16 none is (its weights are the
+    # Q4_1 values rounded), so there `auto` takes `int4` as a rounded format the yardstick passed
+    rounded_decode_weights="int4",
+    rounded_decode_dtypes=("bfloat16",),
     bfloat16_on_avx512_bf16=True,
 )
 QWEN_CODER = KnownModel(

@@ -217,4 +217,5 @@ def test_only_measured_models_and_dtypes_have_rounded_decode_weights():
         assert rounded_decode_weights("qwen2.5-coder-0.5b", None, dtype) == "int8"
     assert rounded_decode_weights("qwen2.5-coder-0.5b", None, "float16") is None  # not judged
     assert rounded_decode_weights(None, None, "float32") is None  # SmolLM2: exact int4
+    assert rounded_decode_weights(None, None, "bfloat16") == "int4"  # SmolLM2: rounded there
     assert rounded_decode_weights(None, "/models/some.gguf", "float32") is None  # nobody measured
