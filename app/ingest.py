@@ -20,6 +20,9 @@ that: the document is searchable as soon as it is committed, ingest costs only c
 embedding, and the first request that retrieves a chunk computes its base variant (a
 prefill of that chunk, in that request's TTFT) and stores it for the next one. Lazy suits
 large corpora of which little is ever asked; eager suits documents that will be asked about.
+With `KVMOSAIC_CONDITIONED_NEIGHBOURS` set, an eager ingest also computes each chunk's
+neighbour-conditioned base (`app.kvcache.conditioned`) before the commit; a lazy one leaves
+them to `kvmosaic condition`.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from retrieval import Chunker, Retriever, SourceDocument, TextChunk
 
 if TYPE_CHECKING:
     from app.kvcache.chunk_cache import ServiceChunkCache
+    from app.kvcache.conditioned import BaseConditioner
     from engine.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -78,6 +82,7 @@ class IngestResult:
     kv_tiers: dict[str, int] = field(default_factory=dict)
     kv: KvMode = "eager"  # lazy: no base KV yet (kv_tiers empty); computed on first retrieval
     kv_memory_only: int = 0
+    kv_conditioned: int = 0  # chunks whose neighbour-conditioned base was stored
 
 
 class IngestInProgress(KvMosaicError):
@@ -103,9 +108,12 @@ class Ingestor:
         chunk_cache: ServiceChunkCache,
         leases: LeaseKeeper,
         kv: str = "eager",
+        conditioner: BaseConditioner | None = None,
     ):
-        """`kv`: what `ingest` does with base KV when the caller names nothing (`KV_MODES`)."""
+        """`kv`: what `ingest` does with base KV when the caller names nothing (`KV_MODES`);
+        `conditioner`: computes neighbour-conditioned bases at an eager ingest (None: none)."""
         self.kv = _check_kv(kv)
+        self.conditioner = conditioner
         self.engine = engine
         self.chunker = chunker
         self.retriever = retriever
@@ -149,9 +157,10 @@ class Ingestor:
         vectors = self.retriever.embed([f"{doc.title}\n{p.text}" for p in pieces])
         added = self._begin(doc, digest, pieces, ids, vectors)
         try:
-            kv_tiers = (
-                self._compute_kv(added.chunks, ids, on_progress) if kv == "eager" else Counter()
-            )
+            kv_tiers, conditioned = Counter[str](), 0
+            if kv == "eager":
+                kv_tiers = self._compute_kv(added.chunks, ids, on_progress)
+                conditioned = self._condition(added.chunks, ids, vectors)
             self._commit(added.document.id)
         except BaseException:
             self._undo(added.document.id)
@@ -172,6 +181,7 @@ class Ingestor:
             dict(kv_tiers),
             kv,
             memory_only,
+            conditioned,
         )
 
     def delete(self, document_id: int) -> bool:
@@ -301,6 +311,25 @@ class Ingestor:
                 [(c.id, self.engine.packeted(t)) for c, t in zip(chunks, ids)], on_progress
             )
         return Counter(tier or "none" for tier in stored)
+
+    def _condition(
+        self,
+        chunks: Sequence[ChunkRecord],
+        ids: Sequence[Sequence[int]],
+        vectors: npt.NDArray[np.float32],
+    ) -> int:
+        """Neighbour-conditioned bases of the new chunks, if this ingestor computes them; how
+        many were stored. They are an optimisation of `fast` reuse: a failure is logged, and
+        the document goes in with its plain bases (requests fall back to them)."""
+        if self.conditioner is None:
+            return 0
+        try:
+            return self.conditioner.for_ingest(chunks, ids, vectors)
+        except (LeaseLost, CatalogUnwritable):
+            raise
+        except Exception:
+            log.exception("conditioned bases of %d chunks not computed", len(chunks))
+            return 0
 
     def _undo(self, document_id: int) -> None:
         """Delete an ingest that did not commit (its rows and KV); nothing was indexed yet."""

@@ -82,6 +82,14 @@ class Metrics:
             ["mode"],
             registry=r,
         )
+        self.conditioned_chunks = Counter(
+            "kvmosaic_conditioned_chunks",
+            "Chunks of answers that asked for conditioned bases (`conditioned: true`), by what "
+            "they read: `conditioned` (their conditioned base) or `plain` (none was stored: "
+            "`kvmosaic condition` computes the missing ones)",
+            ["read"],
+            registry=r,
+        )
         self.guard = Counter(
             "kvmosaic_guard_outcomes",
             "Answers by fidelity level and what the guard did "
@@ -114,10 +122,16 @@ class Metrics:
         generated: int,
         guard: GuardReport | None = None,
         packets: bool = False,
+        conditioned: tuple[int, int] | None = None,
     ) -> None:
+        """`conditioned`: for an answer that asked for conditioned bases, how many of its chunks
+        read one and how many read their plain base."""
         self.answers.labels(mode).inc()
         if packets:
             self.packet_answers.labels(mode).inc()
+        if conditioned is not None:
+            self.conditioned_chunks.labels("conditioned").inc(conditioned[0])
+            self.conditioned_chunks.labels("plain").inc(conditioned[1])
         if guard is not None:
             self.guard.labels(guard.fidelity.value, guard.outcome).inc()
         self.ttft.labels(mode).observe(ttft_s)

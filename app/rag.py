@@ -49,6 +49,7 @@ class Query:
     fidelity: Fidelity  # the fidelity guard's level (engine/serving/guard.py)
     order: ChunkOrder  # the chunk order rule (KVMOSAIC_CHUNK_ORDER, app/kvcache/order.py)
     packets: bool = False  # chunks read between the engine's learned packets (`with_packets`)
+    conditioned: bool = False  # chunks read from their conditioned bases (`with_conditioned`)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class Answer:
     order: OrderedChunks | None = None
     served: ServedTokens = field(default_factory=ServedTokens)
     packets: bool = False  # its chunks were read between learned packets
+    conditioned: bool = False  # it asked for its chunks' neighbour-conditioned bases
 
 
 class StageClock:
@@ -126,7 +128,8 @@ class RagService:
         # order: the prompt's chunk order; plan: each chunk's variant; load: pin its KV
         with clock("load"):
             ordered = self.chunk_cache.order(retrieved, query.mode, query.order)
-            loaded = self.chunk_cache.load(ordered.retrieved, query.mode)
+            conditioning = self.settings.conditioning() if query.conditioned else None
+            loaded = self.chunk_cache.load(ordered.retrieved, query.mode, conditioning)
         try:
             with clock("prefill"):  # run layers: reuse cached rows, recompute the selected ones
                 result = self.engine.prefill(
@@ -154,6 +157,7 @@ class RagService:
             ordered,
             self.chunk_cache.served(loaded, result),
             query.packets,
+            query.conditioned,
         )
         if self.observe is not None:
             self.observe(answer)
@@ -198,9 +202,11 @@ class RagService:
         fidelity: str | None = None,
         order: str | None = None,
         packets: bool = False,
+        conditioned: bool = False,
     ) -> Query:
         """Validate a question against the settings; raises InvalidRequest with a clear message.
-        `packets`: read the chunks between the engine's learned packets (`with_packets`)."""
+        `packets`: read the chunks between the engine's learned packets (`with_packets`);
+        `conditioned`: read their neighbour-conditioned bases (`with_conditioned`)."""
         s = self.settings
         question = question.strip()
         if not question:
@@ -227,7 +233,9 @@ class RagService:
             Fidelity.named(fidelity) if fidelity else s.fidelity,
             ChunkOrder.named(order) if order else s.chunk_order,
         )
-        return with_packets(query, self.engine) if packets else query
+        if packets:
+            query = with_packets(query, self.engine)
+        return with_conditioned(query, s) if conditioned else query
 
 
 def with_packets(query: Query, engine: Engine) -> Query:
@@ -251,3 +259,31 @@ def with_packets(query: Query, engine: Engine) -> Query:
             f"({', '.join(base_reader_names())}), not {query.mode}"
         )
     return replace(query, packets=True)
+
+
+def with_conditioned(query: Query, settings: Settings) -> Query:
+    """`query` reading each chunk's neighbour-conditioned base where one is stored (its plain
+    base where not); InvalidRequest where that cannot keep a promise. Such a base is exact in
+    no prompt, so no level that promises full prefill's answer reads it: `fast` only, and a
+    mode that reads base variants only (a context variant is exact where it is read).
+    Not with packets: the two were never measured together."""
+    if settings.conditioning() is None:
+        raise InvalidRequest(
+            "conditioned: this server computes no conditioned bases "
+            "(KVMOSAIC_CONDITIONED_NEIGHBOURS is 0)"
+        )
+    if query.packets:
+        raise InvalidRequest("conditioned and packets cannot be combined (never measured together)")
+    if query.fidelity is not Fidelity.FAST:
+        raise InvalidRequest(
+            f"conditioned bases are served at fidelity 'fast' only (this request: "
+            f"{query.fidelity.value!r}); they are exact in no prompt and have not passed the "
+            "fidelity yardstick, so 'balanced' and 'exact' cannot promise full prefill's answer "
+            "with them"
+        )
+    if not query.mode.reads_bases_only:
+        raise InvalidRequest(
+            f"conditioned bases need a mode that reads base variants only "
+            f"({', '.join(base_reader_names())}), not {query.mode}"
+        )
+    return replace(query, conditioned=True)

@@ -39,6 +39,7 @@ def ask_response(answer: Answer, tokenizer: PreTrainedTokenizerBase | None = Non
         usage=usage(answer),
         order=order_out(answer),
         packets=answer.packets,
+        conditioned=answer.conditioned,
     )
 
 

@@ -39,7 +39,7 @@ def retrieve_chunks(
             "no documents are ingested yet: add some with POST /documents or `kvmosaic ingest`"
         )
     rows = catalog.get_chunks([h.chunk_id for h in hits])
-    documents = _documents(catalog, [r.document_id for r in rows if r is not None])
+    documents = documents_of(catalog, [r.document_id for r in rows if r is not None])
     found = [
         (hit, row)
         for hit, row in zip(hits, rows)
@@ -68,7 +68,8 @@ def chunk_token_ids(engine: Engine, text: str, title: str) -> tuple[int, ...]:
     return engine.chunk_ids(text, "" if opens_with_title else title)
 
 
-def _documents(catalog: Catalog, ids: Sequence[int]) -> dict[int, DocumentRecord]:
+def documents_of(catalog: Catalog, ids: Sequence[int]) -> dict[int, DocumentRecord]:
+    """The documents of `ids` that exist, by id (each read once)."""
     out: dict[int, DocumentRecord] = {}
     for document_id in dict.fromkeys(ids):
         document = catalog.get_document(document_id)

@@ -24,7 +24,8 @@ from pathlib import Path
 from app.catalog import Catalog, CatalogUnwritable
 from app.counters import Counters
 from app.ingest import Ingestor
-from app.kvcache.chunk_cache import ServiceChunkCache, open_chunk_cache
+from app.kvcache.chunk_cache import CONDITIONED, ServiceChunkCache, open_chunk_cache
+from app.kvcache.conditioned import BaseConditioner
 from app.memory import Trimmer, limit_arenas
 from app.metrics import LiveCollector, Metrics, WriteState
 from app.queue import WorkQueue
@@ -99,7 +100,14 @@ class Services:
             catalog, settings.replica_id or new_replica_id(), settings.ingest_lease_s
         )
         ingestor = Ingestor(
-            engine, chunker, retriever, catalog, chunk_cache, leases, settings.ingest_kv
+            engine,
+            chunker,
+            retriever,
+            catalog,
+            chunk_cache,
+            leases,
+            settings.ingest_kv,
+            conditioner_of(settings, engine, retriever, catalog, chunk_cache),
         )
         try:
             ingestor.reclaim_expired()
@@ -181,6 +189,7 @@ class Services:
             len(answer.decoded.token_ids),
             answer.decoded.guard,
             answer.packets,
+            conditioned_reads(answer),
         )
         if self.trimmer is not None:
             self.trimmer.note_work()
@@ -210,6 +219,30 @@ def open_retriever(settings: Settings, catalog: Catalog, embedder: Embedder) -> 
     )
     retriever.cursor = cursor
     return retriever
+
+
+def conditioned_reads(answer: Answer) -> tuple[int, int] | None:
+    """(chunks read from conditioned bases, chunks read from plain ones) of an answer that
+    asked for conditioned bases; None for one that did not."""
+    if not answer.conditioned:
+        return None
+    read = sum(label == CONDITIONED for label in answer.variants)
+    return read, len(answer.variants) - read
+
+
+def conditioner_of(
+    settings: Settings,
+    engine: Engine,
+    retriever: Retriever,
+    catalog: Catalog,
+    chunk_cache: ServiceChunkCache,
+) -> BaseConditioner | None:
+    """What computes neighbour-conditioned bases here; None when they are off
+    (`KVMOSAIC_CONDITIONED_NEIGHBOURS` 0)."""
+    conditioning = settings.conditioning()
+    if conditioning is None:
+        return None
+    return BaseConditioner(engine, retriever, catalog, chunk_cache, conditioning)
 
 
 def replica_daemon(

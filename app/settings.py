@@ -33,6 +33,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.store.codec_names import StoreCodec, VariantCodec
 from app.store.config import Policy, StoreConfig, Tier
+from app.variants.conditioned import DEFAULT_LEAD_TOKENS, Conditioning
 from app.variants.order import ChunkOrder
 from engine import EngineConfig
 from engine.config import (
@@ -230,6 +231,28 @@ class Settings(BaseSettings):
             "ingest --kv`, `POST /documents` field `kv`. Use `lazy` when the disk / Redis tiers are"
             " capped below the corpus's KV: eager KV beyond the cap is trimmed with no use history "
             "to choose by (docs/benchmarks/ingest.md)."
+        ),
+    )
+    conditioned_neighbours: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description=(
+            "Neighbour-conditioned bases (#57, FusionRAG's offline step): an eager ingest also "
+            "computes each chunk's KV after the openings of its this many nearest chunks by "
+            "the retriever's embedding, which a request asking for them (`conditioned: true`, "
+            "fidelity `fast`, a mode that reads base variants only) reads in place of the plain "
+            "bases. 0: off. `kvmosaic condition` computes them for chunks ingested before. "
+            "They cost ingest compute and store bytes (docs/benchmarks/second-front.md)."
+        ),
+    )
+    conditioned_lead_tokens: int = Field(
+        default=DEFAULT_LEAD_TOKENS,
+        ge=1,
+        le=1024,
+        description=(
+            "How many first tokens of each neighbour precede a conditioned base "
+            "(`KVMOSAIC_CONDITIONED_NEIGHBOURS`)."
         ),
     )
     ingest_batch_tokens: int = Field(
@@ -537,6 +560,12 @@ class Settings(BaseSettings):
         from app.catalog import CatalogConfig
 
         return CatalogConfig(url=self.database_url, data_dir=self.data_dir)
+
+    def conditioning(self) -> Conditioning | None:
+        """How conditioned bases are computed and read here; None when they are off."""
+        if self.conditioned_neighbours == 0:
+            return None
+        return Conditioning(self.conditioned_neighbours, self.conditioned_lead_tokens)
 
     def store_config(self) -> StoreConfig:
         return StoreConfig(

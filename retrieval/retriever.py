@@ -156,6 +156,10 @@ class Retriever:
         """The k chunks closest to the question, best first."""
         return self.index.search(self.embedder.encode([question])[0], k)
 
+    def search_vector(self, vector: npt.NDArray[np.float32], k: int) -> list[Hit]:
+        """The k chunks closest to an embedding of this retriever's embedder, best first."""
+        return self.index.search(vector, k)
+
     def save(self) -> None:
         if self.directory is not None:
             with self._save_lock:

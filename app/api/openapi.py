@@ -63,6 +63,7 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
                 schemas[model.__name__] = schema
             add_limits(schemas, settings, _tier_names(app, settings))
             add_packet_rule(schemas, settings, _has_packets(app, settings))
+            add_conditioned_rule(schemas, settings, settings.conditioning() is not None)
             add_upload_limits(document, settings)
             exact_integer_bounds(document)
             app.openapi_schema = document
@@ -118,21 +119,38 @@ def add_limits(schemas: JsonObject, settings: Settings, tiers: list[str]) -> Non
 
 def add_packet_rule(schemas: JsonObject, settings: Settings, has_packets: bool) -> None:
     """`packets: true` only where the server has packets, and then with fidelity `fast` and a
-    mode that reads base variants only (`app.rag.with_packets`): named, where the server's
-    defaults are not those."""
+    mode that reads base variants only (`app.rag.with_packets`)."""
+    add_base_reader_rule(schemas, settings, "packets", has_packets)
+
+
+def add_conditioned_rule(schemas: JsonObject, settings: Settings, has_conditioning: bool) -> None:
+    """`conditioned: true` only where the server conditions bases, and then as `packets: true`
+    is, and without packets (`app.rag.with_conditioned`)."""
+    add_base_reader_rule(schemas, settings, "conditioned", has_conditioning, excludes="packets")
+
+
+def add_base_reader_rule(
+    schemas: JsonObject, settings: Settings, flag: str, available: bool, excludes: str = ""
+) -> None:
+    """`flag: true` only where the server offers it (`available`), and then with fidelity `fast`,
+    a mode that reads base variants only (both named where the server's defaults are not those)
+    and `excludes` not true. Each flag's rule is one `if` / `then` of the schema's `allOf`."""
     for name in ("AskRequest", "ChatRequest"):
         schema = schemas[name]
-        if not has_packets:
-            schema["properties"]["packets"]["enum"] = [False]
+        if not available:
+            schema["properties"][flag]["enum"] = [False]
             continue
         readers = base_reader_names()
         required = [] if settings.default_mode.name in readers else ["mode"]
         required += [] if settings.fidelity is Fidelity.FAST else ["fidelity"]
-        schema["if"] = {"properties": {"packets": {"const": True}}, "required": ["packets"]}
-        schema["then"] = {
+        then: JsonObject = {
             "properties": {"mode": {"enum": readers}, "fidelity": {"const": "fast"}},
             "required": required,
         }
+        if excludes:
+            then["properties"][excludes] = {"const": False}
+        rule = {"if": {"properties": {flag: {"const": True}}, "required": [flag]}, "then": then}
+        schema.setdefault("allOf", []).append(rule)
 
 
 def add_upload_limits(document: JsonObject, settings: Settings) -> None:

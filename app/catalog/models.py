@@ -125,6 +125,8 @@ class Variant(Base):
     """One cached KV of a chunk under one context, and its statistics.
 
     `context_signature` is the comma-joined ordered chunk ids before the chunk ("" = base).
+    `lead_signature` those whose openings preceded a neighbour-conditioned base (migration
+    `0003`; "" for every other variant: `engine.kv.ChunkKV.lead`).
     `store_key` is the cache key of the KV in the tiered store (unique). `tier` is the
     fastest tier that held the KV when last known; `status` is READY or MISSING.
     Cache-Craft columns (all nullable until measured): `a`, `b`, `cci`, `inter_scores`
@@ -138,6 +140,7 @@ class Variant(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     chunk_id: Mapped[int] = mapped_column(ForeignKey("chunks.id", ondelete="CASCADE"), index=True)
     context_signature: Mapped[str] = mapped_column(Text, default="")
+    lead_signature: Mapped[str] = mapped_column(Text, default="", server_default="")
     model_fingerprint: Mapped[str] = mapped_column(String(64))
     prefix_digest: Mapped[str] = mapped_column(String(64))
     storage_dtype: Mapped[str] = mapped_column(String(16))

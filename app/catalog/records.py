@@ -51,6 +51,7 @@ class NewVariant:
     num_bytes: int
     num_tokens: int
     stats: VariantStats = field(default_factory=VariantStats)
+    lead: tuple[ChunkId, ...] = ()  # a neighbour-conditioned base's lead (`ChunkKV.lead`)
 
 
 @dataclass(frozen=True)
@@ -91,10 +92,16 @@ class VariantRecord:
     access_count: int
     last_access_at: datetime | None
     stats: VariantStats
+    lead: tuple[ChunkId, ...] = ()  # a neighbour-conditioned base's lead (`ChunkKV.lead`)
 
     @property
     def is_ready(self) -> bool:
         return self.status == READY
+
+    @property
+    def is_conditioned(self) -> bool:
+        """A neighbour-conditioned base: exact in no prompt, read only when a request asks."""
+        return bool(self.lead)
 
 
 @dataclass(frozen=True)
@@ -236,4 +243,5 @@ def variant_record(row: Variant) -> VariantRecord:
         row.access_count,
         aware(row.last_access_at),
         stats,
+        parse_context_signature(row.lead_signature or ""),
     )

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
-from sqlalchemy import Engine, Select, delete, exists, func, select, update
+from sqlalchemy import Engine, Select, case, delete, exists, func, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
@@ -391,6 +391,7 @@ class Catalog(IngestLeases, ChangeLog):
                 row = Variant(store_key=new.store_key, access_count=0)
                 s.add(row)
             row.chunk_id, row.context_signature = new.chunk_id, rec.context_signature(new.context)
+            row.lead_signature = rec.context_signature(new.lead)
             row.model_fingerprint, row.prefix_digest = new.model_fingerprint, new.prefix_digest
             row.storage_dtype, row.tier, row.status = new.storage_dtype, new.tier, READY
             row.num_bytes, row.num_tokens = new.num_bytes, new.num_tokens
@@ -501,7 +502,8 @@ class Catalog(IngestLeases, ChangeLog):
     def variant_contexts(
         self, model_fingerprint: str, prefix_digest: str
     ) -> list[rec.VariantContext]:
-        """Every ready variant of one model and system prefix: key, chunk, context, codec, tier."""
+        """Every ready variant of one model and system prefix (neighbour-conditioned bases left
+        out: exact in no prompt, no path of the prefix tree): key, chunk, context, codec, tier."""
         with self.session() as s:
             rows = s.execute(
                 select(
@@ -514,6 +516,7 @@ class Catalog(IngestLeases, ChangeLog):
                     Variant.status == READY,
                     Variant.model_fingerprint == model_fingerprint,
                     Variant.prefix_digest == prefix_digest,
+                    Variant.lead_signature == "",
                 )
             )
             return [
@@ -532,21 +535,21 @@ class Catalog(IngestLeases, ChangeLog):
 
     def ready_bytes_by_kind(self) -> dict[str, int]:
         """KV bytes of the ready variants by kind and codec: `base:<codec>` (empty context; a
-        base's float copy under a lossy base codec shows as its own codec) and
-        `context:<codec>` (Cache-Craft's and the harvest's context variants)."""
-        is_base = (Variant.context_signature == "").label(
-            "is_base"
-        )  # grouped by its label: one bound value
+        base's float copy under a lossy base codec shows as its own codec), `context:<codec>`
+        (Cache-Craft's and the harvest's context variants) and `conditioned:<codec>`
+        (neighbour-conditioned bases)."""
+        kind = case(
+            (Variant.lead_signature != "", "conditioned"),
+            (Variant.context_signature == "", "base"),
+            else_="context",
+        ).label("kind")  # grouped by its label: one bound expression
         with self.session() as s:
             rows = s.execute(
-                select(is_base, Variant.storage_dtype, func.sum(Variant.num_bytes))
+                select(kind, Variant.storage_dtype, func.sum(Variant.num_bytes))
                 .where(Variant.status == READY)
-                .group_by(is_base, Variant.storage_dtype)
+                .group_by(kind, Variant.storage_dtype)
             ).all()
-            return {
-                f"{'base' if base else 'context'}:{codec}": int(total)
-                for base, codec, total in rows
-            }
+            return {f"{k}:{codec}": int(total) for k, codec, total in rows}
 
     def stats(self) -> rec.CatalogStats:
         with self.session() as s:

@@ -16,10 +16,10 @@ from importlib.metadata import entry_points
 
 from pydantic import ValidationError
 
-from app.cli import ask, ingest, models, serve, settings
+from app.cli import ask, condition, ingest, models, serve, settings
 from app.cli.common import setting_errors
 
-SUBCOMMANDS = [serve, ingest, ask, settings, models]
+SUBCOMMANDS = [serve, ingest, condition, ask, settings, models]
 PLUGIN_GROUP = "kvmosaic.commands"
 
 

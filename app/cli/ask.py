@@ -31,6 +31,13 @@ def add_parser(subparsers) -> None:
         help="read each chunk between the server's learned packets (KVMOSAIC_PACKETS; "
         "fidelity fast, a mode that reads base variants only)",
     )
+    parser.add_argument(
+        "--conditioned",
+        action="store_true",
+        default=None,
+        help="read each chunk's neighbour-conditioned base (KVMOSAIC_CONDITIONED_NEIGHBOURS; "
+        "fidelity fast, a mode that reads base variants only)",
+    )
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument(
@@ -50,6 +57,7 @@ def run(args) -> int:
         "temperature": args.temperature,
         "fidelity": args.fidelity,
         "packets": args.packets,
+        "conditioned": args.conditioned,
     }
     body = {k: v for k, v in body.items() if v is not None}
     report = ask_server(args.server, body) if args.server else ask_here(args, body)

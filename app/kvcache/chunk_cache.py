@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from app.catalog import Catalog, CatalogUnwritable, DeletedDocument, context_signature
 from app.kvcache.builder import VariantBuilder
@@ -32,6 +32,7 @@ from app.settings import Settings
 from app.store import LazyChunkKV, TierFigures, create_store
 from app.store.config import KNOWN_POLICIES
 from app.variants.build import needs_build
+from app.variants.conditioned import Conditioning
 from app.variants.harvest import source_contexts
 from app.variants.order import ChunkOrder
 from app.variants.served import ServedTokens, served_tokens
@@ -50,6 +51,7 @@ PERSISTENT_TIERS = ("disk", "redis")
 COMPUTED_NOW = "base (computed now)"
 IN_CONTEXT = "none (computed in context, kept)"  # a cachecraft inline build
 FULL_PREFILL = "none (full prefill)"
+CONDITIONED = "conditioned base"  # computed after its nearest chunks' openings (#57)
 
 
 @dataclass
@@ -74,7 +76,7 @@ class RequestChunks:
         return [
             IN_CONTEXT
             if i.kv is None
-            else _label(getattr(i.kv, "context", ()), i.chunk_id in computed)
+            else _label(i.kv.context, i.chunk_id in computed, bool(i.kv.lead))
             for i in self.inputs
         ]
 
@@ -107,11 +109,15 @@ class ServiceChunkCache:
         """How the prefill served the context tokens: exact, blended or computed."""
         return served_tokens(result, chunks.inputs, self.engine.loaded.spec.num_layers)
 
-    def load(self, retrieved: Sequence[Retrieved], mode: Mode) -> RequestChunks:
+    def load(
+        self, retrieved: Sequence[Retrieved], mode: Mode, conditioning: Conditioning | None = None
+    ) -> RequestChunks:
         """Pinned KV sources for the retrieved chunks; computed and stored where missing.
 
         A mode that reuses no cache (`full`) gets no sources at all: nothing is read or
-        pinned, so its TTFT is the plain prefill it stands for.
+        pinned, so its TTFT is the plain prefill it stands for. `conditioning`: read each
+        chunk's neighbour-conditioned base of that kind where one is stored, else its base
+        (a mode that reads base variants only: `app.rag.with_conditioned`).
         """
         if not mode.reuses_cache:
             inputs = [ChunkInput(r.chunk.id, tuple(r.token_ids)) for r in retrieved]
@@ -119,6 +125,8 @@ class ServiceChunkCache:
         refs = self.cache.variants.choose(
             mode, [(r.chunk.id, tuple(r.token_ids)) for r in retrieved]
         )
+        if conditioning is not None:
+            refs = [replace(ref, conditioning=conditioning.tag) for ref in refs]
         return RequestChunks(self.cache.loader.load(refs))
 
     def store_variants(
@@ -183,11 +191,15 @@ class ServiceChunkCache:
                 on_batch(len(group), sum(kv.num_tokens for kv in kvs))
         return tiers
 
-    def store_base(self, chunk_id: ChunkId, kv: ChunkKV) -> str | None:
-        """Store a computed base variant as `put_base` does; the tier that took it, or None."""
-        stored = self.cache.variants.put(chunk_id, kv, tier=self.persistent_tier)
+    def store_base(
+        self, chunk_id: ChunkId, kv: ChunkKV, conditioning: Conditioning | None = None
+    ) -> str | None:
+        """Store a computed base variant as `put_base` does (a neighbour-conditioned base with
+        its `conditioning`); the tier that took it, or None."""
+        tag = conditioning.tag if conditioning is not None else ""
+        stored = self.cache.variants.put(chunk_id, kv, tier=self.persistent_tier, conditioning=tag)
         if stored is None and self.persistent_tier is not None:
-            stored = self.cache.variants.put(chunk_id, kv)
+            stored = self.cache.variants.put(chunk_id, kv, conditioning=tag)
             if stored is not None:
                 log.warning(
                     "chunk %d: no persistent tier could take its KV; it is in %s only",
@@ -204,6 +216,10 @@ class ServiceChunkCache:
                 "chunk %d: no store tier could take its KV; it will be computed on use", chunk_id
             )
         return stored.tier if stored is not None else None
+
+    def conditioned_key(self, token_ids: Sequence[int], conditioning: Conditioning) -> str:
+        """The store key of a chunk's neighbour-conditioned base of kind `conditioning`."""
+        return self.cache.variants.keys.key(token_ids, conditioning=conditioning.tag)
 
     def is_memory_only(self, tier: str) -> bool:
         """True if base KV in `tier` is lost at exit although a persistent tier exists."""
@@ -292,7 +308,9 @@ def _fell_back(kv: KVSource | None) -> bool:
     return isinstance(kv, LazyChunkKV) and kv.stats.fell_back
 
 
-def _label(context: Sequence[ChunkId], computed: bool) -> str:
+def _label(context: Sequence[ChunkId], computed: bool, conditioned: bool = False) -> str:
     if computed:
         return COMPUTED_NOW
+    if conditioned:
+        return CONDITIONED
     return "base" if not context else f"after {context_signature(context)}"

@@ -1,9 +1,10 @@
 """Where a chunk variant's KV lives in the store, and what a reader must find there.
 
 A key hashes everything that makes KV reusable: the model fingerprint, the system prefix,
-the storage codec (base and context variants may differ), the chunk's token ids and its
-context (the ordered ids of the chunks it was computed after). Two replicas of one model
-compute the same key for the same variant.
+the storage codec (base and context variants may differ), the chunk's token ids, its
+context (the ordered ids of the chunks it was computed after) and, for a neighbour-conditioned
+base, how it was conditioned (`Conditioning.tag`; absent from every other key). Two replicas
+of one model compute the same key for the same variant.
 """
 
 from __future__ import annotations
@@ -44,30 +45,42 @@ class VariantKeys:
         return self.variant_dtype if context else self.storage_dtype
 
     def key(
-        self, token_ids: Sequence[int], context: Sequence[ChunkId] = (), codec: str | None = None
+        self,
+        token_ids: Sequence[int],
+        context: Sequence[ChunkId] = (),
+        codec: str | None = None,
+        conditioning: str = "",
     ) -> str:
-        """Hash of model fingerprint, prefix digest, codec (default: `codec(context)`), context
-        and token ids (32 hex digits)."""
+        """Hash of model fingerprint, prefix digest, codec (default: `codec(context)`), context,
+        a conditioned base's `conditioning` tag (empty: any other variant) and token ids (32
+        hex digits)."""
         h = hashlib.sha256()
-        for part in (
+        parts = [
             self.engine.fingerprint,
             self.engine.prompts.prefix_digest,
             codec or self.codec(context),
             context_signature(context),
-        ):
+        ]
+        for part in parts + ([conditioning] if conditioning else []):
             h.update(part.encode())
             h.update(b"\0")
         h.update(np.asarray(token_ids, dtype="<i8").tobytes())
         return h.hexdigest()[:32]
 
     def expectation(
-        self, token_ids: Sequence[int], context: Sequence[ChunkId] = (), codec: str | None = None
+        self,
+        token_ids: Sequence[int],
+        context: Sequence[ChunkId] = (),
+        codec: str | None = None,
+        conditioning: str = "",
     ) -> EntryExpectation:
-        """What an entry read under `key(token_ids, context, codec)` must say about itself."""
+        """What an entry read under `key(token_ids, context, codec, conditioning)` must say
+        about itself (a conditioned base has a lead, every other variant none)."""
         return EntryExpectation(
             self.engine.fingerprint,
             self.engine.prompts.prefix_digest,
             token_ids_hash(token_ids),
             codec or self.codec(context),
             tuple(context),
+            conditioned=bool(conditioning),
         )

@@ -3,7 +3,7 @@
 Stored KV is read lazily, layer by layer, overlapped with the compute (`LazyChunkKV`). A
 wanted context variant that is not stored falls back to the base variant's exact copy where
 one is kept (`VariantKeys.base_copy_codec`, under a lossy base codec), then to the chunk's
-base variant; a missing,
+base variant; so does a wanted neighbour-conditioned base (`ChunkRef.conditioning`); a missing,
 corrupt or foreign base entry is recomputed with `Engine.encode_chunk` and stored, so a chunk
 served from the store and one computed now give bit-identical KV (both pass through the
 storage dtype).
@@ -121,11 +121,14 @@ class ChunkLoader:
         return loaded
 
     def _source(self, ref: ChunkRef, loaded: LoadedChunks) -> KVSource:
-        """The wanted variant, else the base variant's exact copy (`VariantKeys.base_copy_codec`),
-        else the base variant, else the base computed now."""
+        """The wanted variant (a context variant or a conditioned base), else the base
+        variant's exact copy (`VariantKeys.base_copy_codec`), else the base variant, else the
+        base computed now."""
         if not ref.token_ids:
             raise InvalidRequest(f"chunk {ref.chunk_id} has no tokens")
-        wanted: list[tuple[ChunkRef, str | None]] = [(ref, None)] if ref.context else []
+        wanted: list[tuple[ChunkRef, str | None]] = (
+            [(ref, None)] if ref.context or ref.conditioning else []
+        )
         if self.keys.base_copy_codec is not None:
             wanted.append((ref.base(), self.keys.base_copy_codec))
         wanted.append((ref.base(), None))
@@ -140,9 +143,11 @@ class ChunkLoader:
     def _open(
         self, ref: ChunkRef, loaded: LoadedChunks, codec: str | None = None
     ) -> LazyChunkKV | None:
-        key = self.keys.key(ref.token_ids, ref.context, codec)
+        key = self.keys.key(ref.token_ids, ref.context, codec, ref.conditioning)
         self.store.pin(key)  # before opening, so it cannot be evicted in between
-        opened = self.store.open(key, self.keys.expectation(ref.token_ids, ref.context, codec))
+        opened = self.store.open(
+            key, self.keys.expectation(ref.token_ids, ref.context, codec, ref.conditioning)
+        )
         if opened is None:
             self.store.unpin(key)
             return None

@@ -47,6 +47,7 @@ class ChunkRef:
     context: tuple[ChunkId, ...] = ()
     stats: VariantStats | None = None  # Cache-Craft statistics of that variant, when measured
     compute: bool = False  # load no KV: the request computes this chunk (an inline build)
+    conditioning: str = ""  # wanted: its neighbour-conditioned base of this tag, if stored
 
     def base(self) -> ChunkRef:
         """The same chunk's base variant."""
@@ -100,6 +101,7 @@ class ChunkVariants:
             v
             for v in self.catalog.variants_of_chunk(chunk_id, self.engine.fingerprint)
             if v.prefix_digest == self.engine.prompts.prefix_digest
+            and not v.is_conditioned  # read only where a request asks, never chosen here
             and v.storage_dtype == self.keys.codec(v.context)
             and v.num_tokens == num_tokens
         ]
@@ -174,9 +176,14 @@ class ChunkVariants:
     def _prune(self, chunk_id: ChunkId) -> None:
         """Drop the least valuable context variants beyond the limit (`VariantPolicy.keep`; never
         the base variant or its exact copy, which count toward the limit; the store's eviction
-        drops a copy like any entry, and the base serves then). The catalog row goes first, so
-        no request picks a variant whose KV is being removed."""
-        records = self.catalog.variants_of_chunk(chunk_id, self.engine.fingerprint)
+        drops a copy like any entry, and the base serves then; a neighbour-conditioned base is
+        not counted and not pruned here). The catalog row goes first, so no request picks a
+        variant whose KV is being removed."""
+        records = [
+            r
+            for r in self.catalog.variants_of_chunk(chunk_id, self.engine.fingerprint)
+            if not r.is_conditioned
+        ]
         kept = set(self.policy.keep([_candidate(r) for r in records]))
         doomed = [r for i, r in enumerate(records) if i not in kept]
         if not doomed:
@@ -193,13 +200,17 @@ class ChunkVariants:
         stats: VariantStats | None = None,
         tier: str | None = None,
         codec: str | None = None,
+        conditioning: str = "",
     ) -> VariantRecord | None:
         """Store KV of chunk `chunk_id` computed under `kv.context` (ordered ids of the chunks
         before it) with its statistics; KV first, then the catalog row. None if no tier could
         take it (nothing is recorded then). `tier`: start there instead of the first tier (the
         service puts ingested base variants in a persistent tier so they survive a restart).
         `codec`: store it so (default `VariantKeys.codec(kv.context)`; a base variant's exact
-        copy is stored in `base_copy_codec`)."""
+        copy is stored in `base_copy_codec`). `conditioning`: the tag of a neighbour-conditioned
+        base (`Conditioning.tag`; `kv.lead` names its neighbours), required for one."""
+        if bool(kv.lead) != bool(conditioning):
+            raise ValueError("a conditioned base is stored with its tag, and only one is")
         if (
             kv.fingerprint != self.engine.fingerprint
             or kv.prefix_digest != self.engine.prompts.prefix_digest
@@ -209,7 +220,7 @@ class ChunkVariants:
         entry = entry_from_chunk(kv, codec)
         return self.put_entry(
             chunk_id,
-            self.keys.key(kv.token_ids, kv.context, codec),
+            self.keys.key(kv.token_ids, kv.context, codec, conditioning),
             entry,
             stats or VariantStats(),
             tier,
@@ -242,6 +253,7 @@ class ChunkVariants:
             entry.num_bytes,
             meta.num_tokens,
             stats,
+            meta.lead,
         )
         try:
             record = self.catalog.put_variant(new)
@@ -249,7 +261,8 @@ class ChunkVariants:
             log.warning("not recording the KV of chunk %s: %s", chunk_id, exc)
             self.store.remove(key)
             return None
-        self.tree.stored(key, chunk_id, meta.context, meta.dtype)
+        if not meta.lead:  # a conditioned base is exact in no prompt: no path of the tree
+            self.tree.stored(key, chunk_id, meta.context, meta.dtype)
         return record
 
 

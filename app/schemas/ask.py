@@ -21,6 +21,13 @@ PACKETS_DOC = (
 )
 
 
+CONDITIONED_DOC = (
+    "read each chunk's neighbour-conditioned base, its KV computed after the openings of its "
+    "nearest chunks (KVMOSAIC_CONDITIONED_NEIGHBOURS), where one is stored: fidelity 'fast' and "
+    "a mode that reads base variants only (GET /modes: conditioned)"
+)
+
+
 class AskRequest(BaseModel):
     """Defaults (top_k, mode, max_tokens, ratio) come from the server settings when omitted."""
 
@@ -32,6 +39,7 @@ class AskRequest(BaseModel):
     ratio: Ratio | None = Field(default=None, description="cacheblend recompute ratio")
     fidelity: Fidelity | None = Field(default=None, description=FIDELITY_DOC)
     packets: StrictBool = Field(default=False, description=PACKETS_DOC)
+    conditioned: StrictBool = Field(default=False, description=CONDITIONED_DOC)
     max_tokens: TokenBudget | None = Field(
         default=None, description="answer token budget; its limit is a setting"
     )
@@ -67,7 +75,10 @@ class ChunkOut(BaseModel):
         description="the chunk's KV came from the store (false: computed for this request, "
         "because it was not stored or its stored entry was corrupt)"
     )
-    variant: str = Field(description="'base' or the context (chunk ids) the KV was computed under")
+    variant: str = Field(
+        description="'base', 'conditioned base' or the context (chunk ids) the KV was computed "
+        "under"
+    )
     stopped_layer: int | None = Field(
         default=None, description="layer where recompute stopped early"
     )
@@ -197,6 +208,16 @@ class AskResponse(BaseModel):
     packets: bool = Field(
         default=False, description="the chunks were read between the server's learned packets"
     )
+    conditioned: bool = Field(
+        default=False,
+        description="the request asked for conditioned bases (each chunk's `variant` says "
+        "which one had one stored)",
+    )
+
+
+class ConditioningOut(BaseModel):
+    neighbours: int = Field(description="nearest chunks whose openings precede each base")
+    lead_tokens: int = Field(description="first tokens of each neighbour")
 
 
 class ModesResponse(BaseModel):
@@ -210,3 +231,8 @@ class ModesResponse(BaseModel):
         description="the digest of the learned packets a request may ask for (null: none)"
     )
     packet_modes: list[str] = Field(description="the modes a request with packets may name")
+    conditioned: ConditioningOut | None = Field(
+        default=None,
+        description="how this server conditions bases, which a request may ask for with "
+        "`conditioned: true` in a packet mode (null: it computes none)",
+    )

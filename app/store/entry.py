@@ -159,6 +159,7 @@ class EntryExpectation:
     token_ids_hash: str
     dtype: str | None = None
     context: tuple[ChunkId, ...] | None = None
+    conditioned: bool | None = None  # a neighbour-conditioned base (a lead) or not; None: either
 
     def mismatch(self, meta: EntryMeta) -> str | None:
         """Why `meta` is not the entry asked for, or None if it is."""
@@ -166,6 +167,8 @@ class EntryExpectation:
             wanted = getattr(self, name)
             if wanted is not None and getattr(meta, name) != wanted:
                 return f"{name} is {getattr(meta, name)!r}, expected {wanted!r}"
+        if self.conditioned is not None and bool(meta.lead) != self.conditioned:
+            return f"lead is {meta.lead!r}, expected {'one' if self.conditioned else 'none'}"
         return None
 
 

@@ -96,4 +96,25 @@ def test_a_missing_plugin_leaves_the_product_commands(monkeypatch):
     missing = EntryPoint("bench", "no_such_package.cli:add_parser", cli.PLUGIN_GROUP)
     monkeypatch.setattr(cli, "entry_points", lambda group: [missing])
     commands = cli.build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    assert set(commands) == {"serve", "ingest", "ask", "settings", "models"}
+    assert set(commands) == {"serve", "ingest", "condition", "ask", "settings", "models"}
+
+
+def test_condition_computes_the_missing_conditioned_bases_once(
+    tiny_start, tmp_path, capsys, monkeypatch
+):
+    for name, text in (
+        ("a.md", "# Tides\n\nSpring tides follow the full and new moon."),
+        ("b.md", "# Neaps\n\nNeap tides come at the quarter moons."),
+    ):
+        (tmp_path / name).write_text(text)
+        assert main(["ingest", "--quiet", "--kv", "lazy", str(tmp_path / name)]) == 0
+    assert main(["condition", "--quiet"]) == 2  # conditioning is off
+    assert "KVMOSAIC_CONDITIONED_NEIGHBOURS" in capsys.readouterr().err
+    monkeypatch.setenv("KVMOSAIC_CONDITIONED_NEIGHBOURS", "1")
+    monkeypatch.setenv("KVMOSAIC_CONDITIONED_LEAD_TOKENS", "4")
+    assert main(["condition"]) == 0
+    captured = capsys.readouterr()
+    assert "(1 neighbours, 4 lead tokens each): 2 computed, 0 already there" in captured.out
+    assert "tok/s" in captured.err  # the progress bar
+    assert main(["condition", "--quiet"]) == 0
+    assert ": 0 computed, 2 already there" in capsys.readouterr().out

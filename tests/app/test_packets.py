@@ -191,7 +191,10 @@ def test_the_schema_names_what_the_servers_defaults_do_not_give():
         }
         settings = Settings(default_mode=default_mode, fidelity=fidelity)
         add_packet_rule(schemas, settings, has_packets=True)
-        assert schemas["AskRequest"]["then"]["required"] == required
-        assert schemas["ChatRequest"]["then"]["properties"]["fidelity"] == {"const": "fast"}
+        (rule,) = schemas["AskRequest"]["allOf"]
+        assert rule["if"]["properties"] == {"packets": {"const": True}}
+        assert rule["then"]["required"] == required
+        (rule,) = schemas["ChatRequest"]["allOf"]
+        assert rule["then"]["properties"]["fidelity"] == {"const": "fast"}
         add_packet_rule(schemas, settings, has_packets=False)
         assert schemas["AskRequest"]["properties"]["packets"]["enum"] == [False]

@@ -110,7 +110,7 @@ def wait_for_ingest_row(url: str, title: str, timeout: float = 300.0) -> int:
 def test_both_start_at_once_on_an_empty_database(cluster):
     for replica in (cluster["a"], cluster["b"]):
         assert replica.wait_ready()["ready"] is True
-    assert current_revision(cluster["url"]) == "0002"
+    assert current_revision(cluster["url"]) == "0003"
 
 
 def test_an_add_on_a_is_searchable_on_b_within_2_s(cluster):

@@ -13,7 +13,7 @@ from app.api.deps import ServicesDep
 from app.api.errors import documented, error_body
 from app.api.streaming import SSE_HEADERS, AnswerStream, Done, Piece, sse
 from app.report import ask_response
-from app.schemas.ask import AskRequest, AskResponse, ModesResponse
+from app.schemas.ask import AskRequest, AskResponse, ConditioningOut, ModesResponse
 from engine.config import FIDELITIES
 from engine.planners import base_reader_names, planner_names
 
@@ -39,6 +39,7 @@ def modes(services: ServicesDep) -> ModesResponse:
         fidelity=s.fidelity.value,
         packets=None if services.engine.packets is None else services.engine.packets.digest(),
         packet_modes=base_reader_names(),
+        conditioned=None if (c := s.conditioning()) is None else ConditioningOut(**c.describe()),
     )
 
 
@@ -60,6 +61,7 @@ async def ask(
         seed=body.seed,
         fidelity=body.fidelity,
         packets=body.packets,
+        conditioned=body.conditioned,
     )
     tokenizer = services.engine.loaded.tokenizer if body.explain else None
     if not body.stream:

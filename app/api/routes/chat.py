@@ -77,6 +77,7 @@ async def chat_completions(
         seed=body.seed,
         fidelity=body.fidelity,
         packets=body.packets,
+        conditioned=body.conditioned,
     )
     head: Head = {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",

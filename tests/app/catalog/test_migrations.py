@@ -39,7 +39,7 @@ def _schema_diff(url: str) -> list:
 def test_head_matches_models(catalog_url):
     upgrade_to_head(catalog_url)
     assert _schema_diff(catalog_url) == []
-    assert current_revision(catalog_url) == "0002"
+    assert current_revision(catalog_url) == "0003"
 
 
 def test_upgrade_downgrade_upgrade_round_trip(catalog_url):
@@ -119,4 +119,38 @@ def test_concurrent_upgrades_serialise(catalog_url):
     for run in runs:
         _, err = run.communicate(timeout=120)
         assert run.returncode == 0, err
-    assert current_revision(catalog_url) == "0002" and _tables(catalog_url) == TABLES
+    assert current_revision(catalog_url) == "0003" and _tables(catalog_url) == TABLES
+
+
+def test_0003_reads_variants_written_before_it_as_unconditioned(catalog_url):
+    """A variant row a 0002 server wrote has no lead after the upgrade (a plain variant), and
+    a downgrade drops the column without touching the rows."""
+    from alembic import command
+
+    from app.catalog.migrate import alembic_config
+
+    command.upgrade(alembic_config(catalog_url), "0002")
+    catalog = Catalog(create_db_engine(catalog_url))
+    catalog.add_document("a.txt", "", "a" * 64, [NewChunk("x", 1, "0" * 64)])
+    catalog.close()
+    engine = create_db_engine(catalog_url)
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO variants (chunk_id, context_signature, model_fingerprint, "
+                "prefix_digest, storage_dtype, store_key, tier, num_bytes, num_tokens, status, "
+                "created_at, access_count) VALUES (1, '', 'fp', 'pd', 'float16', 'k1', 'disk', "
+                "8, 1, 'ready', CURRENT_TIMESTAMP, 0)"
+            )
+        )
+    engine.dispose()
+    upgrade_to_head(catalog_url)
+    catalog = Catalog(create_db_engine(catalog_url))
+    try:
+        (variant,) = catalog.variants_of_chunk(1)
+        assert variant.lead == () and not variant.is_conditioned
+        assert [v.store_key for v in catalog.variant_contexts("fp", "pd")] == ["k1"]
+    finally:
+        catalog.close()
+    command.downgrade(alembic_config(catalog_url), "0002")
+    assert current_revision(catalog_url) == "0002"

@@ -53,11 +53,13 @@ def test_ready_bytes_by_kind_and_codec(catalog):
     catalog.put_variant(_variant(chunk.id, "d" * 32, context=(7,), num_bytes=30))
     catalog.put_variant(_variant(chunk.id, "e" * 32, context=(8,), num_bytes=20))
     catalog.put_variant(_variant(chunk.id, "f" * 32, context=(9,), num_bytes=1000))
+    catalog.put_variant(dataclasses.replace(_variant(chunk.id, "g" * 32, num_bytes=70), lead=(3,)))
     catalog.mark_missing(["f" * 32])  # not in the store: not counted
     assert catalog.ready_bytes_by_kind() == {
         "base:float16": 100,
         "base:float32": 400,
         "context:float16": 50,
+        "conditioned:float16": 70,
     }
 
 
@@ -209,3 +211,16 @@ def test_context_signature_round_trip():
     )  # ids come back as ints
     with pytest.raises(ValueError):  # a chunk id is an int; text that is not one has no signature
         context_signature(["a,b"])
+
+
+def test_a_conditioned_base_keeps_its_lead_and_stays_out_of_the_prefix_tree(catalog):
+    """The lead comes back in order; `variant_contexts` (what the prefix tree of exact paths is
+    built from) leaves a conditioned base out, whatever its context."""
+    chunk = catalog.add_document("a.txt", "", "a" * 64, _chunks(1)).chunks[0]
+    catalog.put_variant(_variant(chunk.id, "b" * 32))
+    conditioned = catalog.put_variant(
+        dataclasses.replace(_variant(chunk.id, "c" * 32), lead=(7, 3))
+    )
+    assert conditioned.lead == (7, 3) and conditioned.is_conditioned
+    assert [v.lead for v in catalog.variants_of_chunk(chunk.id)] == [(), (7, 3)]
+    assert [v.store_key for v in catalog.variant_contexts("fp0", "pd0")] == ["b" * 32]
