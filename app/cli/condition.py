@@ -4,9 +4,11 @@ With `KVMOSAIC_CONDITIONED_NEIGHBOURS` set, an eager ingest computes each new ch
 conditioned base; this computes them for chunks ingested before (or lazily, or while the
 setting was off, or under another `KVMOSAIC_CONDITIONED_LEAD_TOKENS`), each after its nearest
 chunks in the whole index. Chunks that have one of this kind are skipped, so an interrupted run
-resumes where it stopped. It may run beside a server on the same catalog and store: a request
-reads a chunk's conditioned base once its catalog row is there. The progress bar counts chunks
-and shows tokens computed (leads and chunks) per second.
+resumes where it stopped. `--all` recomputes every chunk's, neighbours drawn from the whole
+index as it stands: an ingest draws them from the documents ingested before and its own, so the
+first documents of a corpus get theirs from few. It may run beside a server on the same
+catalog and store: a request reads a chunk's conditioned base once its catalog row is there.
+The progress bar counts chunks and shows tokens computed (leads and chunks) per second.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ def add_parser(subparsers) -> None:
         "condition", help="compute the neighbour-conditioned bases the corpus lacks"
     )
     add_settings_arguments(parser)
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="recompute every chunk's, neighbours from the whole index as it stands (an "
+        "ingest draws them from the documents ingested before, and its own)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
 
@@ -56,7 +64,9 @@ def run(args) -> int:
         assert conditioner is not None  # the settings say conditioning is on
         total = len(services.retriever)
         with tqdm(total=total, unit="chunk", disable=args.quiet, file=sys.stderr) as bar:
-            stored, present = conditioner.backfill(progress, on_present=lambda: bar.update(1))
+            stored, present = conditioner.backfill(
+                progress, on_present=lambda: bar.update(1), again=args.all
+            )
     finally:
         services.close()
     print(

@@ -4,7 +4,8 @@
 At ingest (`for_ingest`), each new chunk's neighbours are drawn from the retriever's index as
 it stands and from the document's own other chunks (not indexed until the commit); for a corpus
 ingested before conditioning was on, `backfill` (`kvmosaic condition`) computes the bases that
-are missing, each chunk's neighbours drawn from the whole index. A base is stored like an
+are missing, each chunk's neighbours drawn from the whole index (`--all`: every chunk's again,
+so that chunks ingested early get the neighbours that came after them). A base is stored like an
 ingested base (first in a persistent tier) under its own key; a chunk without one is served its
 plain base, so a failure here costs answers' quality, never an answer.
 """
@@ -67,14 +68,18 @@ class BaseConditioner:
         return stored
 
     def backfill(
-        self, on_chunk: OnChunk | None = None, on_present: Callable[[], None] | None = None
+        self,
+        on_chunk: OnChunk | None = None,
+        on_present: Callable[[], None] | None = None,
+        again: bool = False,
     ) -> tuple[int, int]:
-        """Conditioned bases of every indexed chunk that has none of this kind; returns (stored,
-        already there). Neighbours from the index as it stands. `on_chunk(tokens)` after each
-        one computed, `on_present()` for each one skipped."""
+        """Conditioned bases of every indexed chunk that has none of this kind (`again`: of
+        every indexed chunk, replacing what is stored); returns (stored, already there).
+        Neighbours from the index as it stands. `on_chunk(tokens)` after each one computed,
+        `on_present()` for each one skipped."""
         stored = present = 0
         for candidate, vector in self._indexed_chunks():
-            if self.has(candidate):
+            if not again and self.has(candidate):
                 present += 1
                 if on_present is not None:
                     on_present()

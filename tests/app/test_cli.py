@@ -118,3 +118,5 @@ def test_condition_computes_the_missing_conditioned_bases_once(
     assert "tok/s" in captured.err  # the progress bar
     assert main(["condition", "--quiet"]) == 0
     assert ": 0 computed, 2 already there" in capsys.readouterr().out
+    assert main(["condition", "--quiet", "--all"]) == 0
+    assert ": 2 computed, 0 already there" in capsys.readouterr().out
