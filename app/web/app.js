@@ -51,7 +51,14 @@ function askBody(question, mode, stream) {
     max_tokens: Number($("max-tokens").value) || undefined,
     // learned packets are served at fidelity fast only (the server says why otherwise)
     ...($("packets").checked ? { packets: true, fidelity: "fast" } : {}),
+    // so are neighbour-conditioned bases
+    ...($("conditioned").checked ? { conditioned: true, fidelity: "fast" } : {}),
   };
+}
+
+function conditionedText(chunks) {
+  const read = chunks.filter((c) => c.variant === "conditioned base").length;
+  return `${read} of ${chunks.length} chunks read from their conditioned bases`;
 }
 
 async function* sseEvents(response) {
@@ -122,6 +129,7 @@ function renderReport(report) {
   if (report.guard) facts.push(["fidelity", guardText(report.guard)]);
   if (report.order) facts.push(["order", orderText(report.order)]);
   if (report.packets) facts.push(["packets", "each chunk read between the learned packets"]);
+  if (report.conditioned) facts.push(["conditioned", conditionedText(report.chunks)]);
   $("timings").replaceChildren(...facts.map(([k, v]) => el("div", {}, el("dt", {}, k), el("dd", {}, v))));
   $("chunks").replaceChildren(...report.chunks.map(renderChunk));
   $("chunks-card").hidden = report.chunks.length === 0;
@@ -328,6 +336,12 @@ async function start() {
   $("max-tokens").value = info.max_tokens;
   $("packets-option").hidden = !info.packets;  // the server has learned packets
   $("packets-option").title = `modes: ${info.packet_modes.join(", ")}`;
+  $("conditioned-option").hidden = !info.conditioned;  // the server conditions bases
+  if (info.conditioned) {
+    const c = info.conditioned;
+    $("conditioned-option").title = `each chunk's KV computed after the first ${c.lead_tokens} ` +
+      `tokens of its ${c.neighbours} nearest chunks; modes: ${info.packet_modes.join(", ")}`;
+  }
   $("compare-modes").replaceChildren(...modes.map((m) => el("label", {},
     el("input", Object.assign({ type: "checkbox", value: m }, COMPARE_MODES.includes(m) ? { checked: "" } : {})), m)));
   document.body.dataset.ready = "1";
