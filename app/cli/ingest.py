@@ -50,7 +50,7 @@ def run(args) -> int:
         return 2
     services = start_services(settings_from(args))  # a failed start: one line (StartFailure)
     ingest_started = time.perf_counter()  # the rate leaves out loading the model and the index
-    added = present = chunks = tokens = failed = 0
+    added = present = chunks = tokens = failed = conditioned = 0
     kv_tokens = 0  # chunk tokens whose KV is stored so far, for the live rate
 
     def progress(num_chunks: int, num_tokens: int) -> None:
@@ -73,6 +73,7 @@ def run(args) -> int:
                     added, present = added + result.created, present + (not result.created)
                     chunks += result.document.num_chunks if result.created else 0
                     tokens += result.num_tokens
+                    conditioned += result.kv_conditioned
                 bar.set_postfix_str(f"{tokens / (time.perf_counter() - ingest_started):.0f} tok/s")
                 bar.update(1)
     finally:
@@ -83,5 +84,6 @@ def run(args) -> int:
         f"KV {args.kv or services.ingestor.kv}) in {now - started:.1f} s "
         f"({tokens / (now - ingest_started):.0f} tokens/s after start-up); "
         f"{present} already present; {failed} failed"
+        + (f"; {conditioned} conditioned bases stored" if conditioned else "")
     )
     return 1 if failed else 0

@@ -69,6 +69,11 @@ class IngestOut(BaseModel):
             "restart"
         ),
     )
+    kv_conditioned: int = Field(
+        default=0,
+        description="chunks whose neighbour-conditioned base was stored "
+        "(KVMOSAIC_CONDITIONED_NEIGHBOURS; 0 where it is off or the ingest was lazy)",
+    )
     warning: str | None = Field(default=None, description="set when kv_memory_only > 0, in words")
 
 

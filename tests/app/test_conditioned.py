@@ -244,3 +244,15 @@ def test_the_schema_refuses_conditioned_with_packets_and_outside_fast():
     assert rule["then"]["required"] == ["mode"]
     add_conditioned_rule(schemas, Settings(), has_conditioning=False)
     assert schemas["ChatRequest"]["properties"]["conditioned"]["enum"] == [False]
+
+
+def test_an_ingest_through_the_api_says_how_many_conditioned_bases_it_stored(client):
+    text = "The Kestrel footbridge spans the river Wend. It was opened in 1899 and carries walkers."
+    added = client.post("/documents", json={"title": "The Kestrel bridge", "text": text})
+    assert added.status_code == 201, added.text
+    body = added.json()
+    assert body["kv_conditioned"] == body["document"]["num_chunks"] >= 1
+    lazy = client.post(
+        "/documents", json={"title": "Lazy", "text": "Owls nest in the mill.", "kv": "lazy"}
+    )
+    assert lazy.status_code == 201 and lazy.json()["kv_conditioned"] == 0

@@ -85,6 +85,7 @@ async def add_document(request: Request, response: Response, services: ServicesD
         kv=result.kv,
         kv_tiers=result.kv_tiers,
         kv_memory_only=result.kv_memory_only,
+        kv_conditioned=result.kv_conditioned,
         warning=memory_only_warning(result.kv_memory_only, services.chunk_cache.persistent_tier),
     )
 
