@@ -13,7 +13,7 @@ plain base, so a failure here costs answers' quality, never an answer.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,7 +23,7 @@ from app.catalog import Catalog, ChunkRecord, DocumentRecord
 from app.retrieve import chunk_token_ids, documents_of
 from app.variants.conditioned import Candidate, Conditioning, lead_of, nearest
 from engine.engine import Engine
-from engine.errors import PromptTooLong
+from engine.kv import ChunkId
 from retrieval import Retriever
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 OnChunk = Callable[[int], None]  # tokens computed for one chunk's conditioned base (lead + chunk)
 Scored = list[tuple[float, Candidate]]
 SEARCH_MARGIN = 4  # extra index hits, for the chunk itself and copies of its text
+GROUP_CHUNKS = 16  # chunks whose bases are packed into passes together (progress between groups)
 
 
 class BaseConditioner:
@@ -60,12 +61,13 @@ class BaseConditioner:
         """Conditioned bases of a document's new chunks (their ids, prompt token ids and
         embeddings, in order); returns how many were stored."""
         own = [Candidate(c.id, c.text, tuple(t)) for c, t in zip(chunks, token_ids)]
-        stored = 0
-        for i, candidate in enumerate(own):
-            scored: Scored = [(float(vectors[j] @ vectors[i]), c) for j, c in enumerate(own)]
-            scored += self._indexed(vectors[i])
-            stored += self._store(candidate, scored, on_chunk)
-        return stored
+
+        def work() -> Iterator[tuple[Candidate, Scored]]:
+            for i, candidate in enumerate(own):
+                scored: Scored = [(float(vectors[j] @ vectors[i]), c) for j, c in enumerate(own)]
+                yield candidate, scored + self._indexed(vectors[i])
+
+        return self._store_all(work(), on_chunk)
 
     def backfill(
         self,
@@ -77,14 +79,19 @@ class BaseConditioner:
         every indexed chunk, replacing what is stored); returns (stored, already there).
         Neighbours from the index as it stands. `on_chunk(tokens)` after each one computed,
         `on_present()` for each one skipped."""
-        stored = present = 0
-        for candidate, vector in self._indexed_chunks():
-            if not again and self.has(candidate):
-                present += 1
-                if on_present is not None:
-                    on_present()
-                continue
-            stored += self._store(candidate, self._indexed(vector), on_chunk)
+        present = 0
+
+        def work() -> Iterator[tuple[Candidate, Scored]]:
+            nonlocal present
+            for candidate, vector in self._indexed_chunks():
+                if not again and self.has(candidate):
+                    present += 1
+                    if on_present is not None:
+                        on_present()
+                    continue
+                yield candidate, self._indexed(vector)
+
+        stored = self._store_all(work(), on_chunk)
         return stored, present
 
     def has(self, candidate: Candidate) -> bool:
@@ -93,24 +100,45 @@ class BaseConditioner:
         record = self.catalog.get_variant(key)
         return record is not None and record.is_ready and self.chunk_cache.store.contains(key)
 
-    def _store(self, candidate: Candidate, scored: Scored, on_chunk: OnChunk | None) -> int:
-        """Compute and store one chunk's conditioned base; 1 if stored. A chunk with no
-        neighbour (the only one there is) or whose lead would not fit the model's context keeps
-        its plain base only."""
-        near = nearest(candidate, scored, self.conditioning.neighbours)
-        lead_ids, lead = lead_of(near, self.conditioning.lead_tokens)
-        computed, tier = 0, None
-        if near:
-            try:
-                kv = self.engine.encode_after(candidate.token_ids, lead_ids, lead)
-            except PromptTooLong as exc:
-                log.warning("chunk %d: no conditioned base (%s)", candidate.chunk_id, exc)
-            else:
-                computed = len(lead_ids) + len(candidate.token_ids)
+    def _store_all(self, work: Iterable[tuple[Candidate, Scored]], on_chunk: OnChunk | None) -> int:
+        """Compute and store the conditioned base of each (chunk, scored candidates), packed
+        `GROUP_CHUNKS` at a time (`Engine.encode_many_after`); how many were stored. A chunk
+        with no neighbour (the only one there is) or whose lead would not fit the model's
+        context keeps its plain base only (`on_chunk(0)`)."""
+        stored = 0
+        for group in _groups(work, GROUP_CHUNKS):
+            leads = [self._lead(candidate, scored) for candidate, scored in group]
+            ready = [(c, lead) for (c, _), lead in zip(group, leads) if lead is not None]
+            for _ in range(len(group) - len(ready)):
+                if on_chunk is not None:
+                    on_chunk(0)
+            kvs = self.engine.encode_many_after(
+                [(c.token_ids, ids, lead) for c, (ids, lead) in ready],
+                self.chunk_cache.batch_tokens,
+            )
+            for (candidate, (lead_ids, _)), kv in zip(ready, kvs):
                 tier = self.chunk_cache.store_base(candidate.chunk_id, kv, self.conditioning)
-        if on_chunk is not None:
-            on_chunk(computed)
-        return tier is not None
+                stored += tier is not None
+                if on_chunk is not None:
+                    on_chunk(len(lead_ids) + len(candidate.token_ids))
+        return stored
+
+    def _lead(
+        self, candidate: Candidate, scored: Scored
+    ) -> tuple[tuple[int, ...], tuple[ChunkId, ...]] | None:
+        """The lead ids and lead of `candidate`'s conditioned base; None if it gets none."""
+        near = nearest(candidate, scored, self.conditioning.neighbours)
+        if not near:
+            return None
+        lead_ids, lead = lead_of(near, self.conditioning.lead_tokens)
+        rows = self.engine.prompts.prefix_len + len(lead_ids) + len(candidate.token_ids)
+        if rows > self.engine.loaded.spec.max_positions:
+            log.warning(
+                "chunk %d: no conditioned base (it and its lead do not fit the model's context)",
+                candidate.chunk_id,
+            )
+            return None
+        return lead_ids, lead
 
     def _indexed(self, vector: npt.NDArray[np.float32]) -> Scored:
         """The index's nearest chunks to `vector`, scored, with their prompt token ids."""
@@ -133,6 +161,19 @@ class BaseConditioner:
                 vector = self.retriever.embed([chunk.embedding_text])[0]
             token_ids = chunk_token_ids(self.engine, chunk.text, chunk.title)
             yield Candidate(chunk.chunk_id, chunk.text, token_ids), vector
+
+
+def _groups(
+    items: Iterable[tuple[Candidate, Scored]], size: int
+) -> Iterator[list[tuple[Candidate, Scored]]]:
+    group: list[tuple[Candidate, Scored]] = []
+    for item in items:
+        group.append(item)
+        if len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group
 
 
 def _ids(engine: Engine, row: ChunkRecord, documents: dict[int, DocumentRecord]) -> tuple[int, ...]:

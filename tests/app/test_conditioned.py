@@ -105,10 +105,13 @@ def test_the_stored_kv_is_the_chunk_encoded_after_its_neighbours_openings(servic
     try:
         source = loaded.inputs[0].kv
         assert source.lead == variant.lead and loaded.computed == []
-        for layer in range(engine.loaded.spec.num_layers):
-            assert torch.equal(source.layer(layer), expected.layer(layer))
+        for layer in range(engine.loaded.spec.num_layers):  # packed at ingest: float rounding
+            torch.testing.assert_close(
+                source.layer(layer), expected.layer(layer), rtol=1e-2, atol=1e-3
+            )
         plain = engine.encode_chunk(token_ids)
-        assert not torch.allclose(expected.layer(1)[1], plain.kv[1][1].to(expected.kv.dtype))
+        plain_v = plain.kv[1][1].to(expected.kv.dtype)  # differs beyond the tolerance above
+        assert not torch.allclose(expected.layer(1)[1], plain_v, rtol=1e-2, atol=1e-3)
     finally:
         loaded.close()
 

@@ -50,3 +50,25 @@ def test_first_in_the_prompt_it_is_not_an_exact_prefix(tiny_engine):
 def test_an_empty_chunk_is_refused(tiny_engine):
     with pytest.raises(InvalidRequest):
         tiny_engine.encode_after((), (1, 2), (0,))
+
+
+def test_packed_they_are_each_one_encoded_alone_after_its_lead(tiny_engine):
+    """`encode_many_after` packs several leads and chunks into one pass (a lead of its own
+    length each, one chunk without a lead's neighbours in it): each is `encode_after`'s."""
+    chunks = chunk_inputs(tiny_engine, cached=False)
+    items = [
+        (chunks[0].token_ids, chunks[1].token_ids[:4], (chunks[1].chunk_id,)),
+        (chunks[1].token_ids, chunks[2].token_ids + chunks[0].token_ids[:2], (2, 0)),
+        (chunks[2].token_ids, chunks[0].token_ids[:1], (chunks[0].chunk_id,)),
+    ]
+    packed = tiny_engine.encode_many_after(items, batch_tokens=64)
+    for kv, (token_ids, lead_ids, lead) in zip(packed, items, strict=True):
+        alone = tiny_engine.encode_after(token_ids, lead_ids, lead)
+        assert (kv.token_ids, kv.lead, kv.base_position) == (
+            alone.token_ids,
+            alone.lead,
+            alone.base_position,
+        )
+        torch.testing.assert_close(kv.kv, alone.kv, rtol=1e-5, atol=1e-5)
+    with pytest.raises(InvalidRequest):
+        tiny_engine.encode_many_after([((), (1,), (0,))])
