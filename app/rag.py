@@ -247,17 +247,7 @@ def with_packets(query: Query, engine: Engine) -> Query:
         raise InvalidRequest(
             "packets: this server has no learned packets (KVMOSAIC_PACKETS, `kvmosaic adapt`)"
         )
-    if query.fidelity is not Fidelity.FAST:
-        raise InvalidRequest(
-            f"packets are served at fidelity 'fast' only (this request: {query.fidelity.value!r}); "
-            "no packets have passed the fidelity yardstick, so 'balanced' and 'exact' cannot "
-            "promise full prefill's answer with them"
-        )
-    if not query.mode.reads_bases_only:
-        raise InvalidRequest(
-            f"packets need a mode that reads base variants only "
-            f"({', '.join(base_reader_names())}), not {query.mode}"
-        )
+    check_fast_base_reader(query, "packets", "no packets have passed")
     return replace(query, packets=True)
 
 
@@ -274,16 +264,23 @@ def with_conditioned(query: Query, settings: Settings) -> Query:
         )
     if query.packets:
         raise InvalidRequest("conditioned and packets cannot be combined (never measured together)")
+    check_fast_base_reader(
+        query, "conditioned bases", "they are exact in no prompt and have not passed"
+    )
+    return replace(query, conditioned=True)
+
+
+def check_fast_base_reader(query: Query, what: str, why: str) -> None:
+    """InvalidRequest unless `query` runs at fidelity `fast` in a mode that reads base
+    variants only: what a request reading KV that is exact in no prompt needs."""
     if query.fidelity is not Fidelity.FAST:
         raise InvalidRequest(
-            f"conditioned bases are served at fidelity 'fast' only (this request: "
-            f"{query.fidelity.value!r}); they are exact in no prompt and have not passed the "
-            "fidelity yardstick, so 'balanced' and 'exact' cannot promise full prefill's answer "
-            "with them"
+            f"{what} are served at fidelity 'fast' only (this request: "
+            f"{query.fidelity.value!r}); {why} the fidelity yardstick, so 'balanced' and "
+            f"'exact' cannot promise full prefill's answer with them"
         )
     if not query.mode.reads_bases_only:
         raise InvalidRequest(
-            f"conditioned bases need a mode that reads base variants only "
+            f"{what} need a mode that reads base variants only "
             f"({', '.join(base_reader_names())}), not {query.mode}"
         )
-    return replace(query, conditioned=True)

@@ -157,23 +157,9 @@ def test_deleting_a_document_removes_its_packeted_bases(client, services):
 
 
 def test_a_request_valid_by_the_schema_is_answered_with_or_without_packets(services):
-    import schemathesis
-    from fastapi.testclient import TestClient
+    from tests.app.test_schemathesis import assert_valid_asks_are_answered
 
-    from app.main import create_app
-    from tests.app.test_schemathesis import operations, run_operation
-
-    app = create_app(services=services)
-    with TestClient(app):
-        schema = schemathesis.openapi.from_asgi("/openapi.json", app)
-        asked = [
-            op
-            for op in operations(schema)
-            if op.label in ("POST /ask", "POST /v1/chat/completions")
-        ]
-        assert len(asked) == 2
-        for operation in asked:
-            run_operation(operation, schemathesis.GenerationMode.POSITIVE)
+    assert_valid_asks_are_answered(services)
 
 
 def test_the_schema_names_what_the_servers_defaults_do_not_give():

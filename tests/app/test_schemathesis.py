@@ -83,6 +83,27 @@ def run_operation(operation, mode) -> None:
     run()
 
 
+def assert_valid_asks_are_answered(services) -> None:
+    """Every request to `POST /ask` and `POST /v1/chat/completions` valid by `services`'
+    schema is answered (the schema's rules follow what the server offers: packets,
+    conditioned bases)."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    app = create_app(services=services)
+    with TestClient(app):
+        schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+        asked = [
+            op
+            for op in operations(schema)
+            if op.label in ("POST /ask", "POST /v1/chat/completions")
+        ]
+        assert len(asked) == 2
+        for operation in asked:
+            run_operation(operation, schemathesis.GenerationMode.POSITIVE)
+
+
 # pytest-9 and schemathesis's own pytest plugin disagree on node ids, so the cases are
 # driven here with Hypothesis directly: one test per generation mode, every operation.
 @pytest.mark.parametrize(
