@@ -182,7 +182,9 @@ def _digest(engine, fidelity: Fidelity) -> Callable[[Outcome, object], RequestFa
         ids = facts.generated_ids
         if fidelity.keep_forced and ids:
             facts.forced = forced_logits(engine, answer.result, ids)
-            # the reference against itself: top-1 along its own greedy answer must be 1.0
+            # the reference against itself: top-1 of the prefill's weights along the answer the
+            # decode weights gave; 1.0 only where they are the same weights (a rounded `int8` /
+            # `int4` decode, `KVMOSAIC_DECODE_WEIGHTS`, puts near-ties the other way)
             top1 = float((facts.forced.argmax(-1) == torch.tensor(ids)).double().mean())
             facts.answer = TeacherForced(len(ids), top1, 0.0)
         ref = (fidelity.reference or {}).get(outcome.index)

@@ -275,7 +275,9 @@ def _markdown(run, command: str, plots: list[str]) -> str:
         "exact match, ROUGE-L, first-token KL(full ‖ mode), first-token top-1 agreement, and along "
         "full's answer",
         "fed to the mode (teacher forcing, pooled over answer positions) top-1 agreement and mean "
-        "KL; the",
+        "KL (teacher forcing runs the prefill's weights: `full`'s own `ans top-1` can be below 1 "
+        "where its answer was decoded with rounded decode weights, near-ties falling the other "
+        "way); the",
         "store's KV after the cell (`KV MiB`: ready variants, base and context, after the "
         "background drain);",
         "store hits per tier. Teacher forcing runs on the client thread between its requests, "
