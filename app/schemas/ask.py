@@ -211,7 +211,7 @@ class AskResponse(BaseModel):
     conditioned: bool = Field(
         default=False,
         description="the request asked for conditioned bases (each chunk's `variant` says "
-        "which one had one stored)",
+        "whether it had one stored)",
     )
 
 
@@ -234,5 +234,5 @@ class ModesResponse(BaseModel):
     conditioned: ConditioningOut | None = Field(
         default=None,
         description="how this server conditions bases, which a request may ask for with "
-        "`conditioned: true` in a packet mode (null: it computes none)",
+        "`conditioned: true` in one of `packet_modes` (null: it computes none)",
     )
