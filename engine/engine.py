@@ -262,11 +262,8 @@ class Engine:
         """KV of one chunk computed after the system prefix and `lead_ids` (the cut openings of
         the chunks `lead`): a neighbour-conditioned base (FusionRAG's offline step). Its rows
         sit at their positions after the lead; `ChunkKV.lead` marks it exact in no prompt."""
-        if not token_ids:
-            raise InvalidRequest("cannot encode an empty chunk")
+        self._check_after(token_ids, lead_ids)
         start = self.prompts.prefix_len
-        if start + len(lead_ids) + len(token_ids) > self.loaded.spec.max_positions:
-            raise PromptTooLong("the chunk and its lead do not fit in the model's context")
         ids = tuple(lead_ids) + tuple(token_ids)
         kv = self.compute(lambda: self._encode(ids, start=start, keep_from=start + len(lead_ids)))
         return dataclasses.replace(kv, token_ids=tuple(token_ids), lead=tuple(lead))
@@ -280,13 +277,10 @@ class Engine:
         (each lead and its chunk one sequence after the system prefix, the lead's rows dropped):
         the same KV to float rounding, in `config.encode_dtype`, several times fewer passes."""
         for token_ids, lead_ids, _ in items:
-            if not token_ids:
-                raise InvalidRequest("cannot encode an empty chunk")
-            if self.prompts.prefix_len + len(lead_ids) + len(token_ids) > (
-                self.loaded.spec.max_positions
-            ):
-                raise PromptTooLong("the chunk and its lead do not fit in the model's context")
-        whole = self.encode_chunks([tuple(lead) + tuple(t) for t, lead, _ in items], batch_tokens)
+            self._check_after(token_ids, lead_ids)
+        whole = self.encode_chunks(
+            [tuple(lead_ids) + tuple(token_ids) for token_ids, lead_ids, _ in items], batch_tokens
+        )
         return [
             dataclasses.replace(
                 kv,
@@ -297,6 +291,17 @@ class Engine:
             )
             for kv, (token_ids, lead_ids, lead) in zip(whole, items)
         ]
+
+    def fits_after(self, num_tokens: int, num_lead: int) -> bool:
+        """Whether a chunk of `num_tokens` after a lead of `num_lead` ids fits the model's
+        context behind the system prefix (`encode_after`)."""
+        return self.prompts.prefix_len + num_lead + num_tokens <= self.loaded.spec.max_positions
+
+    def _check_after(self, token_ids: Sequence[int], lead_ids: Sequence[int]) -> None:
+        if not token_ids:
+            raise InvalidRequest("cannot encode an empty chunk")
+        if not self.fits_after(len(token_ids), len(lead_ids)):
+            raise PromptTooLong("the chunk and its lead do not fit in the model's context")
 
     def encode_chunks(
         self, chunks: Sequence[Sequence[int]], batch_tokens: int = DEFAULT_BATCH_TOKENS

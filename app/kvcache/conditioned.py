@@ -109,8 +109,8 @@ class BaseConditioner:
         for group in _groups(work, GROUP_CHUNKS):
             leads = [self._lead(candidate, scored) for candidate, scored in group]
             ready = [(c, lead) for (c, _), lead in zip(group, leads) if lead is not None]
-            for _ in range(len(group) - len(ready)):
-                if on_chunk is not None:
+            if on_chunk is not None:
+                for _ in range(len(group) - len(ready)):
                     on_chunk(0)
             kvs = self.engine.encode_many_after(
                 [(c.token_ids, ids, lead) for c, (ids, lead) in ready],
@@ -131,8 +131,7 @@ class BaseConditioner:
         if not near:
             return None
         lead_ids, lead = lead_of(near, self.conditioning.lead_tokens)
-        rows = self.engine.prompts.prefix_len + len(lead_ids) + len(candidate.token_ids)
-        if rows > self.engine.loaded.spec.max_positions:
+        if not self.engine.fits_after(len(candidate.token_ids), len(lead_ids)):
             log.warning(
                 "chunk %d: no conditioned base (it and its lead do not fit the model's context)",
                 candidate.chunk_id,

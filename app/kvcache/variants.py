@@ -99,11 +99,19 @@ class ChunkVariants:
     def _usable(self, chunk_id: ChunkId, num_tokens: int) -> list[VariantRecord]:
         return [
             v
-            for v in self.catalog.variants_of_chunk(chunk_id, self.engine.fingerprint)
+            for v in self._unconditioned(chunk_id)
             if v.prefix_digest == self.engine.prompts.prefix_digest
-            and not v.is_conditioned  # read only where a request asks, never chosen here
             and v.storage_dtype == self.keys.codec(v.context)
             and v.num_tokens == num_tokens
+        ]
+
+    def _unconditioned(self, chunk_id: ChunkId) -> list[VariantRecord]:
+        """The chunk's variants of this model but its neighbour-conditioned bases, which only a
+        request that asks reads (by key) and which neither choice nor pruning counts."""
+        return [
+            v
+            for v in self.catalog.variants_of_chunk(chunk_id, self.engine.fingerprint)
+            if not v.is_conditioned
         ]
 
     def record_savings(self, result: PrefillResult, inputs: Sequence[ChunkInput]) -> None:
@@ -179,11 +187,7 @@ class ChunkVariants:
         drops a copy like any entry, and the base serves then; a neighbour-conditioned base is
         not counted and not pruned here). The catalog row goes first, so no request picks a
         variant whose KV is being removed."""
-        records = [
-            r
-            for r in self.catalog.variants_of_chunk(chunk_id, self.engine.fingerprint)
-            if not r.is_conditioned
-        ]
+        records = self._unconditioned(chunk_id)
         kept = set(self.policy.keep([_candidate(r) for r in records]))
         doomed = [r for i, r in enumerate(records) if i not in kept]
         if not doomed:
