@@ -51,6 +51,7 @@ from engine.serving.busy import BusyGate
 from engine.serving.guard import Guarded, default_ratio
 from engine.serving.guarded import GuardedRequest
 from engine.serving.profile import ReuseProfile, load_profile
+from engine.serving.row_bits import rows_change_bits
 from engine.serving.scheduler import DecodeScheduler
 from engine.serving.thread_bits import thread_fingerprint, threads_change_bits
 from engine.serving.threads import DEFAULT_THREADS, in_own_thread
@@ -111,6 +112,11 @@ class Engine:
         )
         if self.packets is not None:
             self.stack.install_soft_rows(self.packets.rows)
+        # products that give a row its own bits in a call of any row count: prefills run them
+        # unpadded (engine/serving/row_bits.py)
+        self.rows_change_bits = rows_change_bits(loaded.model, self.threads)
+        if not self.rows_change_bits:
+            self.stack.free_rows()
         self.prompts = PromptBuilder(loaded.tokenizer, config.system_prompt, config.instruction)
         self.scheduler = (
             DecodeScheduler(
@@ -202,8 +208,16 @@ class Engine:
             f"linear kernel {linear_kernel_of(self.loaded.model)}, "
             f"prefill attention {kernel_for(self.loaded.dtype, self.loaded.device)}, "
             f"decode attention {self.stack.decode_attention}, "
-            f"{self.threads} thread{'' if self.threads == 1 else 's'}{bits}"
+            f"{self.threads} thread{'' if self.threads == 1 else 's'}{bits}, "
+            f"prefill rows {self._rows_in}"
         )
+
+    @property
+    def _rows_in(self) -> str:
+        tile = self.stack.row_tile
+        if tile is None:
+            return "in one call"
+        return f"in tiles of {tile}" + (", padded" if self.stack.pad_tiles else ", unpadded")
 
     @property
     def dtype_hint(self) -> str | None:

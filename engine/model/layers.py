@@ -15,9 +15,10 @@ import torch
 
 from engine.model.attention import QueryLayout, causal_attention
 from engine.model.decode_weights import formats_for, needs_native_step
+from engine.model.linear import packed_for_any_rows
 from engine.model.loader import LoadedModel
 from engine.model.native_step import NativeDecodeStep, native_step_unfit
-from engine.model.row_tiles import by_row_tiles, row_tile_for
+from engine.model.row_tiles import FREE_TILE, by_row_tiles, row_tile_for
 
 # The modules of a Llama-family causal LM that the stack uses. To mypy every submodule of a
 # torch Module is a `Tensor | Module` attribute; these protocols state the layout that
@@ -117,8 +118,10 @@ class DecoderStack:
                 f"here: {self.native_unfit}"
             )
         self.native: NativeDecodeStep | None = None
-        # rows per call of a prefill's products (engine/model/row_tiles.py); decode is untiled
+        # rows per call of a prefill's products (engine/model/row_tiles.py); decode is untiled;
+        # `pad_tiles` False once `free_rows` found a row's bits its own in any call
         self.row_tile = row_tile_for(self.embed_tokens.weight.device)
+        self.pad_tiles = True
         # input rows of the ids past the vocabulary (`embed`); None: there are none
         self.soft_rows: torch.Tensor | None = None
 
@@ -223,10 +226,20 @@ class DecoderStack:
         """Next-token logits [rows, vocab] in float32 from final hidden rows."""
         return self.lm_head(self.final_norm(h_last)).float()
 
+    def free_rows(self) -> None:
+        """Run prefills' products in calls of up to FREE_TILE rows, none padded, reading packed
+        weights at any row count: for a model whose products were found to give a row the same
+        bits in a call of any row count (engine/serving/row_bits.py)."""
+        if self.row_tile is not None:
+            self.row_tile, self.pad_tiles = FREE_TILE, False
+
     def _rows(
         self, rowwise: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, decode: bool
     ) -> torch.Tensor:
-        return by_row_tiles(rowwise, x, None if decode else self.row_tile)
+        if decode or self.pad_tiles:
+            return by_row_tiles(rowwise, x, None if decode else self.row_tile)
+        with packed_for_any_rows():
+            return by_row_tiles(rowwise, x, self.row_tile, pad=False)
 
     def _heads(self, x: torch.Tensor, num_heads: int) -> torch.Tensor:
         return x.view(x.shape[0], num_heads, self.spec.head_dim).transpose(0, 1)

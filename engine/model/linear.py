@@ -23,7 +23,9 @@ dtypes, float32 on Intel).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
 
@@ -40,6 +42,20 @@ _ONEDNN_LINEAR: Callable[..., torch.Tensor] | None = getattr(
 _ONEDNN_PACK: Callable[..., torch.Tensor] | None = getattr(
     getattr(torch.ops, "mkldnn", None), "_reorder_linear_weight", None
 )
+# Set while a prefill's products run in calls of any row count (engine/serving/row_bits.py
+# found their bits do not depend on it, packed copy included): they read the packed copy too.
+_PACKED_FOR_ANY_ROWS: ContextVar[bool] = ContextVar("packed_for_any_rows", default=False)
+
+
+@contextmanager
+def packed_for_any_rows() -> Iterator[None]:
+    """Within it, this thread's bfloat16 oneDNN products of two or more rows read the packed
+    weight whatever their row count (a single row keeps the matrix-vector path)."""
+    token = _PACKED_FOR_ANY_ROWS.set(True)
+    try:
+        yield
+    finally:
+        _PACKED_FOR_ANY_ROWS.reset(token)
 
 
 class OneDnnLinear(torch.nn.Module):
@@ -48,8 +64,9 @@ class OneDnnLinear(torch.nn.Module):
     Inference only (the op has no gradient); inputs [..., in_features] in the weight's dtype.
 
     In bfloat16, products of exactly `packed_rows` rows (a prefill's row tiles,
-    engine/model/row_tiles.py) read a copy of the weight kept in oneDNN's blocked layout, made on
-    the first such product: otherwise each tile would copy the weight into that layout again.
+    engine/model/row_tiles.py), and of any two or more within `packed_for_any_rows`, read a copy
+    of the weight kept in oneDNN's blocked layout, made on the first such product: otherwise each
+    tile would copy the weight into that layout again.
     The copy costs the weight's size once more in memory; a deep copy of the layer leaves it out.
     """
 
@@ -64,10 +81,16 @@ class OneDnnLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         assert _ONEDNN_LINEAR is not None  # only built where the op exists
-        weight = self._packed_weight() if x.dim() == 2 and x.shape[0] == self.packed_rows else None
+        weight = self._packed_weight() if self._reads_packed(x) else None
         return _ONEDNN_LINEAR(
             x, self.weight if weight is None else weight, self.bias, "none", [], ""
         )
+
+    def _reads_packed(self, x: torch.Tensor) -> bool:
+        if x.dim() != 2 or self.packed_rows is None:
+            return False
+        rows = x.shape[0]
+        return rows == self.packed_rows or (rows > 1 and _PACKED_FOR_ANY_ROWS.get())
 
     def _packed_weight(self) -> torch.Tensor | None:
         if _ONEDNN_PACK is None or self.weight.dtype != torch.bfloat16:

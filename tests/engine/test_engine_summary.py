@@ -11,6 +11,7 @@ def test_the_summary_names_dtype_device_kernels_and_threads(tiny_engine):
     assert "prefill attention flash" in summary  # a float32 model keeps the flash kernel
     assert f"decode attention {tiny_engine.stack.decode_attention}, " in summary
     assert f", {tiny_engine.threads} thread" in summary
+    assert summary.endswith((", prefill rows in tiles of 128, padded", ", unpadded"))
 
 
 def test_the_bfloat16_hint_appears_on_a_float32_cpu_engine_with_amx_only(tiny_engine, monkeypatch):

@@ -75,8 +75,20 @@ def engine(smol_tokenizer, tmp_path_factory) -> Engine:
     )
 
 
+def test_unpadded_tiles_end_with_the_rows_left():
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(6, 4, generator=generator)
+    for rows, expected in ((5, [5]), (16, [16]), (40, [16, 16, 8]), (48, [16, 16, 16])):
+        calls: list[int] = []
+        x = torch.randn(rows, 4, generator=generator)
+        out = by_row_tiles(recording(calls, weight), x, tile=16, pad=False)
+        assert calls == expected
+        assert torch.allclose(out, torch.nn.functional.linear(x, weight), atol=1e-6)
+
+
 def test_prefill_runs_its_products_in_tiles_and_decode_does_not(engine):
     chunks = chunk_inputs(engine)  # ingest (tiled too) before the hook
+    engine.stack.row_tile, engine.stack.pad_tiles = ROW_TILE, True  # whatever the probe said
     calls: list[int] = []
     q_proj = engine.stack.layers[0].self_attn.q_proj
     hook = q_proj.register_forward_hook(lambda _m, args, _out: calls.append(args[0].shape[0]))
