@@ -38,6 +38,7 @@ PROBED_ROWS = (
 _PROBE_ROWS = FREE_TILE + FREE_TILE // 2
 
 Linears = dict[tuple[int, int], Callable[[torch.Tensor], torch.Tensor]]
+Rows = dict[tuple[int, int], torch.Tensor]  # per linear shape
 
 
 def rows_change_bits(model: PreTrainedModel, threads: int) -> bool:
@@ -81,7 +82,7 @@ def _linears(model: PreTrainedModel) -> Linears:
     return linears
 
 
-def _inputs(linears: Linears, dtype: torch.dtype) -> dict[tuple[int, int], torch.Tensor]:
+def _inputs(linears: Linears, dtype: torch.dtype) -> Rows:
     generator = torch.Generator().manual_seed(0)
     return {
         shape: torch.randn(_PROBE_ROWS, shape[0], generator=generator).to(dtype)
@@ -89,7 +90,7 @@ def _inputs(linears: Linears, dtype: torch.dtype) -> dict[tuple[int, int], torch
     }
 
 
-def _untiled(linears: Linears, inputs: dict[tuple[int, int], torch.Tensor]) -> dict:
+def _untiled(linears: Linears, inputs: Rows) -> Rows:
     with torch.inference_mode(), packed_for_any_rows():
         return {
             shape: by_row_tiles(linear, inputs[shape], FREE_TILE, pad=False)
@@ -97,11 +98,7 @@ def _untiled(linears: Linears, inputs: dict[tuple[int, int], torch.Tensor]) -> d
         }
 
 
-def _calls_match(
-    linears: Linears,
-    inputs: dict[tuple[int, int], torch.Tensor],
-    reference: dict[tuple[int, int], torch.Tensor],
-) -> bool:
+def _calls_match(linears: Linears, inputs: Rows, reference: Rows) -> bool:
     """Whether every probed call's rows are the reference's, bit for bit."""
     with torch.inference_mode(), packed_for_any_rows():
         for shape, linear in linears.items():
