@@ -60,7 +60,7 @@ _VERDICTS: weakref.WeakKeyDictionary[PreTrainedModel, dict[int, bool]] = weakref
 
 
 def _probe(model: PreTrainedModel, threads: int) -> bool:
-    linears = _linears(model)
+    linears = first_layer_linears(model)
     dtype = next(model.parameters()).dtype
     inputs = _inputs(linears, dtype)
     reference = in_own_thread(lambda: _untiled(linears, inputs), threads=1)
@@ -71,7 +71,7 @@ def _probe(model: PreTrainedModel, threads: int) -> bool:
     )
 
 
-def _linears(model: PreTrainedModel) -> Linears:
+def first_layer_linears(model: PreTrainedModel) -> Linears:
     """The first decoder layer's linear layers, one per (inputs, outputs) shape."""
     layer = model.model.layers[0]
     linears: Linears = {}

@@ -23,6 +23,7 @@ from transformers import PreTrainedModel
 
 from engine.model.attention import QueryLayout, causal_attention
 from engine.model.row_tiles import ROW_TILE
+from engine.serving.row_bits import first_layer_linears
 from engine.serving.threads import in_own_thread
 
 ProbeFn = Callable[[], list[torch.Tensor]]
@@ -51,12 +52,7 @@ def thread_fingerprint(fingerprint: str, threads: int) -> str:
 def _probe(model: PreTrainedModel) -> ProbeFn:
     """A function computing one tile of every distinct linear shape of the first decoder layer
     and one tile of attention over two tiles of keys, on seeded inputs."""
-    layer = model.model.layers[0]
-    linears: dict[tuple[int, int], torch.nn.Module] = {}
-    for module in layer.modules():
-        weight = getattr(module, "weight", None)
-        if module is not layer and weight is not None and weight.dim() == 2:
-            linears.setdefault((weight.shape[1], weight.shape[0]), module)
+    linears = first_layer_linears(model)
     config = model.config
     dtype = next(model.parameters()).dtype
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
