@@ -114,8 +114,7 @@ class Engine:
             self.stack.install_soft_rows(self.packets.rows)
         # products that give a row its own bits in a call of any row count: prefills run them
         # unpadded (engine/serving/row_bits.py)
-        self.rows_change_bits = rows_change_bits(loaded.model, self.threads)
-        if not self.rows_change_bits:
+        if not rows_change_bits(loaded.model, self.threads):
             self.stack.free_rows()
         self.prompts = PromptBuilder(loaded.tokenizer, config.system_prompt, config.instruction)
         self.scheduler = (
@@ -209,15 +208,8 @@ class Engine:
             f"prefill attention {kernel_for(self.loaded.dtype, self.loaded.device)}, "
             f"decode attention {self.stack.decode_attention}, "
             f"{self.threads} thread{'' if self.threads == 1 else 's'}{bits}, "
-            f"prefill rows {self._rows_in}"
+            f"prefill rows {self.stack.prefill_calls}"
         )
-
-    @property
-    def _rows_in(self) -> str:
-        tile = self.stack.row_tile
-        if tile is None:
-            return "in one call"
-        return f"in tiles of {tile}" + (", padded" if self.stack.pad_tiles else ", unpadded")
 
     @property
     def dtype_hint(self) -> str | None:

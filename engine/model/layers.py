@@ -233,6 +233,13 @@ class DecoderStack:
         if self.row_tile is not None:
             self.row_tile, self.pad_tiles = FREE_TILE, False
 
+    @property
+    def prefill_calls(self) -> str:
+        """How a prefill's products are called, for the start-up line."""
+        if self.row_tile is None:
+            return "in one call"
+        return f"in tiles of {self.row_tile}, " + ("padded" if self.pad_tiles else "unpadded")
+
     def _rows(
         self, rowwise: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, decode: bool
     ) -> torch.Tensor:
