@@ -82,6 +82,13 @@ class Metrics:
             ["mode"],
             registry=r,
         )
+        self.ape_answers = Counter(
+            "kvmosaic_ape_answers",
+            "Answered questions whose chunks were read by APE's attention (`ape: true`), by "
+            "mode; also counted in kvmosaic_answers",
+            ["mode"],
+            registry=r,
+        )
         self.conditioned_chunks = Counter(
             "kvmosaic_conditioned_chunks",
             "Chunks of answers that asked for conditioned bases (`conditioned: true`), by what "
@@ -123,12 +130,15 @@ class Metrics:
         guard: GuardReport | None = None,
         packets: bool = False,
         conditioned: tuple[int, int] | None = None,
+        ape: bool = False,
     ) -> None:
         """`conditioned`: for an answer that asked for conditioned bases, how many of its chunks
         read one and how many read their plain base."""
         self.answers.labels(mode).inc()
         if packets:
             self.packet_answers.labels(mode).inc()
+        if ape:
+            self.ape_answers.labels(mode).inc()
         if conditioned is not None:
             self.conditioned_chunks.labels("conditioned").inc(conditioned[0])
             self.conditioned_chunks.labels("plain").inc(conditioned[1])

@@ -50,6 +50,7 @@ class Query:
     order: ChunkOrder  # the chunk order rule (KVMOSAIC_CHUNK_ORDER, app/kvcache/order.py)
     packets: bool = False  # chunks read between the engine's learned packets (`with_packets`)
     conditioned: bool = False  # chunks read from their conditioned bases (`with_conditioned`)
+    ape: bool = False  # the question and the answer read the chunks by APE (`with_ape`)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class Answer:
     served: ServedTokens = field(default_factory=ServedTokens)
     packets: bool = False  # its chunks were read between learned packets
     conditioned: bool = False  # it asked for its chunks' neighbour-conditioned bases
+    ape: bool = False  # its chunks were read by APE's attention
 
 
 class StageClock:
@@ -139,6 +141,7 @@ class RagService:
                     query.fidelity,
                     ratio=query.ratio,
                     max_new_tokens=query.sampling.max_new_tokens,
+                    ape=query.ape,
                 )
         finally:
             loaded.release()  # the chunks' KV now lives in the request's cache: unpin it
@@ -158,6 +161,7 @@ class RagService:
             self.chunk_cache.served(loaded, result),
             query.packets,
             query.conditioned,
+            query.ape,
         )
         if self.observe is not None:
             self.observe(answer)
@@ -203,10 +207,12 @@ class RagService:
         order: str | None = None,
         packets: bool = False,
         conditioned: bool = False,
+        ape: bool = False,
     ) -> Query:
         """Validate a question against the settings; raises InvalidRequest with a clear message.
         `packets`: read the chunks between the engine's learned packets (`with_packets`);
-        `conditioned`: read their neighbour-conditioned bases (`with_conditioned`)."""
+        `conditioned`: read their neighbour-conditioned bases (`with_conditioned`); `ape`: read
+        them by APE's attention (`with_ape`)."""
         s = self.settings
         question = question.strip()
         if not question:
@@ -235,7 +241,9 @@ class RagService:
         )
         if packets:
             query = with_packets(query, self.engine)
-        return with_conditioned(query, s) if conditioned else query
+        if conditioned:
+            query = with_conditioned(query, s)
+        return with_ape(query) if ape else query
 
 
 def with_packets(query: Query, engine: Engine) -> Query:
@@ -268,6 +276,20 @@ def with_conditioned(query: Query, settings: Settings) -> Query:
         query, "conditioned bases", "they are exact in no prompt and have not passed"
     )
     return replace(query, conditioned=True)
+
+
+def with_ape(query: Query) -> Query:
+    """`query` with its question and answer reading the chunks by APE's knobs
+    (`KVMOSAIC_APE_TEMPERATURE`, `KVMOSAIC_APE_SCALE`; engine/model/ape.py); InvalidRequest where
+    that cannot keep a promise: APE changes every row after the chunks, so `fast` only, in a mode
+    that reads base variants only. Not with packets or conditioned bases: never served together."""
+    if query.packets or query.conditioned:
+        raise InvalidRequest(
+            "ape cannot be combined with packets or conditioned bases (never measured together "
+            "in the server)"
+        )
+    check_fast_base_reader(query, "APE's knobs", "they have not passed")
+    return replace(query, ape=True)
 
 
 def check_fast_base_reader(query: Query, what: str, why: str) -> None:

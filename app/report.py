@@ -40,6 +40,7 @@ def ask_response(answer: Answer, tokenizer: PreTrainedTokenizerBase | None = Non
         order=order_out(answer),
         packets=answer.packets,
         conditioned=answer.conditioned,
+        ape=answer.ape,
     )
 
 

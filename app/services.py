@@ -190,6 +190,7 @@ class Services:
             answer.decoded.guard,
             answer.packets,
             conditioned_reads(answer),
+            answer.ape,
         )
         if self.trimmer is not None:
             self.trimmer.note_work()

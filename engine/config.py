@@ -389,6 +389,22 @@ class EngineConfig:
         doc="Share of the context's rows recomputed from layer 0, those the question's probe "
         "attends to most (with `focus_probe_layer`); the blend's ratio applies to the rest.",
     )
+    ape_temperature: float = bounded(
+        0.9,
+        ge=0.01,
+        le=10.0,
+        doc="APE's temperature T for requests that ask (`ape: true`, at fidelity `fast`, in a "
+        "mode that reads base variants only): the question's and the answer's rows divide their "
+        "logits on the chunks' keys by T (engine/model/ape.py). T = `ape_scale` = 1 reads as "
+        'plain attention. Chosen on tuning seeds (docs/benchmarks/second-front.md, "APE").',
+    )
+    ape_scale: float = bounded(
+        0.9,
+        ge=0.01,
+        le=10.0,
+        doc="APE's scale S on the chunks' total attention for requests that ask (`ape: true`; "
+        "see `ape_temperature`).",
+    )
     fidelity: Fidelity = described(
         Fidelity.BALANCED,
         "Fidelity level of requests that name none (engine/serving/guard.py): `exact` "

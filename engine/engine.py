@@ -23,6 +23,7 @@ from engine.config import EngineConfig, Fidelity
 from engine.decoding import Decoding
 from engine.errors import InvalidRequest, PromptTooLong
 from engine.kv import ChunkId, ChunkKV, KVCache
+from engine.model.ape import ApeKnobs, ContextReading
 from engine.model.cpu import cpu_has_amx_bf16
 from engine.model.decode import (
     SamplingParams,
@@ -398,6 +399,7 @@ class Engine:
         ratio: float | None = None,
         max_new_tokens: int = 64,
         config: EngineConfig | None = None,
+        ape: bool = False,
     ) -> PrefillResult:
         """Prefill [prefix][chunks...][question] by `mode`; TTFT ends at the first logits.
 
@@ -406,16 +408,22 @@ class Engine:
         (`guard.default_ratio`). `config` (None: `self.config`) plans this call only; the
         engine's own config, shared with other threads, is never replaced. Raises
         InvalidRequest (or a subclass) for bad input. If the RoPE self-check failed, reuse
-        modes fall back to `full` and the result says why.
+        modes fall back to `full` and the result says why. `ape`: the question's and the
+        answer's rows read the chunks by APE's knobs (`config.ape_temperature`, `ape_scale`;
+        engine/model/ape.py), at fidelity `fast` in a mode that reads base variants only.
         """
         started = time.perf_counter()
         config = self.config if config is None else config
         if config.reuse_profile == "auto":
             config = self.profile.guarded_config(config)
         fidelity = config.fidelity if fidelity is None else fidelity
+        if ape:
+            _check_ape(mode, fidelity)
         request, mode, fallback = self._plan_request(
             chunks, question, mode, fidelity, ratio, max_new_tokens, config
         )
+        if ape and fallback is None:
+            request = _read_by_ape(request)
         guarded = GuardedRequest(self)
         planner = mode.create_planner(config)
         capacity = request.layout.total_len + max_new_tokens
@@ -587,3 +595,24 @@ class Engine:
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _check_ape(mode: Mode, fidelity: Fidelity) -> None:
+    """InvalidRequest unless a request in `mode` at `fidelity` may read its chunks by APE: APE
+    changes what every row after the chunks computes, so no level that promises full prefill's
+    answer runs it, and a mode that stores or plans with exact variants would be exact nowhere
+    (learned packets' rule)."""
+    if fidelity is not Fidelity.FAST:
+        raise InvalidRequest(
+            f"ape: served at fidelity 'fast' only (this request: {fidelity.value!r}); it has not "
+            "passed the fidelity yardstick"
+        )
+    if not mode.reads_bases_only:
+        raise InvalidRequest(f"ape: needs a mode that reads base variants only, not {mode}")
+
+
+def _read_by_ape(request: PlanRequest) -> PlanRequest:
+    """`request` with its question's and answer's rows reading the chunks by APE's knobs."""
+    knobs = ApeKnobs(request.config.ape_temperature, request.config.ape_scale)
+    contexts = ContextReading(knobs, request.layout.prefix_len, request.layout.question_span[0])
+    return dataclasses.replace(request, reading=contexts)

@@ -15,6 +15,7 @@ from typing import Protocol
 import torch
 
 from engine.errors import InvalidRequest
+from engine.model.ape import ContextReading
 
 # A chunk's id: the catalog's row id (benchmarks number their chunks). Contexts, Cache-Craft
 # statistics and reports all use it; only the catalog and the store's metadata hold it as text.
@@ -106,8 +107,12 @@ class ChunkKV:
 class KVCache:
     """The request's assembled cache, preallocated for prompt plus generated tokens.
 
-    data: [layers, 2, kv_heads, capacity, head_dim]; rows [0, length) are valid.
+    data: [layers, 2, kv_heads, capacity, head_dim]; rows [0, length) are valid. `reading`:
+    how rows after the prompt's contexts read them (APE's, engine/model/ape.py; None: plainly),
+    set by the prefill that filled the cache and followed by every decode step from it.
     """
+
+    reading: ContextReading | None = None  # a class default: a cache built bare reads plainly
 
     def __init__(
         self,
@@ -148,6 +153,7 @@ class KVCache:
         )
         copy.data[:, :, :, : self.length] = data[:, :, :, : self.length]
         copy.length = self.length
+        copy.reading = self.reading
         return copy
 
     def keys(self, layer: int, end: int) -> torch.Tensor:

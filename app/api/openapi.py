@@ -64,6 +64,7 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
             add_limits(schemas, settings, _tier_names(app, settings))
             add_packet_rule(schemas, settings, _has_packets(app, settings))
             add_conditioned_rule(schemas, settings, settings.conditioning() is not None)
+            add_ape_rule(schemas, settings)
             add_upload_limits(document, settings)
             exact_integer_bounds(document)
             app.openapi_schema = document
@@ -126,11 +127,21 @@ def add_packet_rule(schemas: JsonObject, settings: Settings, has_packets: bool) 
 def add_conditioned_rule(schemas: JsonObject, settings: Settings, has_conditioning: bool) -> None:
     """`conditioned: true` only where the server conditions bases, and then as `packets: true`
     is, and without packets (`app.rag.with_conditioned`)."""
-    add_base_reader_rule(schemas, settings, "conditioned", has_conditioning, excludes="packets")
+    add_base_reader_rule(schemas, settings, "conditioned", has_conditioning, excludes=("packets",))
+
+
+def add_ape_rule(schemas: JsonObject, settings: Settings) -> None:
+    """`ape: true` as `packets: true` is (every server offers it), and with neither packets nor
+    conditioned bases (`app.rag.with_ape`)."""
+    add_base_reader_rule(schemas, settings, "ape", True, excludes=("packets", "conditioned"))
 
 
 def add_base_reader_rule(
-    schemas: JsonObject, settings: Settings, flag: str, available: bool, excludes: str = ""
+    schemas: JsonObject,
+    settings: Settings,
+    flag: str,
+    available: bool,
+    excludes: tuple[str, ...] = (),
 ) -> None:
     """`flag: true` only where the server offers it (`available`), and then with fidelity `fast`,
     a mode that reads base variants only (both named where the server's defaults are not those)
@@ -140,15 +151,24 @@ def add_base_reader_rule(
         if not available:
             schema["properties"][flag]["enum"] = [False]
             continue
-        readers = base_reader_names()
-        required = [] if settings.default_mode.name in readers else ["mode"]
-        required += [] if settings.fidelity is Fidelity.FAST else ["fidelity"]
+        readers: list[str | None] = list(base_reader_names())
+        fast: list[str | None] = ["fast"]
+        # a field left out or null takes the server's default: required only where that fails
+        required = []
+        if settings.default_mode.name in readers:
+            readers.append(None)
+        else:
+            required.append("mode")
+        if settings.fidelity is Fidelity.FAST:
+            fast.append(None)
+        else:
+            required.append("fidelity")
         then: JsonObject = {
-            "properties": {"mode": {"enum": readers}, "fidelity": {"const": "fast"}},
+            "properties": {"mode": {"enum": readers}, "fidelity": {"enum": fast}},
             "required": required,
         }
-        if excludes:
-            then["properties"][excludes] = {"const": False}
+        for excluded in excludes:
+            then["properties"][excluded] = {"const": False}
         rule = {"if": {"properties": {flag: {"const": True}}, "required": [flag]}, "then": then}
         schema.setdefault("allOf", []).append(rule)
 

@@ -38,6 +38,13 @@ def add_parser(subparsers) -> None:
         help="read each chunk's neighbour-conditioned base (KVMOSAIC_CONDITIONED_NEIGHBOURS; "
         "fidelity fast, a mode that reads base variants only)",
     )
+    parser.add_argument(
+        "--ape",
+        action="store_true",
+        default=None,
+        help="read the chunks by APE's attention (KVMOSAIC_APE_TEMPERATURE, "
+        "KVMOSAIC_APE_SCALE; fidelity fast, a mode that reads base variants only)",
+    )
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument(
@@ -58,6 +65,7 @@ def run(args) -> int:
         "fidelity": args.fidelity,
         "packets": args.packets,
         "conditioned": args.conditioned,
+        "ape": args.ape,
     }
     body = {k: v for k, v in body.items() if v is not None}
     report = ask_server(args.server, body) if args.server else ask_here(args, body)

@@ -21,6 +21,13 @@ PACKETS_DOC = (
 )
 
 
+APE_DOC = (
+    "read the chunks by APE's attention (the question's and the answer's logits on the chunks "
+    "divided by a temperature, their total attention scaled; GET /modes: ape): fidelity 'fast' "
+    "and a mode that reads base variants only, not with packets or conditioned bases"
+)
+
+
 CONDITIONED_DOC = (
     "read each chunk's neighbour-conditioned base, its KV computed after the openings of its "
     "nearest chunks (KVMOSAIC_CONDITIONED_NEIGHBOURS), where one is stored: fidelity 'fast' and "
@@ -40,6 +47,7 @@ class AskRequest(BaseModel):
     fidelity: Fidelity | None = Field(default=None, description=FIDELITY_DOC)
     packets: StrictBool = Field(default=False, description=PACKETS_DOC)
     conditioned: StrictBool = Field(default=False, description=CONDITIONED_DOC)
+    ape: StrictBool = Field(default=False, description=APE_DOC)
     max_tokens: TokenBudget | None = Field(
         default=None, description="answer token budget; its limit is a setting"
     )
@@ -213,11 +221,17 @@ class AskResponse(BaseModel):
         description="the request asked for conditioned bases (each chunk's `variant` says "
         "whether it had one stored)",
     )
+    ape: bool = Field(default=False, description="the chunks were read by APE's attention")
 
 
 class ConditioningOut(BaseModel):
     neighbours: int = Field(description="nearest chunks whose openings precede each base")
     lead_tokens: int = Field(description="first tokens of each neighbour")
+
+
+class ApeOut(BaseModel):
+    temperature: float = Field(description="T: the logits on the chunks are divided by it")
+    scale: float = Field(description="S: the chunks' total attention is scaled by it")
 
 
 class ModesResponse(BaseModel):
@@ -235,4 +249,8 @@ class ModesResponse(BaseModel):
         default=None,
         description="how this server conditions bases, which a request may ask for with "
         "`conditioned: true` in one of `packet_modes` (null: it computes none)",
+    )
+    ape: ApeOut = Field(
+        description="APE's knobs a request reads its chunks by with `ape: true` in one of "
+        "`packet_modes`"
     )

@@ -7,7 +7,7 @@ the smaller applies), `temperature`, `top_p`, `seed`, `stream` and
 `stream_options.include_usage`; `temperature` defaults to 0 (greedy, the usual choice for
 grounded answers) where OpenAI's default is 1. Unknown OpenAI fields are accepted and ignored.
 Extras (`extra_body` in the openai client): `mode`, `top_k`, `ratio`, `fidelity`, `packets`,
-`conditioned`.
+`conditioned`, `ape`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool
 
-from app.schemas.ask import CONDITIONED_DOC, FIDELITY_DOC, PACKETS_DOC, Fidelity
+from app.schemas.ask import APE_DOC, CONDITIONED_DOC, FIDELITY_DOC, PACKETS_DOC, Fidelity
 from app.schemas.common import (
     WHOLE_FLOAT,
     Ratio,
@@ -81,6 +81,7 @@ class ChatRequest(BaseModel):
     fidelity: Fidelity | None = Field(default=None, description=FIDELITY_DOC)
     packets: StrictBool = Field(default=False, description=PACKETS_DOC)
     conditioned: StrictBool = Field(default=False, description=CONDITIONED_DOC)
+    ape: StrictBool = Field(default=False, description=APE_DOC)
 
     def question(self) -> str:
         """The last user message's text ('' if there is none)."""

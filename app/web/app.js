@@ -53,6 +53,8 @@ function askBody(question, mode, stream) {
     ...($("packets").checked ? { packets: true, fidelity: "fast" } : {}),
     // so are neighbour-conditioned bases
     ...($("conditioned").checked ? { conditioned: true, fidelity: "fast" } : {}),
+    // and APE's reading of the chunks
+    ...($("ape").checked ? { ape: true, fidelity: "fast" } : {}),
   };
 }
 
@@ -130,6 +132,7 @@ function renderReport(report) {
   if (report.order) facts.push(["order", orderText(report.order)]);
   if (report.packets) facts.push(["packets", "each chunk read between the learned packets"]);
   if (report.conditioned) facts.push(["conditioned", conditionedText(report.chunks)]);
+  if (report.ape) facts.push(["APE", "the question and the answer read the chunks by APE's knobs"]);
   $("timings").replaceChildren(...facts.map(([k, v]) => el("div", {}, el("dt", {}, k), el("dd", {}, v))));
   $("chunks").replaceChildren(...report.chunks.map(renderChunk));
   $("chunks-card").hidden = report.chunks.length === 0;
@@ -342,6 +345,8 @@ async function start() {
     $("conditioned-option").title = `each chunk's KV computed after the first ${c.lead_tokens} ` +
       `tokens of its ${c.neighbours} nearest chunks; modes: ${info.packet_modes.join(", ")}`;
   }
+  $("ape-option").title = `APE: logits on the chunks divided by ${info.ape.temperature}, ` +
+    `their total attention scaled by ${info.ape.scale}; modes: ${info.packet_modes.join(", ")}`;
   $("compare-modes").replaceChildren(...modes.map((m) => el("label", {},
     el("input", Object.assign({ type: "checkbox", value: m }, COMPARE_MODES.includes(m) ? { checked: "" } : {})), m)));
   document.body.dataset.ready = "1";

@@ -78,6 +78,7 @@ WARM = "+warm"
 AT = "@"  # `mode@fidelity`: the row runs at that guard level (engine/serving/guard.py)
 SETTINGS = "["  # `mode[key=value;...]`: the row plans with these engine settings (`row_config`)
 PACKETS = "packets"  # `mode[packets=1]`: the row reads its chunks between learned packets
+APE = "ape"  # `mode[ape=1]`: the row's question and answer read the chunks by APE's knobs
 CODEC = "codec"  # `mode[codec=NAME]`: the row's chunk KV goes through a store codec first
 KVTransform = Callable[[ChunkKV], ChunkKV]
 # fixed when the model loads: one engine serves every row
@@ -434,8 +435,8 @@ def row_config(label: str, config: EngineConfig) -> EngineConfig:
     kernels, model) cannot be set per row."""
     changes: dict[str, Any] = {}
     for key, text in settings_of(label).items():
-        if key in (CODEC, PACKETS) or key in NEIGHBOUR_KEYS:
-            continue  # the chunks' KV, not the engine (`_through_codec`, `mode_books`)
+        if key in (CODEC, PACKETS, APE) or key in NEIGHBOUR_KEYS:
+            continue  # the chunks' KV or the prefill's call, not the engine's config
         if key in LOAD_FIELDS or key not in {f.name for f in dataclasses.fields(config)}:
             raise InvalidRequest(
                 f"row {label!r}: {key!r} is not an engine setting a row may change"
@@ -510,7 +511,17 @@ def mode_books(
 
 def reads_packets(label: str) -> bool:
     """Whether a row reads its chunks between the engine's learned packets (`packets=1`)."""
-    return settings_of(label).get(PACKETS, "0").lower() in ("1", "true", "yes")
+    return _flag(label, PACKETS)
+
+
+def reads_by_ape(label: str) -> bool:
+    """Whether a row's question and answer read its chunks by APE's knobs (`ape=1`; the knobs
+    are the row's `ape_temperature` and `ape_scale`, else the engine's)."""
+    return _flag(label, APE)
+
+
+def _flag(label: str, key: str) -> bool:
+    return settings_of(label).get(key, "0").lower() in ("1", "true", "yes")
 
 
 def packeted_bases(engine: Engine, base: list[ChunkInput]) -> list[ChunkInput]:
@@ -637,6 +648,7 @@ def _run_record(
                 max_new_tokens=options.max_new_tokens,
                 fidelity=fidelity_of(label, options),
                 config=row_config(label, engine.config),
+                ape=reads_by_ape(label),
             )
         if reference is None and any(decodes_only(m) for m in modes):
             untouched = result.cache.copy()

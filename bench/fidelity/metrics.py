@@ -141,7 +141,8 @@ def forced_logits(engine: Engine, result: PrefillResult, ids: Sequence[int]) -> 
     Row 0 is the prefill's first-token logits; rows 1.. come from one pass of ids[:-1] at
     positions prompt_len.. through every layer, attending to the cache the mode's prefill
     produced (`result.cache`, which a guard repair leaves as it was; written in place: those
-    rows of the cache are the teacher's tokens afterwards). The pass runs on the engine's
+    rows of the cache are the teacher's tokens afterwards), read as its decode reads it
+    (`KVCache.reading`). The pass runs on the engine's
     compute thread (`Engine.compute`), like the requests' own work.
     """
     return engine.compute(lambda: _forced_logits(engine, result, ids))
@@ -168,7 +169,13 @@ def _forced_logits(engine: Engine, result: PrefillResult, ids: Sequence[int]) ->
             cache.data[layer, 1, :, start:end] = v
             q = stack.project_q(layer, x, cos, sin)
             hidden = stack.attend_and_mlp(
-                layer, hidden, q, cache.keys(layer, end), cache.values(layer, end), queries
+                layer,
+                hidden,
+                q,
+                cache.keys(layer, end),
+                cache.values(layer, end),
+                queries,
+                reading=cache.reading,  # a row read by APE: its answer too (engine/model/ape.py)
             )
         rows.append(stack.logits(hidden).cpu())
     return torch.cat(rows)

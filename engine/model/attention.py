@@ -66,6 +66,7 @@ class QueryLayout:
     def __init__(self, q_pos: torch.Tensor, num_keys: int, dtype: torch.dtype):
         self.num_rows = q_pos.numel()
         self.num_keys = num_keys
+        self.positions = q_pos
         first, last = int(q_pos[0]), int(q_pos[-1])
         is_tail = last == num_keys - 1 and last - first == self.num_rows - 1
         # a prefill's tail on the CPU: position-aligned tiles, each row's bits its own

@@ -19,7 +19,7 @@ import torch
 from engine.cpu.library import CpuKernelError
 from engine.errors import InvalidRequest
 from engine.kv import KVCache
-from engine.model.decode_attention import step_attention
+from engine.model.decode_attention import ReadingStepAttention, step_attention
 from engine.model.decode_weights import needs_native_step
 from engine.model.layers import DecoderStack
 from engine.model.linear import OneDnnLinear
@@ -185,11 +185,28 @@ def decode_batch(
     its companions. Where the stack's native step runs (engine/model/native_step.py), the whole
     step is one call and every row is bitwise its lone step by construction (`invariant` and
     `max_rows` change nothing). Elsewhere the twin (`twin_batch`) runs the model's modules.
+    A cache with a reading (APE's, `KVCache.reading`) always decodes on the twin, whose
+    attention can read as it says; the native step keeps the other rows of the batch.
     """
     native = native_step(stack)
-    if native is not None:
+    reads = [cache.reading is not None for cache in caches]
+    if native is not None and not any(reads):
         return native(caches, tokens)
-    return twin_batch(stack, caches, tokens, invariant, max_rows)
+    if native is None or all(reads):
+        return twin_batch(stack, caches, tokens, invariant, max_rows)
+    logits = torch.empty(0)
+    for group in (False, True):
+        rows = [i for i, read in enumerate(reads) if read is group]
+        part_caches, part_tokens = [caches[i] for i in rows], [tokens[i] for i in rows]
+        part = (
+            twin_batch(stack, part_caches, part_tokens, invariant, max_rows)
+            if group
+            else native(part_caches, part_tokens)
+        )
+        if logits.numel() == 0:
+            logits = part.new_empty(len(caches), part.shape[1])
+        logits[rows] = part
+    return logits
 
 
 _build_lock = threading.Lock()
@@ -228,7 +245,8 @@ def twin_batch(
     largest batch the caller forms), so a request's logits do not depend on its companions; a
     lone request runs unpadded (cheaper) unless `invariant`, which pads it too and makes its
     logits independent of the batch in every case. Attention runs on the stack's
-    `decode_attention` (engine/model/decode_attention.py).
+    `decode_attention` (engine/model/decode_attention.py), a request whose cache has a reading
+    by that reading (`ReadingStepAttention`).
     """
     n = len(caches)
     multiple = row_multiple(stack, max(max_rows, n))
@@ -239,6 +257,8 @@ def twin_batch(
     # [rows, hidden]
     hidden = stack.embed(torch.tensor(list(tokens) + [0] * (rows - n), device=device))
     attention = step_attention(stack.decode_attention, caches, positions, stack.scale)
+    if any(cache.reading is not None for cache in caches):
+        attention = ReadingStepAttention(attention, caches, positions, stack.scale)
     # the same rows at every layer (it reads hidden's dtype only)
     cos, sin = stack.rope_tables(pos, hidden)
     for layer in range(stack.spec.num_layers):

@@ -136,6 +136,34 @@ class NativeStepAttention:
         return out.reshape(rows, heads * head_dim).to(q.dtype)
 
 
+class ReadingStepAttention:
+    """`inner`'s attention, with the row of each request whose cache has a reading (APE's,
+    `KVCache.reading`) computed by that reading over its own keys instead."""
+
+    def __init__(
+        self,
+        inner: StepAttention,
+        caches: Sequence[KVCache],
+        positions: Sequence[int],
+        scale: float,
+    ):
+        self.inner, self.caches, self.positions, self.scale = inner, caches, positions, scale
+
+    def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        out = self.inner(layer, q)
+        for i, (cache, position) in enumerate(zip(self.caches, self.positions)):
+            if cache.reading is None:
+                continue
+            out[i] = cache.reading.attention(
+                q[:, i : i + 1],
+                cache.keys(layer, position + 1),
+                cache.values(layer, position + 1),
+                torch.tensor([position], device=q.device),
+                self.scale,
+            )[0].to(out.dtype)
+        return out
+
+
 def step_attention(
     kind: str, caches: Sequence[KVCache], positions: Sequence[int], scale: float
 ) -> StepAttention:

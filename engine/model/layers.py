@@ -13,6 +13,7 @@ from typing import Protocol, cast
 
 import torch
 
+from engine.model.ape import ContextReading
 from engine.model.attention import QueryLayout, causal_attention
 from engine.model.decode_weights import formats_for, needs_native_step
 from engine.model.linear import packed_for_any_rows
@@ -198,10 +199,14 @@ class DecoderStack:
         values: torch.Tensor,
         queries: QueryLayout,
         between_blocks: Callable[[], None] | None = None,
+        reading: ContextReading | None = None,
     ) -> torch.Tensor:
         """Finish layer `index` for rows h: attention over the cache, then o_proj, residual and
-        MLP by blocks of rows (`row_blocks`), with `between_blocks()` called between two."""
+        MLP by blocks of rows (`row_blocks`), with `between_blocks()` called between two.
+        `reading`: the rows after the contexts read them by APE (engine/model/ape.py)."""
         attn_out = causal_attention(q, keys, values, queries, self.scale)
+        if reading is not None:
+            attn_out = reading.overwrite(attn_out, q, keys, values, queries.positions, self.scale)
         blocks = row_blocks(h.shape[0])
         if len(blocks) <= 1:
             return self.finish_layer(index, h, attn_out)

@@ -363,7 +363,7 @@ def _probe(
 
 def _copy(cache: KVCache) -> KVCache:
     copy = KVCache.__new__(KVCache)
-    copy.data, copy.length = cache.data.clone(), cache.length
+    copy.data, copy.length, copy.reading = cache.data.clone(), cache.length, cache.reading
     return copy
 
 

@@ -16,6 +16,7 @@ import torch
 
 from engine.kv import KVCache
 from engine.model import ops
+from engine.model.ape import ContextReading
 from engine.model.attention import QueryLayout, attention_mass
 from engine.model.layers import DecoderStack
 from engine.model.work import WorkMeter
@@ -92,10 +93,13 @@ class LayerRunner:
         capacity: int,
         want_logits: bool = True,
         last_layer: int | None = None,
+        reading: ContextReading | None = None,
     ) -> RunOutput:
         """Prefill `ids` [total] by `plan` into a new cache of `capacity` rows.
 
         `last_layer` stops after that layer (statistics passes); logits need every layer.
+        `reading`: rows after the contexts read them by APE (engine/model/ape.py), in this
+        prefill and in every decode step from its cache (`KVCache.reading`).
         """
         total, spec = ids.numel(), self.stack.spec
         _check_plan(plan, total)
@@ -104,6 +108,7 @@ class LayerRunner:
         cache = KVCache(
             spec.num_layers, spec.num_kv_heads, spec.head_dim, capacity, weights.dtype, ids.device
         )
+        cache.reading = reading
         rows = self._initial_rows(ids, plan.initial_active.to(ids.device), total)
         book = _Bookkeeping(total, plan.initial_active)
         for layer in range(num_layers):
@@ -170,7 +175,7 @@ class LayerRunner:
                 rows, x = self._keep(plan, rows, x, keep, total)
                 book.stopped(rows.active_cpu, layer)
         hidden = stack.attend_and_mlp(
-            layer, rows.hidden, q, keys, values, rows.queries, self.pause_point
+            layer, rows.hidden, q, keys, values, rows.queries, self.pause_point, cache.reading
         )
         return rows.with_hidden(hidden)
 

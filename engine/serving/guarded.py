@@ -177,7 +177,12 @@ class GuardedRequest:
         """Plan the request with `planner` and run its layers (synchronised: timings are real)."""
         engine = self.engine
         plan = planner.plan(request)
-        out = engine.runner.run(request.layout.token_tensor(engine.device), plan, capacity=capacity)
+        out = engine.runner.run(
+            request.layout.token_tensor(engine.device),
+            plan,
+            capacity=capacity,
+            reading=request.reading,
+        )
         _synchronize(engine.device)
         return plan, out
 

@@ -181,6 +181,10 @@ def test_the_schema_names_what_the_servers_defaults_do_not_give():
         assert rule["if"]["properties"] == {"packets": {"const": True}}
         assert rule["then"]["required"] == required
         (rule,) = schemas["ChatRequest"]["allOf"]
-        assert rule["then"]["properties"]["fidelity"] == {"const": "fast"}
+        # a null field takes the server's default: allowed where that default serves packets
+        fast = ["fast"] if "fidelity" in required else ["fast", None]
+        assert rule["then"]["properties"]["fidelity"] == {"enum": fast}
+        readers = rule["then"]["properties"]["mode"]["enum"]
+        assert (None in readers) is ("mode" not in required)
         add_packet_rule(schemas, settings, has_packets=False)
         assert schemas["AskRequest"]["properties"]["packets"]["enum"] == [False]

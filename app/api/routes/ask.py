@@ -13,7 +13,7 @@ from app.api.deps import ServicesDep
 from app.api.errors import documented, error_body
 from app.api.streaming import SSE_HEADERS, AnswerStream, Done, Piece, sse
 from app.report import ask_response
-from app.schemas.ask import AskRequest, AskResponse, ConditioningOut, ModesResponse
+from app.schemas.ask import ApeOut, AskRequest, AskResponse, ConditioningOut, ModesResponse
 from engine.config import FIDELITIES
 from engine.planners import base_reader_names, planner_names
 
@@ -40,6 +40,7 @@ def modes(services: ServicesDep) -> ModesResponse:
         packets=None if services.engine.packets is None else services.engine.packets.digest(),
         packet_modes=base_reader_names(),
         conditioned=None if (c := s.conditioning()) is None else ConditioningOut(**c.describe()),
+        ape=ApeOut(temperature=s.ape_temperature, scale=s.ape_scale),
     )
 
 
@@ -62,6 +63,7 @@ async def ask(
         fidelity=body.fidelity,
         packets=body.packets,
         conditioned=body.conditioned,
+        ape=body.ape,
     )
     tokenizer = services.engine.loaded.tokenizer if body.explain else None
     if not body.stream:

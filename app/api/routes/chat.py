@@ -78,6 +78,7 @@ async def chat_completions(
         fidelity=body.fidelity,
         packets=body.packets,
         conditioned=body.conditioned,
+        ape=body.ape,
     )
     head: Head = {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
