@@ -38,7 +38,8 @@ FIDELITY_SHARD_CMD=(.venv/bin/kvmosaic bench fidelity "${MODEL_ARGS[@]}" --datas
 FIDELITY_MERGE=(.venv/bin/kvmosaic bench fidelity-merge --json docs/benchmarks/$FIDELITY_PAGE.json)
 # The frontier table (#57): full, plain reuse, the paper's CacheBlend, the model's query-centric
 # focus (FRONTIER_FOCUS: the probe chosen on tuning seeds, docs/benchmarks/reuse-anatomy.md; a
-# model without one must be given it), neighbour-conditioned bases alone and under focus, and,
+# model without one must be given it), neighbour-conditioned bases alone and under focus, APE's
+# knobs (the engine's defaults) alone and under focus, and,
 # with learned packets (FRONTIER_PACKETS: a file of `kvmosaic adapt`; SmolLM2's committed ones by
 # default), packets alone and under the blend. Every row cold, at fidelity `fast`.
 FRONTIER_NAME=${MODEL:-smollm2-135m}
@@ -95,6 +96,7 @@ LEGEND
 frontier_rows() {
   local rows="full,naive@fast,cacheblend@fast,cacheblend@fast[$FRONTIER_FOCUS]"
   rows+=",naive@fast[neighbours=2],cacheblend@fast[$FRONTIER_FOCUS;neighbours=2]"
+  rows+=",naive@fast[ape=1],cacheblend@fast[$FRONTIER_FOCUS;ape=1]"
   [[ -n $FRONTIER_PACKETS ]] && rows+=",naive@fast[packets=1],cacheblend@fast[packets=1]"
   echo "$rows"
 }
@@ -112,7 +114,9 @@ frontier() {
                       --dataset /tmp/kvmosaic-cases-1000.json --orders 2 --max-new-tokens 16
                       --modes "$rows" --threads 1)
   local pairs=(--pair "naive@fast[neighbours=2],naive@fast"
-               --pair "cacheblend@fast[$FRONTIER_FOCUS;neighbours=2],cacheblend@fast[$FRONTIER_FOCUS]")
+               --pair "cacheblend@fast[$FRONTIER_FOCUS;neighbours=2],cacheblend@fast[$FRONTIER_FOCUS]"
+               --pair "naive@fast[ape=1],naive@fast"
+               --pair "cacheblend@fast[$FRONTIER_FOCUS;ape=1],cacheblend@fast[$FRONTIER_FOCUS]")
   [[ -n $FRONTIER_PACKETS ]] && pairs+=(--pair "naive@fast[packets=1],naive@fast"
                                         --pair "cacheblend@fast[packets=1],cacheblend@fast")
   sharded_run .venv/bin/kvmosaic bench fidelity-merge --frontier --json "$page.json" "${pairs[@]}"

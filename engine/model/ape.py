@@ -21,6 +21,7 @@ no kernel of the engine's is changed. The Hugging Face path of the screens is
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -71,35 +72,42 @@ class ContextReading:
         over keys / values [kv_heads, n, head_dim] (grouped-query heads allowed), a row seeing
         the keys at positions <= its own. Returns [m, heads * head_dim] in q's dtype."""
         heads, rows, head_dim = q.shape
-        n = keys.shape[1]
+        kv_heads, n = keys.shape[0], keys.shape[1]
+        positions = positions.to(q.device)
         if rows and int(positions.min()) < self.end:
             raise ValueError("APE's reading is for rows after the contexts")
-        group = heads // keys.shape[0]
-        k = keys.float().repeat_interleave(group, dim=0)  # [heads, n, head_dim]
-        v = values.float().repeat_interleave(group, dim=0)
-        logits = q.float() @ k.transpose(1, 2) * scale  # [heads, m, n]
+        group = heads // kv_heads
+        # query head h reads key head h // group: fold each group's heads into rows, so that
+        # every key head's K and V are read once (and not copied per query head)
+        folded = q.float().reshape(kv_heads, group * rows, head_dim)
+        logits = folded @ keys.float().transpose(1, 2) * scale  # [kv_heads, group * m, n]
         contexts = logits[..., self.start : self.end] / self.knobs.temperature
         if self.end > self.start:
             shift = (self.knobs.temperature - 1.0) * torch.logsumexp(contexts, -1, keepdim=True)
             logits[..., self.start : self.end] = contexts + shift + math.log(self.knobs.scale)
-        later = torch.arange(n, device=q.device)[None, :] > positions.to(q.device)[:, None]
-        out = torch.softmax(logits.masked_fill(later, -math.inf), -1) @ v  # [heads, m, head_dim]
+        later = torch.arange(n, device=q.device)[None, :] > positions.repeat(group)[:, None]
+        weights = torch.softmax(logits.masked_fill_(later, -math.inf), -1)
+        out = (weights @ values.float()).reshape(heads, rows, head_dim)
         return out.transpose(0, 1).reshape(rows, heads * head_dim).to(q.dtype)
 
-    def overwrite(
+    def read(
         self,
-        attn_out: torch.Tensor,
         q: torch.Tensor,
         keys: torch.Tensor,
         values: torch.Tensor,
         positions: torch.Tensor,
         scale: float,
+        plain: Callable[[], torch.Tensor],
     ) -> torch.Tensor:
-        """`attn_out` [m, heads * head_dim] (plain attention of rows at `positions`) with the
-        rows after the contexts replaced by APE's attention; a new tensor where any is."""
+        """Attention [m, heads * head_dim] of rows q at `positions`: APE's for the rows after
+        the contexts, `plain()`'s (every row's plain attention) for the others; `plain` runs
+        only where some row needs it."""
         after = self.reads(positions.to(q.device))
+        if bool(after.all()):
+            return self.attention(q, keys, values, positions, scale)
+        out = plain()
         if not bool(after.any()):
-            return attn_out
+            return out
         index = after.nonzero().flatten()
         ape = self.attention(q[:, index], keys, values, positions.to(q.device)[index], scale)
-        return attn_out.index_put((index,), ape.to(attn_out.dtype))
+        return out.index_put((index,), ape.to(out.dtype))

@@ -204,9 +204,18 @@ class DecoderStack:
         """Finish layer `index` for rows h: attention over the cache, then o_proj, residual and
         MLP by blocks of rows (`row_blocks`), with `between_blocks()` called between two.
         `reading`: the rows after the contexts read them by APE (engine/model/ape.py)."""
-        attn_out = causal_attention(q, keys, values, queries, self.scale)
-        if reading is not None:
-            attn_out = reading.overwrite(attn_out, q, keys, values, queries.positions, self.scale)
+        attn_out = (
+            causal_attention(q, keys, values, queries, self.scale)
+            if reading is None
+            else reading.read(
+                q,
+                keys,
+                values,
+                queries.positions,
+                self.scale,
+                lambda: causal_attention(q, keys, values, queries, self.scale),
+            )
+        )
         blocks = row_blocks(h.shape[0])
         if len(blocks) <= 1:
             return self.finish_layer(index, h, attn_out)

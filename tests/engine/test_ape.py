@@ -88,16 +88,32 @@ def test_a_vanishing_scale_reads_as_if_the_contexts_were_absent():
     torch.testing.assert_close(reading.attention(q, k, v, positions, 0.3), without)
 
 
-def test_only_rows_after_the_contexts_are_overwritten():
+def test_only_rows_after_the_contexts_read_by_ape():
     q, k, v = _tensors(4, seed=3)
     positions = torch.tensor([8, 16, 17, 22])
     plain = _plain(q, k, v, positions, 0.3)
     reading = ContextReading(ApeKnobs(0.7, 0.7), START, END)
-    out = reading.overwrite(plain, q, k, v, positions, 0.3)
+    out = reading.read(q, k, v, positions, 0.3, lambda: plain)
     torch.testing.assert_close(out[:2], plain[:2], rtol=0, atol=0)
     torch.testing.assert_close(out[2:], reading.attention(q[:, 2:], k, v, positions[2:], 0.3))
     with pytest.raises(ValueError):
         reading.attention(q, k, v, positions, 0.3)  # a row inside the contexts
+
+
+def test_plain_attention_runs_only_where_a_row_needs_it():
+    q, k, v = _tensors(2, seed=4)
+    reading = ContextReading(ApeKnobs(0.7, 0.7), START, END)
+
+    def refused() -> torch.Tensor:
+        raise AssertionError("every row reads by APE: no plain attention is needed")
+
+    after = torch.tensor([17, 20])
+    torch.testing.assert_close(
+        reading.read(q, k, v, after, 0.3, refused), reading.attention(q, k, v, after, 0.3)
+    )
+    before = torch.tensor([6, 9])
+    plain = _plain(q, k, v, before, 0.3)
+    assert reading.read(q, k, v, before, 0.3, lambda: plain) is plain
 
 
 def test_knobs_and_spans_are_checked():
