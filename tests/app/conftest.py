@@ -55,6 +55,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def assert_chat_answers(client, question: str, **extras) -> None:
+    """`/v1/chat/completions` answers `question` with kvmosaic's `extras` (200 and a message)."""
+    response = client.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": question}], **extras},
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] is not None
+
+
 def make_settings(data_dir, **overrides):
     from app.settings import Settings
 

@@ -10,6 +10,7 @@ import pytest
 
 from app.rag import with_ape
 from engine.errors import InvalidRequest
+from tests.app.conftest import assert_chat_answers
 
 QUESTION = "When was the lighthouse first lit?"
 
@@ -61,17 +62,7 @@ def test_the_engine_reads_the_settings_knobs(services):
 
 
 def test_chat_completions_take_ape_as_an_extra(client):
-    response = client.post(
-        "/v1/chat/completions",
-        json={
-            "messages": [{"role": "user", "content": QUESTION}],
-            "mode": "naive",
-            "fidelity": "fast",
-            "ape": True,
-        },
-    )
-    assert response.status_code == 200, response.text
-    assert response.json()["choices"][0]["message"]["content"] is not None
+    assert_chat_answers(client, QUESTION, mode="naive", fidelity="fast", ape=True)
 
 
 @pytest.mark.parametrize(

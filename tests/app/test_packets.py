@@ -9,7 +9,7 @@ import torch
 
 from app.report import PACKET_PIECE
 from engine.adapt.packets import Packets
-from tests.app.conftest import ADMIN_TOKEN, LOCAL_CLIENT, start_services
+from tests.app.conftest import ADMIN_TOKEN, LOCAL_CLIENT, assert_chat_answers, start_services
 
 QUESTION = "When was the lighthouse first lit?"
 HEAD, TAIL = 3, 2
@@ -101,17 +101,7 @@ def test_packeted_bases_computed_on_use_answer_as_the_stored_ones(client):
 
 
 def test_chat_completions_take_packets_as_an_extra(client):
-    response = client.post(
-        "/v1/chat/completions",
-        json={
-            "messages": [{"role": "user", "content": QUESTION}],
-            "mode": "cacheblend",
-            "fidelity": "fast",
-            "packets": True,
-        },
-    )
-    assert response.status_code == 200, response.text
-    assert response.json()["choices"][0]["message"]["content"] is not None
+    assert_chat_answers(client, QUESTION, mode="cacheblend", fidelity="fast", packets=True)
 
 
 @pytest.mark.parametrize(
