@@ -280,7 +280,7 @@ def with_conditioned(query: Query, settings: Settings) -> Query:
 
 def with_ape(query: Query) -> Query:
     """`query` with its question and answer reading the chunks by APE's knobs
-    (`KVMOSAIC_APE_TEMPERATURE`, `KVMOSAIC_APE_SCALE`; engine/model/ape.py); InvalidRequest where
+    (`KVMOSAIC_APE_TEMPERATURE`, `KVMOSAIC_APE_SCALE`; engine/ape.py); InvalidRequest where
     that cannot keep a promise: APE changes every row after the chunks, so `fast` only, in a mode
     that reads base variants only. Not with packets or conditioned bases: never served together."""
     if query.packets or query.conditioned:

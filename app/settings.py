@@ -198,7 +198,7 @@ class Settings(BaseSettings):
     focus_probe_layer: int | None = engine_setting("focus_probe_layer")
     focus_chunks: int = engine_setting("focus_chunks")
     focus_rows: float = engine_setting("focus_rows")
-    # APE's knobs, for requests that ask (engine/model/ape.py)
+    # APE's knobs, for requests that ask (engine/ape.py)
     ape_temperature: float = engine_setting("ape_temperature")
     ape_scale: float = engine_setting("ape_scale")
     # fidelity guard (engine/serving/guard.py); a level outside `Fidelity` fails here, at start-up

@@ -395,8 +395,9 @@ class EngineConfig:
         le=10.0,
         doc="APE's temperature T for requests that ask (`ape: true`, at fidelity `fast`, in a "
         "mode that reads base variants only): the question's and the answer's rows divide their "
-        "logits on the chunks' keys by T (engine/model/ape.py). T = `ape_scale` = 1 reads as "
-        'plain attention. Chosen on tuning seeds (docs/benchmarks/second-front.md, "APE").',
+        "logits on the chunks' keys by T (engine/ape.py). T = `ape_scale` = 1 reads as "
+        "plain attention. The default is APE's authors' setting; per model: "
+        'docs/benchmarks/second-front.md, "APE in the engine".',
     )
     ape_scale: float = bounded(
         0.9,

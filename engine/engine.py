@@ -19,11 +19,11 @@ from typing import TypeVar
 import torch
 
 from engine.adapt.packets import packets_fingerprint, packets_for
+from engine.ape import ApeKnobs, ContextReading
 from engine.config import EngineConfig, Fidelity
 from engine.decoding import Decoding
 from engine.errors import InvalidRequest, PromptTooLong
 from engine.kv import ChunkId, ChunkKV, KVCache
-from engine.model.ape import ApeKnobs, ContextReading
 from engine.model.cpu import cpu_has_amx_bf16
 from engine.model.decode import (
     SamplingParams,
@@ -410,7 +410,7 @@ class Engine:
         InvalidRequest (or a subclass) for bad input. If the RoPE self-check failed, reuse
         modes fall back to `full` and the result says why. `ape`: the question's and the
         answer's rows read the chunks by APE's knobs (`config.ape_temperature`, `ape_scale`;
-        engine/model/ape.py), at fidelity `fast` in a mode that reads base variants only.
+        engine/ape.py), at fidelity `fast` in a mode that reads base variants only.
         """
         started = time.perf_counter()
         config = self.config if config is None else config

@@ -14,8 +14,8 @@ from typing import Protocol
 
 import torch
 
+from engine.ape import ContextReading
 from engine.errors import InvalidRequest
-from engine.model.ape import ContextReading
 
 # A chunk's id: the catalog's row id (benchmarks number their chunks). Contexts, Cache-Craft
 # statistics and reports all use it; only the catalog and the store's metadata hold it as text.
@@ -108,7 +108,7 @@ class KVCache:
     """The request's assembled cache, preallocated for prompt plus generated tokens.
 
     data: [layers, 2, kv_heads, capacity, head_dim]; rows [0, length) are valid. `reading`:
-    how rows after the prompt's contexts read them (APE's, engine/model/ape.py; None: plainly),
+    how rows after the prompt's contexts read them (APE's, engine/ape.py; None: plainly),
     set by the prefill that filled the cache and followed by every decode step from it.
     """
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.ape import ContextReading
 from engine.config import EngineConfig, Fidelity
 from engine.kv import ChunkId, KVSource, exact_context
-from engine.model.ape import ContextReading
 from engine.prompt import PromptLayout
 from engine.variant_stats import VariantStats
 
@@ -83,7 +83,7 @@ class PlanRequest:
     # bool [total_len]: context rows the question focuses on, recomputed from layer 0
     # (engine/planners/focus.py); None: no probe ran
     focus: torch.Tensor | None = None
-    # how the question's and the answer's rows read the chunks (APE's, engine/model/ape.py);
+    # how the question's and the answer's rows read the chunks (APE's, engine/ape.py);
     # None: plainly. Every plan of the request runs with it; a re-run by the reference without.
     reading: ContextReading | None = None
 

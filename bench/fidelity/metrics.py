@@ -175,7 +175,7 @@ def _forced_logits(engine: Engine, result: PrefillResult, ids: Sequence[int]) ->
                 cache.keys(layer, end),
                 cache.values(layer, end),
                 queries,
-                reading=cache.reading,  # a row read by APE: its answer too (engine/model/ape.py)
+                reading=cache.reading,  # a row read by APE: its answer too (engine/ape.py)
             )
         rows.append(stack.logits(hidden).cpu())
     return torch.cat(rows)

@@ -13,7 +13,7 @@ from typing import Protocol, cast
 
 import torch
 
-from engine.model.ape import ContextReading
+from engine.ape import ContextReading
 from engine.model.attention import QueryLayout, causal_attention
 from engine.model.decode_weights import formats_for, needs_native_step
 from engine.model.linear import packed_for_any_rows
@@ -203,7 +203,7 @@ class DecoderStack:
     ) -> torch.Tensor:
         """Finish layer `index` for rows h: attention over the cache, then o_proj, residual and
         MLP by blocks of rows (`row_blocks`), with `between_blocks()` called between two.
-        `reading`: the rows after the contexts read them by APE (engine/model/ape.py)."""
+        `reading`: the rows after the contexts read them by APE (engine/ape.py)."""
         attn_out = (
             causal_attention(q, keys, values, queries, self.scale)
             if reading is None

@@ -14,9 +14,9 @@ from functools import partial
 
 import torch
 
+from engine.ape import ContextReading
 from engine.kv import KVCache
 from engine.model import ops
-from engine.model.ape import ContextReading
 from engine.model.attention import QueryLayout, attention_mass
 from engine.model.layers import DecoderStack
 from engine.model.work import WorkMeter
@@ -98,7 +98,7 @@ class LayerRunner:
         """Prefill `ids` [total] by `plan` into a new cache of `capacity` rows.
 
         `last_layer` stops after that layer (statistics passes); logits need every layer.
-        `reading`: rows after the contexts read them by APE (engine/model/ape.py), in this
+        `reading`: rows after the contexts read them by APE (engine/ape.py), in this
         prefill and in every decode step from its cache (`KVCache.reading`).
         """
         total, spec = ids.numel(), self.stack.spec

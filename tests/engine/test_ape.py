@@ -1,4 +1,4 @@
-"""APE's reading of reused chunks in the engine (engine/model/ape.py): its formula, the prefill's
+"""APE's reading of reused chunks in the engine (engine/ape.py): its formula, the prefill's
 and every decode step's rows after the chunks, and the requests that may ask for it."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.ape import ApeKnobs, ContextReading
 from engine.config import Fidelity
 from engine.errors import InvalidRequest
-from engine.model.ape import ApeKnobs, ContextReading
 from engine.model.decode import decode_batch, twin_batch
 from engine.planners import Mode
 from tests.engine.helpers import QUESTION, chunk_inputs
