@@ -38,11 +38,6 @@ class ApeKnobs:
         if not (self.temperature > 0 and self.scale > 0):
             raise ValueError(f"APE's knobs must be positive, got {self}")
 
-    @property
-    def plain(self) -> bool:
-        """Whether the knobs leave attention as it is (T = S = 1)."""
-        return self.temperature == 1.0 and self.scale == 1.0
-
 
 @dataclass(frozen=True)
 class ContextReading:

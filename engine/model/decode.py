@@ -194,18 +194,14 @@ def decode_batch(
         return native(caches, tokens)
     if native is None or all(reads):
         return twin_batch(stack, caches, tokens, invariant, max_rows)
-    logits = torch.empty(0)
-    for group in (False, True):
-        rows = [i for i, read in enumerate(reads) if read is group]
-        part_caches, part_tokens = [caches[i] for i in rows], [tokens[i] for i in rows]
-        part = (
-            twin_batch(stack, part_caches, part_tokens, invariant, max_rows)
-            if group
-            else native(part_caches, part_tokens)
-        )
-        if logits.numel() == 0:
-            logits = part.new_empty(len(caches), part.shape[1])
-        logits[rows] = part
+    plain = [i for i, read in enumerate(reads) if not read]
+    reading = [i for i, read in enumerate(reads) if read]
+    plain_logits = native([caches[i] for i in plain], [tokens[i] for i in plain])
+    read_logits = twin_batch(
+        stack, [caches[i] for i in reading], [tokens[i] for i in reading], invariant, max_rows
+    )
+    logits = plain_logits.new_empty(len(caches), plain_logits.shape[1])
+    logits[plain], logits[reading] = plain_logits, read_logits
     return logits
 
 

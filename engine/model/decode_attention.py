@@ -138,7 +138,8 @@ class NativeStepAttention:
 
 class ReadingStepAttention:
     """`inner`'s attention, with the row of each request whose cache has a reading (APE's,
-    `KVCache.reading`) computed by that reading over its own keys instead."""
+    `KVCache.reading`) computed by that reading over its own keys instead; `inner` runs only
+    where some request reads plainly."""
 
     def __init__(
         self,
@@ -148,17 +149,26 @@ class ReadingStepAttention:
         scale: float,
     ):
         self.inner, self.caches, self.positions, self.scale = inner, caches, positions, scale
+        device = caches[0].data.device if caches else None
+        # (row, cache, its position as a tensor) of the rows read otherwise, built once a step
+        self.read_rows = [
+            (i, cache, torch.tensor([position], device=device))
+            for i, (cache, position) in enumerate(zip(caches, positions))
+            if cache.reading is not None
+        ]
+        self.all_read = len(self.read_rows) == len(caches)
 
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        out = self.inner(layer, q)
-        for i, (cache, position) in enumerate(zip(self.caches, self.positions)):
-            if cache.reading is None:
-                continue
+        heads, rows, head_dim = q.shape
+        out = q.new_zeros(rows, heads * head_dim) if self.all_read else self.inner(layer, q)
+        for i, cache, position in self.read_rows:
+            assert cache.reading is not None  # read_rows holds only those
+            end = int(position) + 1
             out[i] = cache.reading.attention(
                 q[:, i : i + 1],
-                cache.keys(layer, position + 1),
-                cache.values(layer, position + 1),
-                torch.tensor([position], device=q.device),
+                cache.keys(layer, end),
+                cache.values(layer, end),
+                position,
                 self.scale,
             )[0].to(out.dtype)
         return out
